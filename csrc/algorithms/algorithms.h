@@ -1,0 +1,41 @@
+// Collective algorithms over a Group (a Transport view). All buffers are raw
+// bytes owned by the caller and must stay valid until the call returns. Every
+// call blocks until done or failed; it inherits the Transport's timeouts, so
+// a dead or hung peer is an error, never a hang. Results are bitwise identical
+// on every member.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "algorithms/group.h"
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace hvdlite {
+
+// In-place allreduce of `count` elements: ring reduce-scatter then ring
+// allgather, each step chunked so the next chunk is on the wire while the
+// previous one is reduced. `op` is Sum, Min, Max or Product. Works for any
+// count, including 0 and counts smaller than the group size.
+Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op);
+
+// Gathers member i's `bytes[i]` bytes (from `send`) into `recv`, which holds
+// sum(bytes) bytes laid out in member order. `send` may alias recv's own slot.
+Status Allgatherv(const Group& g, const void* send, void* recv, const std::vector<int64_t>& bytes);
+
+// Broadcasts `len` bytes in `buf` from member `root` to every member.
+Status Broadcast(const Group& g, void* buf, int64_t len, int root);
+
+// Member i sends send_bytes[j] bytes (consecutive in `send`, in member order) to
+// member j and receives recv_bytes[j] bytes from member j into `recv` (in
+// member order).
+Status Alltoallv(const Group& g, const void* send, const std::vector<int64_t>& send_bytes,
+                 void* recv, const std::vector<int64_t>& recv_bytes);
+
+// Reduces `buf` (sum(counts) elements, member-ordered blocks of counts[i]
+// elements) across members; member i ends with the reduced block i in `out`
+// (counts[me] elements). `buf` is used as scratch and is clobbered.
+Status ReduceScatter(const Group& g, void* buf, const std::vector<int64_t>& counts, void* out,
+                     DataType dtype, ReduceOp op);
+
+}  // namespace hvdlite

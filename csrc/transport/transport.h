@@ -1,0 +1,77 @@
+// Transport: moves tagged byte messages between two ranks of the job.
+//
+// Two planes share one connection per pair of ranks:
+//  * data: Send/Recv/SendRecv move exactly `len` bytes for a given tag; the
+//    receiver names the tag it expects and a different tag on the wire is an
+//    Internal error naming both tags (it means the ranks disagree on order).
+//  * control: small messages (negotiation requests/responses). A control
+//    message that arrives while a data receive is in progress is queued and
+//    handed out by WaitControl() later, so the two planes never block each other.
+//
+// Threading: a Transport is driven by one thread at a time (the runtime's
+// background thread); it is not thread-safe.
+// Blocking: every call is bounded. A data call fails with Timeout when no byte
+// moves for `io_timeout_s` (set at creation), and with Aborted naming the peer
+// as soon as that peer's connection is closed or reset. After any failure the
+// transport is broken: every later call fails fast with the first error.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace hvdlite {
+
+class Store;
+
+struct ControlMessage {
+  int peer = -1;
+  std::string payload;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual Status Send(int peer, uint32_t tag, const void* data, size_t len) = 0;
+  virtual Status Recv(int peer, uint32_t tag, void* data, size_t len) = 0;
+  // Sends to send_peer while receiving from recv_peer, both progressing together
+  // (so a ring step cannot deadlock on full socket buffers). Either peer may be
+  // -1 to skip that side; a zero length still exchanges an empty message.
+  virtual Status SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
+                          int recv_peer, uint32_t recv_tag, void* recv_data, size_t recv_len) = 0;
+
+  virtual Status SendControl(int peer, const std::string& payload) = 0;
+  // Returns when control messages are available (appends all of them to `out`),
+  // when `wake_fd` (may be -1) becomes readable, or after timeout_ms (-1 =
+  // no timeout is not allowed; pass a bound). A peer that closed its connection
+  // without first calling Depart() is an Aborted error naming that rank; a
+  // departed peer's close is not an error.
+  virtual Status WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) = 0;
+
+  // Tells every peer this rank is leaving on purpose, so its close is not
+  // reported as a crash. Used by shutdown.
+  virtual void Depart() = 0;
+  // True once `peer` has sent Depart().
+  virtual bool PeerDeparted(int peer) const = 0;
+  // Closes every connection; later calls fail with Aborted.
+  virtual void Close() = 0;
+};
+
+// Builds the full mesh: listens on an ephemeral port of `advertise_host`,
+// publishes "<prefix>addr/<rank>" in the store, then connects to every lower
+// rank and accepts every higher one. Each connection is authenticated both ways
+// with an HMAC-SHA256 challenge over the raw `secret`; a stranger on the port
+// (garbage, HTTP, a wrong proof, silence) is dropped without disturbing the
+// rendezvous. The listener is closed once the mesh is complete.
+Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int size,
+                          const std::string& advertise_host, const std::string& secret,
+                          double connect_timeout_s, double io_timeout_s,
+                          std::unique_ptr<Transport>* out);
+
+}  // namespace hvdlite

@@ -1,0 +1,108 @@
+"""The one table of HVDLITE_* settings.
+
+Every setting is declared here once: name (without the HVDLITE_ prefix), type,
+default and one line of doc. The C++ core reads them once, in
+``Config::FromEnv()``, through a header generated from this table at build time
+(``python hvdlite/common/settings.py --cpp-header OUT``). For each setting the
+matching ``HOROVOD_*`` variable is honoured when the ``HVDLITE_*`` one is unset.
+
+This module imports nothing outside the standard library: the build runs it.
+"""
+import os
+import sys
+from collections import namedtuple
+
+Setting = namedtuple("Setting", "name type default doc")
+
+# type is one of: int, float, bool, str.  Keep sorted by topic, not alphabetically.
+SETTINGS = (
+    # Identity of this process in the job (set by hvdliterun or any other launcher).
+    Setting("RANK", "int", -1, "rank of this process in the job; unset means a 1-process job"),
+    Setting("SIZE", "int", -1, "number of processes in the job"),
+    Setting("LOCAL_RANK", "int", -1, "rank among the processes on this host; computed when unset"),
+    Setting("LOCAL_SIZE", "int", -1, "number of processes on this host; computed when unset"),
+    Setting("CROSS_RANK", "int", -1, "rank among the processes with this local rank; computed when unset"),
+    Setting("CROSS_SIZE", "int", -1, "number of processes with this local rank; computed when unset"),
+    Setting("HOSTNAME", "str", "", "name of this host used to group local ranks; default: gethostname()"),
+    # Rendezvous.
+    Setting("STORE_ADDR", "str", "", "host:port of the rendezvous store (hvdliterun sets it)"),
+    Setting("SECRET", "str", "", "per-job secret (hex) proving membership to the store and to peers"),
+    Setting("START_TIMEOUT", "float", 60.0, "seconds init() waits for every rank to reach the rendezvous"),
+    # Runtime behaviour.
+    Setting("FUSION_THRESHOLD", "int", 64 * 1024 * 1024, "bytes: ready tensors of one kind are fused up to this size"),
+    Setting("CYCLE_TIME", "float", 0.0, "ms the background thread waits to batch new work before negotiating; 0 = at once"),
+    Setting("CACHE_CAPACITY", "int", 1024, "number of tensor signatures remembered so steady-state requests are a few bytes"),
+    Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
+    Setting("STALL_CHECK_TIME_SECONDS", "float", 60.0, "warn when a tensor waits this long for some ranks to submit it"),
+    Setting("STALL_SHUTDOWN_TIME_SECONDS", "float", 600.0, "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail"),
+    Setting("TIMEOUT_SECONDS", "float", 120.0, "seconds a transfer may make no progress before it fails (a hung peer)"),
+    Setting("SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"),
+    Setting("CPU_OPERATIONS", "str", "ring", "backend for CPU tensors: ring (native TCP transport)"),
+    Setting("LOG_LEVEL", "str", "warning", "trace, debug, info, warning, error or fatal"),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _parse(setting, text):
+    if setting.type == "int":
+        return int(text)
+    if setting.type == "float":
+        return float(text)
+    if setting.type == "bool":
+        return text.strip().lower() in ("1", "true", "yes", "on")
+    return text
+
+
+def get(name, environ=None):
+    """The value of setting `name` as this process's environment gives it."""
+    env = os.environ if environ is None else environ
+    setting = _BY_NAME[name]
+    for prefix in ("HVDLITE_", "HOROVOD_"):
+        text = env.get(prefix + name)
+        if text is not None and text != "":
+            return _parse(setting, text)
+    return setting.default
+
+
+def _cpp_literal(setting):
+    if setting.type == "str":
+        return '"%s"' % setting.default.replace("\\", "\\\\").replace('"', '\\"')
+    if setting.type == "bool":
+        return "true" if setting.default else "false"
+    return repr(setting.default)
+
+
+def cpp_header():
+    """X-macro list consumed by csrc/common/config.h."""
+    lines = ["// Generated from hvdlite/common/settings.py. Do not edit.",
+             "// HVD_SETTING(name, cpp_type, default, doc)"]
+    cpp_types = {"int": "int64_t", "float": "double", "bool": "bool", "str": "std::string"}
+    for s in SETTINGS:
+        doc = s.doc.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append('HVD_SETTING(%s, %s, %s, "%s")' % (s.name, cpp_types[s.type], _cpp_literal(s), doc))
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table():
+    rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        rows.append("| `HVDLITE_%s` | %s | `%r` | %s |" % (s.name, s.type, s.default, s.doc))
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--cpp-header":
+        text = cpp_header()
+        try:
+            with open(sys.argv[2]) as f:
+                if f.read() == text:
+                    sys.exit(0)  # unchanged: keep the timestamp, avoid rebuilds
+        except OSError:
+            pass
+        with open(sys.argv[2], "w") as f:
+            f.write(text)
+    elif len(sys.argv) == 2 and sys.argv[1] == "--markdown":
+        print(markdown_table())
+    else:
+        sys.exit("usage: settings.py --cpp-header OUT | --markdown")
