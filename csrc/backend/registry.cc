@@ -1,0 +1,22 @@
+// The one place that knows which backends this build has.
+#include <string>
+
+#include "backend/backend.h"
+
+namespace hvdlite {
+
+std::unique_ptr<Backend> NewRingBackend(Transport* transport);
+
+std::vector<const char*> BuiltBackends() { return {"ring"}; }
+
+Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
+  const std::string& want = cfg.CPU_OPERATIONS;
+  if (want == "ring" || want == "gloo" || want.empty()) {
+    *out = NewRingBackend(transport);
+    return Status::OK();
+  }
+  return Status::NotSupported("HVDLITE_CPU_OPERATIONS=" + want +
+                              " is not available in this build; available: ring");
+}
+
+}  // namespace hvdlite

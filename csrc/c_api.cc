@@ -1,0 +1,206 @@
+// The C ABI over the one Runtime object of this process.
+#include "hvdlite/c_api.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "backend/backend.h"
+#include "rendezvous/tcp_store.h"
+#include "runtime/runtime.h"
+
+using namespace hvdlite;
+
+namespace {
+
+std::mutex g_mu;                       // guards g_runtime's lifetime (init/shutdown)
+std::shared_ptr<Runtime> g_runtime;    // the process's runtime; null when not initialized
+
+std::shared_ptr<Runtime> Current() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_runtime;
+}
+
+int Report(const Status& st, char* err, size_t err_len) {
+  if (err != nullptr && err_len > 0) {
+    std::strncpy(err, st.message().c_str(), err_len - 1);
+    err[err_len - 1] = '\0';
+  }
+  return static_cast<int>(st.code());
+}
+
+Status NotInitialized() {
+  return Status::Precondition("hvdlite is not initialized; call hvd.init() first");
+}
+
+Status WaitFor(Runtime& rt, int64_t handle, HandleResult* out) {
+  while (true) {
+    Status st = rt.handles().Wait(handle, 1.0);
+    if (st.code() == StatusCode::kTimeout && rt.handles().Poll(handle) == 0) continue;
+    rt.handles().Take(handle, out);
+    return st;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int hvdlite_init(char* err, size_t err_len) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_runtime) return 0;
+  std::unique_ptr<Runtime> rt;
+  Status st = Runtime::Create(&rt);
+  if (!st.ok()) return Report(st.WithContext("hvdlite init failed"), err, err_len);
+  g_runtime = std::move(rt);
+  return 0;
+}
+
+int hvdlite_shutdown(char* err, size_t err_len) {
+  std::shared_ptr<Runtime> rt;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    rt.swap(g_runtime);
+  }
+  if (!rt) return 0;
+  return Report(rt->Shutdown(), err, err_len);
+}
+
+int hvdlite_is_initialized(void) { return Current() ? 1 : 0; }
+
+int hvdlite_topology(int which) {
+  auto rt = Current();
+  if (!rt) return -1;
+  const Topology& t = rt->topology();
+  const int values[] = {t.rank, t.size, t.local_rank, t.local_size, t.cross_rank, t.cross_size};
+  return (which >= 0 && which < 6) ? values[which] : -1;
+}
+
+int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  if (!IsValidDataType(op->dtype)) return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err, err_len);
+  if (!IsValidReduceOp(op->reduce_op)) return Report(Status::InvalidArgument("unknown reduce op " + std::to_string(op->reduce_op)), err, err_len);
+  if (op->type < 0 || op->type > static_cast<int32_t>(OpType::kBarrier)) return Report(Status::InvalidArgument("unknown op type"), err, err_len);
+  if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS) return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
+  Request r;
+  r.type = static_cast<OpType>(op->type);
+  r.name = op->name ? op->name : "";
+  r.dtype = static_cast<DataType>(op->dtype);
+  r.shape.assign(op->shape, op->shape + op->ndim);
+  r.op = static_cast<ReduceOp>(op->reduce_op);
+  r.root = op->root;
+  r.prescale = op->prescale;
+  r.postscale = op->postscale;
+  r.process_set = op->process_set;
+  if (op->splits) r.splits.assign(op->splits, op->splits + op->nsplits);
+  return Report(rt->Enqueue(r, op->data, handle), err, err_len);
+}
+
+int hvdlite_poll(int64_t handle) {
+  auto rt = Current();
+  return rt ? rt->handles().Poll(handle) : -1;
+}
+
+int hvdlite_wait(int64_t handle, double timeout_s, char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  return Report(rt->handles().Wait(handle, timeout_s), err, err_len);
+}
+
+int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  HandleResult res;
+  if (!rt->handles().Take(handle, &res)) return Report(Status::InvalidArgument("handle is unknown or still pending"), err, err_len);
+  std::memset(out, 0, sizeof(*out));
+  out->data = res.output;
+  out->nbytes = res.output_bytes;
+  out->ndim = static_cast<int32_t>(std::min<size_t>(res.output_shape.size(), HVDLITE_MAX_DIMS));
+  for (int i = 0; i < out->ndim; ++i) out->shape[i] = res.output_shape[i];
+  out->value = res.value;
+  if (!res.received_splits.empty()) {
+    out->nsplits = static_cast<int32_t>(res.received_splits.size());
+    out->received_splits = static_cast<int64_t*>(AllocateOutput(out->nsplits * 8));
+    std::memcpy(out->received_splits, res.received_splits.data(), out->nsplits * 8);
+  }
+  if (!res.status.ok()) {
+    FreeOutput(out->data);
+    FreeOutput(out->received_splits);
+    std::memset(out, 0, sizeof(*out));
+  }
+  return Report(res.status, err, err_len);
+}
+
+void hvdlite_release(int64_t handle) {
+  if (auto rt = Current()) rt->handles().Release(handle);
+}
+
+void hvdlite_free_output(void* p) { FreeOutput(p); }
+
+static int RunProcessSetOp(const Request& r, int32_t* id, char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  int64_t handle = 0;
+  Status st = rt->Enqueue(r, nullptr, &handle);
+  if (!st.ok()) return Report(st, err, err_len);
+  HandleResult res;
+  st = WaitFor(*rt, handle, &res);
+  if (id) *id = res.value;
+  return Report(st, err, err_len);
+}
+
+int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t* id, char* err, size_t err_len) {
+  Request r;
+  r.type = OpType::kAddProcessSet;
+  r.name = "__add_process_set__";
+  r.splits.assign(ranks, ranks + n);
+  return RunProcessSetOp(r, id, err, err_len);
+}
+
+int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len) {
+  Request r;
+  r.type = OpType::kRemoveProcessSet;
+  r.name = "__remove_process_set__";
+  r.root = id;
+  return RunProcessSetOp(r, nullptr, err, err_len);
+}
+
+int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap) {
+  auto rt = Current();
+  if (!rt) return -1;
+  std::vector<int> members = rt->process_sets().Ranks(id);
+  if (members.empty()) return -1;
+  for (int32_t i = 0; i < cap && i < static_cast<int32_t>(members.size()); ++i) ranks[i] = members[i];
+  return static_cast<int>(members.size());
+}
+
+void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len, int* bound_port,
+                                 char* err, size_t err_len) {
+  std::unique_ptr<TcpStoreServer> server;
+  Status st = StartTcpStoreServer(host, port, std::string(secret, secret_len), &server);
+  if (!st.ok()) {
+    Report(st, err, err_len);
+    return nullptr;
+  }
+  *bound_port = server->port();
+  return server.release();
+}
+
+void hvdlite_store_server_stop(void* server) {
+  auto* s = static_cast<TcpStoreServer*>(server);
+  if (s) {
+    s->Stop();
+    delete s;
+  }
+}
+
+const char* hvdlite_built_backends(void) {
+  static std::string names = [] {
+    std::string s;
+    for (const char* n : BuiltBackends()) s += (s.empty() ? "" : ",") + std::string(n);
+    return s;
+  }();
+  return names.c_str();
+}
+
+}  // extern "C"

@@ -1,0 +1,78 @@
+// Coordinator: runs on rank 0's background thread and decides, for the whole
+// job, which tensors run and in what order.
+//
+// Every rank sends it the requests for tensors its caller submitted. When all
+// members of a tensor's process set have submitted it, the coordinator
+// validates the requests (shapes, dtypes, ops, roots must agree) and appends a
+// response, or an error response, to one global sequence. Drain() fuses
+// consecutive compatible allreduce responses up to the fusion threshold and
+// hands each rank the responses of the sets it belongs to, in that one order;
+// so any two ranks execute the collectives they share in the same order
+// whatever order their callers submitted them in.
+//
+// Threading: single-threaded (rank 0's background thread). Never blocks.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "coordinator/messages.h"
+#include "coordinator/process_sets.h"
+#include "coordinator/response_cache.h"
+
+namespace hvdlite {
+
+class Coordinator {
+ public:
+  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size);
+
+  // Takes the requests `rank` sent; expands cached (compact) requests.
+  void Add(int rank, const RequestList& list);
+  // Moves the decided responses into per-rank lists (index = global rank).
+  // Returns false when there is nothing to send.
+  bool Drain(std::vector<ResponseList>* per_rank);
+  // Warns about (and past the stall shutdown time, fails) tensors some ranks
+  // have not submitted. Returns milliseconds until the next check is due.
+  int CheckStalls();
+  bool AllRanksShutDown() const { return static_cast<int>(shutdown_ranks_.size()) == world_size_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
+  struct Pending {
+    std::vector<Request> reqs;     // by member index
+    std::vector<bool> have;
+    int count = 0;
+    Clock::time_point first_seen;
+    Clock::time_point last_warned;
+  };
+  struct Decided {
+    Response response;
+    std::vector<int> recipients;   // global ranks
+    int64_t bytes = 0;             // for fusion
+    std::string fusion_key;        // empty = never fused
+  };
+
+  void AddOne(Request r);
+  void Decide(const Key& key, Pending& p);
+  void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
+  void OnShutdown(int rank);
+  void FuseInto(std::vector<Decided>* out);
+
+  Config cfg_;
+  ProcessSetTable* sets_;
+  int world_size_;
+  std::map<Key, Pending> pending_;
+  std::deque<Decided> decided_;
+  ResponseCache cache_;
+  std::set<int> shutdown_ranks_;
+  bool shutdown_announced_ = false;
+  int32_t next_set_id_ = 1;
+};
+
+}  // namespace hvdlite

@@ -1,0 +1,191 @@
+#include "coordinator/messages.h"
+
+#include <cstring>
+
+namespace hvdlite {
+namespace {
+
+class Writer {
+ public:
+  explicit Writer(ControlKind kind) { U8(static_cast<uint8_t>(kind)); }
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void I32(int32_t v) { Raw(&v, 4); }
+  void I64(int64_t v) { Raw(&v, 8); }
+  void F64(double v) { Raw(&v, 8); }
+  void Str(const std::string& s) {
+    I32(static_cast<int32_t>(s.size()));
+    out_.append(s);
+  }
+  void I64s(const std::vector<int64_t>& v) {
+    I32(static_cast<int32_t>(v.size()));
+    for (int64_t x : v) I64(x);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  void Raw(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
+  std::string out_;
+};
+
+// Reads with bounds checks; after the first overrun every read yields zeros
+// and ok() turns false.
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s), pos_(1) {}
+  bool ok() const { return ok_; }
+  uint8_t U8() { uint8_t v = 0; Raw(&v, 1); return v; }
+  int32_t I32() { int32_t v = 0; Raw(&v, 4); return v; }
+  int64_t I64() { int64_t v = 0; Raw(&v, 8); return v; }
+  double F64() { double v = 0; Raw(&v, 8); return v; }
+  std::string Str() {
+    int32_t n = I32();
+    if (!ok_ || n < 0 || static_cast<size_t>(n) > s_.size() - pos_) { ok_ = false; return {}; }
+    std::string v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
+  }
+  std::vector<int64_t> I64s() {
+    int32_t n = I32();
+    if (!ok_ || n < 0 || static_cast<size_t>(n) * 8 > s_.size() - pos_) { ok_ = false; return {}; }
+    std::vector<int64_t> v(n);
+    for (auto& x : v) x = I64();
+    return v;
+  }
+  bool AtEnd() const { return pos_ == s_.size(); }
+
+ private:
+  void Raw(void* p, size_t n) {
+    if (!ok_ || n > s_.size() - pos_) { ok_ = false; return; }
+    std::memcpy(p, s_.data() + pos_, n);
+    pos_ += n;
+  }
+  const std::string& s_;
+  size_t pos_;
+  bool ok_ = true;
+};
+
+void WriteRequest(Writer& w, const Request& r) {
+  w.I32(r.rank);
+  w.I32(r.cache_id);
+  if (r.cache_id >= 0) return;  // the coordinator knows the rest
+  w.I32(static_cast<int32_t>(r.type));
+  w.Str(r.name);
+  w.I32(static_cast<int32_t>(r.dtype));
+  w.I64s(r.shape);
+  w.I32(static_cast<int32_t>(r.op));
+  w.I32(r.root);
+  w.F64(r.prescale);
+  w.F64(r.postscale);
+  w.I32(r.process_set);
+  w.I64s(r.splits);
+}
+
+Request ReadRequest(Reader& rd) {
+  Request r;
+  r.rank = rd.I32();
+  r.cache_id = rd.I32();
+  if (r.cache_id >= 0) return r;
+  r.type = static_cast<OpType>(rd.I32());
+  r.name = rd.Str();
+  r.dtype = static_cast<DataType>(rd.I32());
+  r.shape = rd.I64s();
+  r.op = static_cast<ReduceOp>(rd.I32());
+  r.root = rd.I32();
+  r.prescale = rd.F64();
+  r.postscale = rd.F64();
+  r.process_set = rd.I32();
+  r.splits = rd.I64s();
+  return r;
+}
+
+}  // namespace
+
+const char* OpTypeName(OpType t) {
+  switch (t) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kAddProcessSet: return "add_process_set";
+    case OpType::kRemoveProcessSet: return "remove_process_set";
+    case OpType::kShutdown: return "shutdown";
+  }
+  return "unknown";
+}
+
+bool Request::SameSignature(const Request& o) const {
+  return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape && op == o.op &&
+         root == o.root && prescale == o.prescale && postscale == o.postscale &&
+         process_set == o.process_set && splits == o.splits;
+}
+
+std::string Serialize(const RequestList& list) {
+  Writer w(ControlKind::kRequests);
+  w.I32(static_cast<int32_t>(list.requests.size()));
+  for (const auto& r : list.requests) WriteRequest(w, r);
+  return w.Take();
+}
+
+std::string Serialize(const ResponseList& list) {
+  Writer w(ControlKind::kResponses);
+  w.U8(list.shutdown ? 1 : 0);
+  w.I32(static_cast<int32_t>(list.responses.size()));
+  for (const auto& r : list.responses) {
+    w.I32(static_cast<int32_t>(r.type));
+    w.I32(r.process_set);
+    w.I32(static_cast<int32_t>(r.names.size()));
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      w.Str(r.names[i]);
+      w.I32(i < r.cache_ids.size() ? r.cache_ids[i] : -1);
+    }
+    w.I64s(r.sizes);
+    w.I32(static_cast<int32_t>(r.error_code));
+    w.Str(r.error);
+  }
+  return w.Take();
+}
+
+Status Deserialize(const std::string& bytes, RequestList* out) {
+  if (PeekControlKind(bytes) != ControlKind::kRequests) return Status::Internal("not a request list");
+  Reader rd(bytes);
+  int32_t n = rd.I32();
+  if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt request list");
+  out->requests.clear();
+  for (int32_t i = 0; i < n && rd.ok(); ++i) out->requests.push_back(ReadRequest(rd));
+  if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt request list");
+  return Status::OK();
+}
+
+Status Deserialize(const std::string& bytes, ResponseList* out) {
+  if (PeekControlKind(bytes) != ControlKind::kResponses) return Status::Internal("not a response list");
+  Reader rd(bytes);
+  out->shutdown = rd.U8() != 0;
+  int32_t n = rd.I32();
+  if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt response list");
+  out->responses.clear();
+  for (int32_t i = 0; i < n && rd.ok(); ++i) {
+    Response r;
+    r.type = static_cast<OpType>(rd.I32());
+    r.process_set = rd.I32();
+    int32_t names = rd.I32();
+    if (names < 0 || static_cast<size_t>(names) > bytes.size()) return Status::Internal("corrupt response");
+    for (int32_t j = 0; j < names && rd.ok(); ++j) {
+      r.names.push_back(rd.Str());
+      r.cache_ids.push_back(rd.I32());
+    }
+    r.sizes = rd.I64s();
+    r.error_code = static_cast<StatusCode>(rd.I32());
+    r.error = rd.Str();
+    out->responses.push_back(std::move(r));
+  }
+  if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt response list");
+  return Status::OK();
+}
+
+ControlKind PeekControlKind(const std::string& bytes) {
+  return bytes.empty() ? ControlKind{0} : static_cast<ControlKind>(static_cast<uint8_t>(bytes[0]));
+}
+
+}  // namespace hvdlite

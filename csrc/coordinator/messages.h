@@ -1,0 +1,81 @@
+// Negotiation messages: what a rank tells the coordinator it is ready to run
+// (Request), and what the coordinator tells the members to run, in order
+// (Response). Serialized to a compact little-endian byte string for the
+// Transport's control plane.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace hvdlite {
+
+enum class OpType : int32_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+  kAddProcessSet = 6,     // negotiated on the global set; `ranks` lists members
+  kRemoveProcessSet = 7,  // negotiated on the global set; `root` is the set id
+  kShutdown = 8,          // internal: this rank is leaving
+};
+const char* OpTypeName(OpType t);
+
+struct Request {
+  int32_t rank = 0;
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;               // broadcast root (global rank) / removed set id
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t process_set = 0;
+  std::vector<int64_t> splits;    // alltoall rows per member; add_process_set ranks
+  // When >= 0 the request was sent as just (rank, cache_id): the coordinator
+  // restores the rest from its cache.
+  int32_t cache_id = -1;
+
+  // True when every field that must agree across submissions is equal.
+  bool SameSignature(const Request& o) const;
+};
+
+struct Response {
+  OpType type = OpType::kAllreduce;
+  int32_t process_set = 0;
+  std::vector<std::string> names;   // fused tensors, in execution order
+  // Per name: the cache id every member now associates with it (-1 = none).
+  std::vector<int32_t> cache_ids;
+  // allgather: first dimension of each member (one tensor per response).
+  // alltoall: the members x members matrix of rows sent, row-major by sender.
+  // add_process_set: [new set id].
+  std::vector<int64_t> sizes;
+  StatusCode error_code = StatusCode::kOk;
+  std::string error;
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+  bool shutdown = false;  // every rank asked to shut down: leave the loop
+};
+
+std::string Serialize(const RequestList& list);
+std::string Serialize(const ResponseList& list);
+// Parse failures are Internal errors (a peer speaking another protocol version).
+Status Deserialize(const std::string& bytes, RequestList* out);
+Status Deserialize(const std::string& bytes, ResponseList* out);
+
+// First byte of every control payload says which of the two it is.
+enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2 };
+ControlKind PeekControlKind(const std::string& bytes);
+
+}  // namespace hvdlite

@@ -1,0 +1,31 @@
+// ProcessSetTable: the subgroups of ranks collectives can run on. Set 0 is the
+// global set. Ids are handed out by the coordinator through a negotiated
+// add_process_set, so every rank agrees on them.
+// Thread-safety: all methods lock; the background thread writes, the Python
+// thread reads (rank/size queries).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace hvdlite {
+
+class ProcessSetTable {
+ public:
+  void Reset(int world_size);
+  void Add(int32_t id, std::vector<int> ranks);
+  void Remove(int32_t id);
+  bool Exists(int32_t id) const;
+  // Ascending global ranks of the set; empty when the id is unknown.
+  std::vector<int> Ranks(int32_t id) const;
+  // Member index of `global_rank` in the set, or -1.
+  int MemberIndex(int32_t id, int global_rank) const;
+  std::vector<int32_t> Ids() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int32_t, std::vector<int>> sets_;
+};
+
+}  // namespace hvdlite

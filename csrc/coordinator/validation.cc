@@ -1,0 +1,151 @@
+#include "coordinator/validation.h"
+
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace hvdlite {
+namespace {
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+std::string RanksStr(const std::vector<int>& r) {
+  std::ostringstream os;
+  os << (r.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < r.size(); ++i) os << (i ? ", " : "") << r[i];
+  return os.str();
+}
+
+// If `key(req)` differs across members, returns a Mismatch that groups the
+// ranks by value: "... for tensor 'w': rank 0 has X; ranks 1, 2 have Y. <fix>".
+Status CheckAgree(const std::vector<Request>& reqs, const std::vector<int>& ranks, const char* what,
+                  const std::function<std::string(const Request&)>& key, const char* fix) {
+  std::map<std::string, std::vector<int>> groups;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::string k = key(reqs[i]);
+    if (!groups.count(k)) order.push_back(k);
+    groups[k].push_back(ranks[i]);
+  }
+  if (groups.size() <= 1) return Status::OK();
+  std::ostringstream os;
+  os << "Mismatched " << what << " for " << OpTypeName(reqs[0].type) << " of tensor '" << reqs[0].name
+     << "': ";
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& rs = groups[order[i]];
+    os << (i ? "; " : "") << RanksStr(rs) << (rs.size() == 1 ? " has " : " have ") << order[i];
+  }
+  os << ". " << fix;
+  return Status::Mismatch(os.str());
+}
+
+std::string TailShape(const Request& r) {
+  std::vector<int64_t> tail(r.shape.size() > 1 ? r.shape.begin() + 1 : r.shape.end(), r.shape.end());
+  return std::to_string(r.shape.size()) + "-d, trailing dims " + ShapeStr(tail);
+}
+
+Status CheckAlltoallSplits(const std::vector<Request>& reqs, const std::vector<int>& ranks,
+                           std::vector<int64_t>* sizes) {
+  const size_t n = reqs.size();
+  sizes->assign(n * n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Request& r = reqs[i];
+    int64_t rows = r.shape.empty() ? 0 : r.shape[0];
+    if (r.splits.empty()) {
+      if (rows % static_cast<int64_t>(n) != 0) {
+        return Status::InvalidArgument("alltoall of tensor '" + r.name + "' on rank " + std::to_string(ranks[i]) +
+                                       ": first dimension " + std::to_string(rows) +
+                                       " is not divisible by the process set size " + std::to_string(n) +
+                                       "; pass splits= to say how many rows go to each rank");
+      }
+      for (size_t j = 0; j < n; ++j) (*sizes)[i * n + j] = rows / static_cast<int64_t>(n);
+      continue;
+    }
+    int64_t total = 0;
+    bool negative = false;
+    for (int64_t s : r.splits) { total += s; negative |= s < 0; }
+    if (r.splits.size() != n || negative || total != rows) {
+      return Status::InvalidArgument("alltoall of tensor '" + r.name + "' on rank " + std::to_string(ranks[i]) +
+                                     ": splits " + ShapeStr(r.splits) + " must have one non-negative entry per rank (" +
+                                     std::to_string(n) + ") summing to the first dimension " + std::to_string(rows));
+    }
+    for (size_t j = 0; j < n; ++j) (*sizes)[i * n + j] = r.splits[j];
+  }
+  return Status::OK();
+}
+
+Status CheckReduction(const Request& r) {
+  if (r.op == ReduceOp::kAdasum) {
+    return Status::NotSupported("Adasum is not supported by the hvdlite core for tensor '" + r.name +
+                                "'; use op=Sum or op=Average");
+  }
+  if (r.dtype == DataType::kBool) {
+    return Status::NotSupported(std::string(OpTypeName(r.type)) + " of tensor '" + r.name +
+                                "': bool tensors cannot be reduced; cast to uint8 or int32 first");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>& ranks,
+                        std::vector<int64_t>* sizes) {
+  sizes->clear();
+  const char* same = "Every rank must submit it with the same value under the same name.";
+  HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "operations", [](const Request& r) { return std::string(OpTypeName(r.type)); },
+                                 "A tensor name must refer to the same collective on every rank."));
+  HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "dtypes", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
+                                 "Cast the tensor to one dtype on every rank."));
+  const Request& r0 = reqs[0];
+  switch (r0.type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "reduce ops", [](const Request& r) { return std::string(ReduceOpName(r.op)); }, same));
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "scale factors", [](const Request& r) {
+        std::ostringstream os; os << "prescale " << r.prescale << " postscale " << r.postscale; return os.str(); }, same));
+      HVD_RETURN_IF_ERROR(CheckReduction(r0));
+      break;
+    case OpType::kAllgather:
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", TailShape,
+                                     "Allgather tensors may differ only in their first dimension."));
+      for (const auto& r : reqs) sizes->push_back(r.shape.empty() ? 1 : r.shape[0]);
+      break;
+    case OpType::kBroadcast: {
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "root ranks", [](const Request& r) { return std::to_string(r.root); }, same));
+      bool member = false;
+      for (int rk : ranks) member |= (rk == r0.root);
+      if (!member) {
+        return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " + std::to_string(r0.root) +
+                                       " is not a member of the process set; pick a root among " + RanksStr(ranks));
+      }
+      break;
+    }
+    case OpType::kAlltoall:
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", TailShape,
+                                     "Alltoall tensors may differ only in their first dimension."));
+      HVD_RETURN_IF_ERROR(CheckAlltoallSplits(reqs, ranks, sizes));
+      break;
+    case OpType::kAddProcessSet:
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "process set ranks", [](const Request& r) { return ShapeStr(r.splits); },
+                                     "Every rank must call add_process_set with the same ranks, in the same order of calls."));
+      break;
+    case OpType::kRemoveProcessSet:
+      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "process set ids", [](const Request& r) { return std::to_string(r.root); },
+                                     "Every rank must remove the same process sets in the same order."));
+      break;
+    case OpType::kBarrier:
+    case OpType::kShutdown:
+      break;
+  }
+  return Status::OK();
+}
+
+}  // namespace hvdlite

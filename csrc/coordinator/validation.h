@@ -1,0 +1,18 @@
+// Cross-rank validation of one tensor's requests, run on the coordinator once
+// every member of the process set has submitted it.
+#pragma once
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/messages.h"
+
+namespace hvdlite {
+
+// `reqs[i]` is member i's request; `ranks[i]` its global rank. Returns a
+// Mismatch / InvalidArgument / NotSupported status whose message names the
+// tensor, the ranks and the fix, or OK. On OK, `sizes` receives the response's
+// per-member data (allgather first dims, alltoall split matrix).
+Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>& ranks,
+                        std::vector<int64_t>* sizes);
+
+}  // namespace hvdlite

@@ -1,0 +1,80 @@
+/* hvdlite C ABI: the only entry points into the core. Framework adapters
+ * (through the pybind11 module hvdlite._core) pass raw buffers and keep them
+ * alive until the operation's handle completes.
+ *
+ * Errors: functions returning int return a status code (0 = OK, values as in
+ * csrc/common/status.h StatusCode) and, when `err` is not NULL, write a
+ * NUL-terminated message of at most err_len bytes.
+ * Threading: every function may be called from any thread.
+ */
+#ifndef HVDLITE_C_API_H_
+#define HVDLITE_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HVDLITE_MAX_DIMS 32
+
+typedef struct hvdlite_op {
+  int32_t type;          /* OpType: 0 allreduce, 1 allgather, 2 broadcast, 3 alltoall, 4 reducescatter, 5 barrier */
+  const char* name;      /* unique among operations in flight in the process set */
+  void* data;            /* input; allreduce and broadcast write the result here in place */
+  int32_t dtype;         /* DataType */
+  const int64_t* shape;
+  int32_t ndim;
+  int32_t reduce_op;     /* ReduceOp */
+  double prescale;
+  double postscale;
+  int32_t root;          /* broadcast: global root rank */
+  const int64_t* splits; /* alltoall: rows per member, or NULL for an even split */
+  int32_t nsplits;
+  int32_t process_set;
+} hvdlite_op;
+
+typedef struct hvdlite_output {
+  void* data;            /* owned by the caller afterwards: free with hvdlite_free_output */
+  int64_t nbytes;
+  int64_t shape[HVDLITE_MAX_DIMS];
+  int32_t ndim;
+  int64_t* received_splits; /* alltoall; owned by the caller: free with hvdlite_free_output */
+  int32_t nsplits;
+  int32_t value;         /* add_process_set: the new id */
+} hvdlite_output;
+
+int hvdlite_init(char* err, size_t err_len);
+int hvdlite_shutdown(char* err, size_t err_len);
+int hvdlite_is_initialized(void);
+/* -1 when not initialized. which: 0 rank, 1 size, 2 local_rank, 3 local_size, 4 cross_rank, 5 cross_size */
+int hvdlite_topology(int which);
+
+int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err_len);
+/* 1 done, 0 pending, -1 unknown handle */
+int hvdlite_poll(int64_t handle);
+/* Waits up to timeout_s; returns the op's status, or 4 (Timeout) while it is still pending. */
+int hvdlite_wait(int64_t handle, double timeout_s, char* err, size_t err_len);
+/* Moves a completed op's output out and forgets the handle. */
+int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len);
+void hvdlite_release(int64_t handle);
+void hvdlite_free_output(void* p);
+
+int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t* id, char* err, size_t err_len);
+int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len);
+/* Writes up to cap ascending member ranks; returns the member count, or -1 for an unknown set. */
+int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap);
+
+/* Rendezvous store server (hvdliterun, tests). Returns an opaque pointer or NULL. */
+void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len, int* bound_port,
+                                 char* err, size_t err_len);
+void hvdlite_store_server_stop(void* server);
+
+/* Comma-separated names of the CPU backends compiled in, e.g. "ring". */
+const char* hvdlite_built_backends(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HVDLITE_C_API_H_ */

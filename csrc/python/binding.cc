@@ -1,0 +1,171 @@
+// hvdlite._core: a thin pybind11 layer over the C ABI (c_api.h). It converts
+// arguments and releases the GIL around blocking calls; it raises nothing for
+// operation failures: functions return (status code, message) and the Python
+// package maps codes to its exception family (hvdlite/common/exceptions.py).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "hvdlite/c_api.h"
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr size_t kErrLen = 8192;
+
+struct StoreServer {
+  void* handle = nullptr;
+  int port = 0;
+  StoreServer(const std::string& host, int port_in, py::bytes secret) {
+    std::string s = secret;
+    char err[kErrLen] = {0};
+    handle = hvdlite_store_server_start(host.c_str(), port_in, s.data(), s.size(), &port, err, kErrLen);
+    if (handle == nullptr) throw std::runtime_error(std::string("cannot start the rendezvous store: ") + err);
+  }
+  void Stop() {
+    if (handle) {
+      py::gil_scoped_release nogil;
+      hvdlite_store_server_stop(handle);
+      handle = nullptr;
+    }
+  }
+  ~StoreServer() { Stop(); }
+};
+
+py::tuple Result(int code, const char* err) { return py::make_tuple(code, std::string(code ? err : "")); }
+
+py::tuple Init() {
+  char err[kErrLen] = {0};
+  int code;
+  {
+    py::gil_scoped_release nogil;
+    code = hvdlite_init(err, kErrLen);
+  }
+  return Result(code, err);
+}
+
+py::tuple Shutdown() {
+  char err[kErrLen] = {0};
+  int code;
+  {
+    py::gil_scoped_release nogil;
+    code = hvdlite_shutdown(err, kErrLen);
+  }
+  return Result(code, err);
+}
+
+// Returns (code, message, handle).
+py::tuple Enqueue(int type, const std::string& name, uintptr_t data, int dtype, const std::vector<int64_t>& shape,
+                  int reduce_op, double prescale, double postscale, int root, const std::vector<int64_t>& splits,
+                  int process_set) {
+  hvdlite_op op{};
+  op.type = type;
+  op.name = name.c_str();
+  op.data = reinterpret_cast<void*>(data);
+  op.dtype = dtype;
+  op.shape = shape.data();
+  op.ndim = static_cast<int32_t>(shape.size());
+  op.reduce_op = reduce_op;
+  op.prescale = prescale;
+  op.postscale = postscale;
+  op.root = root;
+  op.splits = splits.empty() ? nullptr : splits.data();
+  op.nsplits = static_cast<int32_t>(splits.size());
+  op.process_set = process_set;
+  int64_t handle = 0;
+  char err[kErrLen] = {0};
+  int code = hvdlite_enqueue(&op, &handle, err, kErrLen);
+  return py::make_tuple(code, std::string(code ? err : ""), handle);
+}
+
+py::tuple Wait(int64_t handle, double timeout_s) {
+  char err[kErrLen] = {0};
+  int code;
+  {
+    py::gil_scoped_release nogil;
+    code = hvdlite_wait(handle, timeout_s, err, kErrLen);
+  }
+  return Result(code, err);
+}
+
+// Returns (code, message, bytes: uint8 ndarray owning the core's buffer, shape, received_splits, value).
+py::tuple TakeOutput(int64_t handle) {
+  hvdlite_output out{};
+  char err[kErrLen] = {0};
+  int code = hvdlite_take_output(handle, &out, err, kErrLen);
+  if (code != 0) return py::make_tuple(code, std::string(err), py::none(), py::list(), py::list(), -1);
+  std::vector<int64_t> shape(out.shape, out.shape + out.ndim);
+  std::vector<int64_t> splits(out.received_splits, out.received_splits + out.nsplits);
+  hvdlite_free_output(out.received_splits);
+  py::object bytes = py::none();
+  if (out.data != nullptr) {
+    py::capsule owner(out.data, [](void* p) { hvdlite_free_output(p); });
+    bytes = py::array_t<uint8_t>({static_cast<py::ssize_t>(out.nbytes)}, {1}, static_cast<uint8_t*>(out.data), owner);
+  }
+  return py::make_tuple(0, std::string(), bytes, shape, splits, out.value);
+}
+
+py::tuple AddProcessSet(const std::vector<int32_t>& ranks) {
+  char err[kErrLen] = {0};
+  int32_t id = -1;
+  int code;
+  {
+    py::gil_scoped_release nogil;
+    code = hvdlite_add_process_set(ranks.data(), static_cast<int32_t>(ranks.size()), &id, err, kErrLen);
+  }
+  return py::make_tuple(code, std::string(code ? err : ""), id);
+}
+
+py::tuple RemoveProcessSet(int32_t id) {
+  char err[kErrLen] = {0};
+  int code;
+  {
+    py::gil_scoped_release nogil;
+    code = hvdlite_remove_process_set(id, err, kErrLen);
+  }
+  return Result(code, err);
+}
+
+py::object ProcessSetRanks(int32_t id) {
+  std::vector<int32_t> ranks(4096);
+  int n = hvdlite_process_set_ranks(id, ranks.data(), static_cast<int32_t>(ranks.size()));
+  if (n < 0) return py::none();
+  ranks.resize(n);
+  return py::cast(ranks);
+}
+
+py::dict BuildInfo() {
+  py::dict d;
+  std::string built = hvdlite_built_backends();
+  for (const char* name : {"ring", "mpi", "nccl", "cuda"}) {
+    d[name] = (("," + built + ",").find(std::string(",") + name + ",") != std::string::npos);
+  }
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "hvdlite C++ core (see csrc/include/hvdlite/c_api.h)";
+  m.def("init", &Init);
+  m.def("shutdown", &Shutdown);
+  m.def("is_initialized", [] { return hvdlite_is_initialized() != 0; });
+  m.def("topology", &hvdlite_topology);
+  m.def("enqueue", &Enqueue);
+  m.def("poll", &hvdlite_poll);
+  m.def("wait", &Wait);
+  m.def("take_output", &TakeOutput);
+  m.def("release", &hvdlite_release);
+  m.def("add_process_set", &AddProcessSet);
+  m.def("remove_process_set", &RemoveProcessSet);
+  m.def("process_set_ranks", &ProcessSetRanks);
+  m.def("build_info", &BuildInfo);
+  py::class_<StoreServer>(m, "TcpStoreServer")
+      .def(py::init<const std::string&, int, py::bytes>(), py::arg("host"), py::arg("port"), py::arg("secret"))
+      .def_property_readonly("port", [](const StoreServer& s) { return s.port; })
+      .def("stop", &StoreServer::Stop);
+}

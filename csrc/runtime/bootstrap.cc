@@ -1,0 +1,129 @@
+#include "runtime/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <set>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/sha256.h"
+#include "rendezvous/store.h"
+#include "rendezvous/tcp_store.h"
+
+namespace hvdlite {
+namespace {
+
+std::string HostOf(const std::string& addr) {
+  auto colon = addr.rfind(':');
+  std::string host = colon == std::string::npos ? addr : addr.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+// The local address the kernel would use to reach the store's host: the one
+// peers on other hosts can reach us on. No packet is sent (UDP connect).
+std::string RouteAddressTo(const std::string& host) {
+  if (host == "localhost" || host.rfind("127.", 0) == 0) return "127.0.0.1";
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char buf[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr) {
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+std::string ThisHostName(const Config& cfg) {
+  if (!cfg.HOSTNAME.empty()) return cfg.HOSTNAME;
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// Local rank = position among the ranks on the same host; cross rank =
+// position among the ranks with the same local rank (Horovod's definitions).
+void ComputeTopology(const std::vector<std::string>& hosts, int rank, Topology* t) {
+  std::map<std::string, std::vector<int>> by_host;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) by_host[hosts[r]].push_back(r);
+  std::vector<int> local_rank_of(hosts.size());
+  for (auto& kv : by_host)
+    for (size_t i = 0; i < kv.second.size(); ++i) local_rank_of[kv.second[i]] = static_cast<int>(i);
+  t->local_size = static_cast<int>(by_host[hosts[rank]].size());
+  t->local_rank = local_rank_of[rank];
+  std::vector<int> same_local;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r)
+    if (local_rank_of[r] == t->local_rank) same_local.push_back(r);
+  t->cross_size = static_cast<int>(same_local.size());
+  for (size_t i = 0; i < same_local.size(); ++i)
+    if (same_local[i] == rank) t->cross_rank = static_cast<int>(i);
+}
+
+Status ResolveIdentity(const Config& cfg, Topology* topo) {
+  if (cfg.RANK < 0 && cfg.SIZE < 0) return Status::OK();  // a plain single-process run
+  if (cfg.RANK < 0 || cfg.SIZE <= 0 || cfg.RANK >= cfg.SIZE) {
+    return Status::InvalidArgument("HVDLITE_RANK=" + std::to_string(cfg.RANK) + " and HVDLITE_SIZE=" +
+                                   std::to_string(cfg.SIZE) + " do not describe a job: set both, with "
+                                   "0 <= rank < size (hvdliterun does this for you)");
+  }
+  topo->rank = static_cast<int>(cfg.RANK);
+  topo->size = static_cast<int>(cfg.SIZE);
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport) {
+  *topo = Topology{};
+  HVD_RETURN_IF_ERROR(ResolveIdentity(cfg, topo));
+  std::string secret;
+  if (!HexDecode(cfg.SECRET, &secret)) {
+    return Status::InvalidArgument("HVDLITE_SECRET must be hex (hvdliterun sets it)");
+  }
+  std::unique_ptr<Store> store;
+  std::string advertise = "127.0.0.1";
+  if (topo->size == 1) {
+    store = NewMemoryStore();
+  } else {
+    if (cfg.STORE_ADDR.empty()) {
+      return Status::InvalidArgument("HVDLITE_STORE_ADDR is not set for a " + std::to_string(topo->size) +
+                                     "-process job: launch with `hvdliterun -np N python script.py`, or have "
+                                     "your launcher host a store and set HVDLITE_STORE_ADDR and HVDLITE_SECRET");
+    }
+    HVD_RETURN_IF_ERROR(ConnectTcpStore(cfg.STORE_ADDR, secret, cfg.START_TIMEOUT, &store));
+    advertise = RouteAddressTo(HostOf(cfg.STORE_ADDR));
+  }
+  // Each init() of a job (init after shutdown works) gets fresh keys.
+  int64_t epoch = 0;
+  HVD_RETURN_IF_ERROR(store->Add("hvdlite/epoch/" + std::to_string(topo->rank), 1, &epoch));
+  const std::string prefix = "e" + std::to_string(epoch) + "/";
+  HVD_RETURN_IF_ERROR(store->Set(prefix + "host/" + std::to_string(topo->rank), ThisHostName(cfg)));
+  std::vector<std::string> hosts(topo->size);
+  for (int r = 0; r < topo->size; ++r) {
+    HVD_RETURN_IF_ERROR(store->Get(prefix + "host/" + std::to_string(r), cfg.START_TIMEOUT, &hosts[r])
+                            .WithContext("waiting for rank " + std::to_string(r) + " to join"));
+  }
+  ComputeTopology(hosts, topo->rank, topo);
+  if (cfg.LOCAL_RANK >= 0) topo->local_rank = static_cast<int>(cfg.LOCAL_RANK);
+  if (cfg.LOCAL_SIZE > 0) topo->local_size = static_cast<int>(cfg.LOCAL_SIZE);
+  if (cfg.CROSS_RANK >= 0) topo->cross_rank = static_cast<int>(cfg.CROSS_RANK);
+  if (cfg.CROSS_SIZE > 0) topo->cross_size = static_cast<int>(cfg.CROSS_SIZE);
+  return CreateTcpTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret, cfg.START_TIMEOUT,
+                            cfg.TIMEOUT_SECONDS, transport);
+}
+
+}  // namespace hvdlite

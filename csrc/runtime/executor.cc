@@ -1,0 +1,219 @@
+#include "runtime/executor.h"
+
+#include <cstring>
+
+#include "algorithms/reduce_kernels.h"
+#include "common/logging.h"
+
+namespace hvdlite {
+namespace {
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Elements in one row (everything but the first dimension); a scalar is one row of one.
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// Sum and Min/Max/Product reduce as themselves; Average reduces as Sum and
+// divides afterwards.
+ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+double Postscale(const Request& r, int set_size) {
+  return r.op == ReduceOp::kAverage ? r.postscale / set_size : r.postscale;
+}
+
+}  // namespace
+
+Executor::Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
+                   LocalRequestCache* cache)
+    : rank_(rank), backend_(backend), sets_(sets), handles_(handles), queue_(queue), cache_(cache) {}
+
+CollectiveContext Executor::Context(int32_t process_set) {
+  CollectiveContext ctx;
+  ctx.process_set = process_set;
+  ctx.ranks = sets_->Ranks(process_set);
+  ctx.me = sets_->MemberIndex(process_set, rank_);
+  ctx.tag = (sequence_[process_set]++ & 0xFFFFu) << 16;
+  return ctx;
+}
+
+void* Executor::Scratch(int64_t bytes) {
+  if (fusion_buffer_.size() < static_cast<size_t>(bytes)) fusion_buffer_.resize(bytes);
+  return fusion_buffer_.data();
+}
+
+Status Executor::Execute(const Response& response) {
+  std::vector<TensorEntry> entries;
+  for (size_t i = 0; i < response.names.size(); ++i) {
+    TensorEntry e;
+    if (queue_->Pop(response.process_set, response.names[i], &e)) {
+      entries.push_back(std::move(e));
+      if (response.error_code == StatusCode::kOk && i < response.cache_ids.size()) {
+        cache_->Remember(entries.back().request, response.cache_ids[i]);
+      }
+    } else if (response.error_code == StatusCode::kOk) {
+      return Status::Internal("coordinator scheduled tensor '" + response.names[i] +
+                              "' that this rank never submitted");
+    }
+  }
+  if (response.error_code != StatusCode::kOk) {
+    for (auto& e : entries) {
+      HandleResult r;
+      r.status = Status(response.error_code, response.error);
+      handles_->Complete(e.handle, std::move(r));
+    }
+    return Status::OK();
+  }
+  HandleResult result;
+  Status st = Run(response, entries, &result);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    HandleResult r;
+    r.status = st;
+    if (i == 0 && st.ok()) r = std::move(result);
+    handles_->Complete(entries[i].handle, std::move(r));
+  }
+  if (!st.ok()) FreeOutput(result.output);
+  return st;
+}
+
+Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result) {
+  if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
+    return RunProcessSetOp(r, entries[0], result);
+  }
+  if (r.type == OpType::kBarrier) return Status::OK();  // negotiation itself was the barrier
+  CollectiveContext ctx = Context(r.process_set);
+  if (ctx.me < 0) return Status::Internal("rank is not a member of the process set it executes");
+  switch (r.type) {
+    case OpType::kAllreduce:
+      return RunAllreduce(ctx, entries);
+    case OpType::kAllgather:
+      return RunAllgather(ctx, r, entries[0], result);
+    case OpType::kBroadcast: {
+      const Request& q = entries[0].request;
+      int64_t bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
+      return backend_->Broadcast(ctx, entries[0].data, bytes, sets_->MemberIndex(r.process_set, q.root));
+    }
+    case OpType::kAlltoall:
+      return RunAlltoall(ctx, r, entries[0], result);
+    case OpType::kReducescatter:
+      return RunReducescatter(ctx, entries[0], result);
+    default:
+      return Status::Internal(std::string("cannot execute ") + OpTypeName(r.type));
+  }
+}
+
+// One tensor reduces in place in the caller's buffer; several are packed into
+// the fusion buffer, reduced together, and unpacked.
+Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries) {
+  const Request& q = entries[0].request;
+  const size_t esize = DataTypeSize(q.dtype);
+  const double post = Postscale(q, static_cast<int>(ctx.ranks.size()));
+  if (entries.size() == 1) {
+    int64_t count = NumElements(q.shape);
+    HVD_RETURN_IF_ERROR(ScaleBuffer(entries[0].data, count, q.dtype, q.prescale));
+    HVD_RETURN_IF_ERROR(backend_->Allreduce(ctx, entries[0].data, count, q.dtype, WireOp(q.op)));
+    return ScaleBuffer(entries[0].data, count, q.dtype, post);
+  }
+  int64_t total = 0;
+  for (auto& e : entries) total += NumElements(e.request.shape);
+  char* fused = static_cast<char*>(Scratch(total * static_cast<int64_t>(esize)));
+  int64_t offset = 0;
+  for (auto& e : entries) {
+    size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
+    if (bytes) std::memcpy(fused + offset, e.data, bytes);
+    offset += static_cast<int64_t>(bytes);
+  }
+  HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, q.prescale));
+  HVD_RETURN_IF_ERROR(backend_->Allreduce(ctx, fused, total, q.dtype, WireOp(q.op)));
+  HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, post));
+  offset = 0;
+  for (auto& e : entries) {
+    size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
+    if (bytes) std::memcpy(e.data, fused + offset, bytes);
+    offset += static_cast<int64_t>(bytes);
+  }
+  return Status::OK();
+}
+
+Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e,
+                              HandleResult* out) {
+  const Request& q = e.request;
+  const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
+  std::vector<int64_t> bytes(r.sizes.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < r.sizes.size(); ++i) {
+    bytes[i] = r.sizes[i] * row_bytes;
+    rows += r.sizes[i];
+  }
+  out->output_bytes = rows * row_bytes;
+  out->output = AllocateOutput(out->output_bytes);
+  out->output_shape = q.shape.empty() ? std::vector<int64_t>{rows} : q.shape;
+  out->output_shape[0] = rows;
+  if (out->output == nullptr) return Status::Internal("out of memory allocating allgather output");
+  return backend_->Allgatherv(ctx, e.data, out->output, bytes);
+}
+
+Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out) {
+  const Request& q = e.request;
+  const size_t n = ctx.ranks.size();
+  const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
+  std::vector<int64_t> send(n), recv(n);
+  int64_t recv_rows = 0;
+  out->received_splits.resize(n);
+  for (size_t j = 0; j < n; ++j) {
+    send[j] = r.sizes[ctx.me * n + j] * row_bytes;
+    out->received_splits[j] = r.sizes[j * n + ctx.me];
+    recv[j] = out->received_splits[j] * row_bytes;
+    recv_rows += out->received_splits[j];
+  }
+  out->output_bytes = recv_rows * row_bytes;
+  out->output = AllocateOutput(out->output_bytes);
+  out->output_shape = q.shape;
+  out->output_shape[0] = recv_rows;
+  if (out->output == nullptr) return Status::Internal("out of memory allocating alltoall output");
+  return backend_->Alltoallv(ctx, e.data, send, out->output, recv);
+}
+
+// Rows of the first dimension are split across members, the first
+// (rows % size) members taking one extra row, as Horovod does.
+Status Executor::RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, HandleResult* out) {
+  const Request& q = e.request;
+  const int64_t n = static_cast<int64_t>(ctx.ranks.size());
+  const int64_t rows = q.shape[0], row = RowElements(q.shape);
+  const size_t esize = DataTypeSize(q.dtype);
+  std::vector<int64_t> counts(n);
+  for (int64_t i = 0; i < n; ++i) counts[i] = (rows / n + (i < rows % n ? 1 : 0)) * row;
+  const int64_t total = NumElements(q.shape);
+  void* scratch = Scratch(total * static_cast<int64_t>(esize));
+  if (total) std::memcpy(scratch, e.data, static_cast<size_t>(total) * esize);
+  out->output_bytes = counts[ctx.me] * static_cast<int64_t>(esize);
+  out->output = AllocateOutput(out->output_bytes);
+  out->output_shape = q.shape;
+  out->output_shape[0] = counts[ctx.me] / (row ? row : 1);
+  if (row == 0) out->output_shape[0] = rows / n + (ctx.me < rows % n ? 1 : 0);
+  if (out->output == nullptr) return Status::Internal("out of memory allocating reducescatter output");
+  HVD_RETURN_IF_ERROR(ScaleBuffer(scratch, total, q.dtype, q.prescale));
+  HVD_RETURN_IF_ERROR(backend_->ReduceScatter(ctx, scratch, counts, out->output, q.dtype, WireOp(q.op)));
+  return ScaleBuffer(out->output, counts[ctx.me], q.dtype, Postscale(q, static_cast<int>(n)));
+}
+
+Status Executor::RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out) {
+  if (r.type == OpType::kAddProcessSet) {
+    int32_t id = static_cast<int32_t>(r.sizes.at(0));
+    sets_->Add(id, std::vector<int>(e.request.splits.begin(), e.request.splits.end()));
+    out->value = id;
+  } else {
+    sets_->Remove(e.request.root);
+    sequence_.erase(e.request.root);
+  }
+  return Status::OK();
+}
+
+}  // namespace hvdlite

@@ -1,0 +1,58 @@
+// HandleTable: the completion state of every submitted operation.
+//
+// The caller's thread creates a handle at submission and later polls or waits
+// on it; the background thread completes it exactly once. Outputs the core
+// allocates (allgather, alltoall, reducescatter) are owned by the handle until
+// the caller takes them (and must then free them with FreeOutput) or releases
+// the handle. Thread-safety: every method locks.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+
+namespace hvdlite {
+
+struct HandleResult {
+  Status status;
+  void* output = nullptr;               // 64-byte aligned, from AllocateOutput
+  int64_t output_bytes = 0;
+  std::vector<int64_t> output_shape;
+  std::vector<int64_t> received_splits;  // alltoall: rows received from each member
+  int32_t value = -1;                    // add_process_set: the new set's id
+};
+
+void* AllocateOutput(int64_t bytes);  // never null for bytes == 0
+void FreeOutput(void* p);
+
+class HandleTable {
+ public:
+  int64_t Create();
+  void Complete(int64_t handle, HandleResult result);
+  // Fails every pending handle with `st` (the runtime broke or shut down).
+  void FailAll(const Status& st);
+  // 1 = done, 0 = pending, -1 = unknown handle.
+  int Poll(int64_t handle) const;
+  // Waits up to timeout_s; Timeout when still pending, InvalidArgument when
+  // unknown; otherwise the operation's status.
+  Status Wait(int64_t handle, double timeout_s) const;
+  // Moves the result out and forgets the handle; false when unknown or pending.
+  bool Take(int64_t handle, HandleResult* out);
+  // Forgets the handle, freeing an output nobody took.
+  void Release(int64_t handle);
+
+ private:
+  struct State {
+    bool done = false;
+    HandleResult result;
+  };
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::unordered_map<int64_t, State> states_;
+  int64_t next_ = 1;
+};
+
+}  // namespace hvdlite

@@ -1,0 +1,198 @@
+#include "runtime/runtime.h"
+
+#include "common/logging.h"
+
+namespace hvdlite {
+
+Status Runtime::Create(std::unique_ptr<Runtime>* out) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  HVD_RETURN_IF_ERROR(Config::FromEnv(&rt->cfg_));
+  SetLogLevel(rt->cfg_.LOG_LEVEL);
+  HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_));
+  SetLogRank(rt->topo_.rank);
+  HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
+  rt->sets_.Reset(rt->topo_.size);
+  if (rt->topo_.rank == 0) rt->coordinator_.reset(new Coordinator(rt->cfg_, &rt->sets_, rt->topo_.size));
+  rt->executor_.reset(new Executor(rt->topo_.rank, rt->backend_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
+                                   &rt->local_cache_));
+  rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
+  *out = std::move(rt);
+  return Status::OK();
+}
+
+Runtime::~Runtime() {
+  Shutdown();
+}
+
+Status Runtime::Enqueue(const Request& request, void* data, int64_t* handle) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (stopped_) return broken_;
+  TensorEntry e;
+  e.request = request;
+  e.request.rank = topo_.rank;
+  e.data = data;
+  e.handle = handles_.Create();
+  Status st = queue_.Push(e);
+  if (!st.ok()) {
+    handles_.Release(e.handle);
+    return st;
+  }
+  *handle = e.handle;
+  return Status::OK();
+}
+
+Status Runtime::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!stopped_) {
+      stopped_ = true;
+      broken_ = Status::Aborted("hvdlite has been shut down; call init() again to run more collectives");
+      shutdown_deadline_ = std::chrono::steady_clock::now() +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(cfg_.SHUTDOWN_TIMEOUT_SECONDS));
+      TensorEntry bye;
+      bye.request.type = OpType::kShutdown;
+      bye.request.name = "__shutdown__";
+      bye.request.rank = topo_.rank;
+      queue_.Push(bye);
+      shutdown_requested_ = true;
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+  return Status::OK();
+}
+
+Status Runtime::SendNewRequests() {
+  std::vector<Request> fresh;
+  queue_.TakeNew(&fresh);
+  if (fresh.empty()) return Status::OK();
+  RequestList list;
+  for (auto& r : fresh) {
+    local_cache_.Compact(&r);
+    list.requests.push_back(std::move(r));
+  }
+  if (coordinator_) {
+    coordinator_->Add(0, list);
+    return Status::OK();
+  }
+  return transport_->SendControl(0, Serialize(list));
+}
+
+Status Runtime::HandleIncoming(std::vector<ControlMessage>& incoming, std::vector<Response>* todo,
+                               bool* finished) {
+  for (auto& msg : incoming) {
+    if (PeekControlKind(msg.payload) == ControlKind::kRequests && coordinator_) {
+      RequestList list;
+      HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &list).WithContext("from rank " + std::to_string(msg.peer)));
+      coordinator_->Add(msg.peer, list);
+    } else if (PeekControlKind(msg.payload) == ControlKind::kResponses && msg.peer == 0) {
+      ResponseList list;
+      HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &list).WithContext("from rank 0"));
+      for (auto& r : list.responses) todo->push_back(std::move(r));
+      *finished |= list.shutdown;
+    } else {
+      return Status::Internal("unexpected control message from rank " + std::to_string(msg.peer));
+    }
+  }
+  incoming.clear();
+  return Status::OK();
+}
+
+// Rank 0: turn what every rank has submitted into responses, send each rank
+// its share, and keep this rank's own share to execute.
+Status Runtime::Coordinate(std::vector<Response>* todo) {
+  std::vector<ResponseList> per_rank;
+  coordinator_->CheckStalls();
+  if (!coordinator_->Drain(&per_rank)) return Status::OK();
+  for (int r = 1; r < topo_.size; ++r) {
+    if (per_rank[r].responses.empty() && !per_rank[r].shutdown) continue;
+    if (transport_->PeerDeparted(r)) continue;
+    HVD_RETURN_IF_ERROR(transport_->SendControl(r, Serialize(per_rank[r])));
+  }
+  for (auto& resp : per_rank[0].responses) todo->push_back(std::move(resp));
+  return Status::OK();
+}
+
+int Runtime::WaitBudgetMs(bool shutting_down) {
+  int budget = 1000;  // idle: wake once a second at most (stall checks)
+  if (cfg_.CYCLE_TIME > 0) budget = std::max(1, static_cast<int>(cfg_.CYCLE_TIME));
+  if (coordinator_) budget = std::min(budget, coordinator_->CheckStalls());
+  if (shutting_down) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
+                                                                      std::chrono::steady_clock::now()).count();
+    budget = static_cast<int>(std::max<long long>(0, std::min<long long>(budget, left)));
+  }
+  return budget;
+}
+
+void Runtime::Loop() {
+  std::vector<ControlMessage> incoming;
+  std::vector<Response> todo;
+  bool finished = false;
+  while (true) {
+    Status st = SendNewRequests();
+    if (st.ok()) st = HandleIncoming(incoming, &todo, &finished);
+    if (st.ok() && coordinator_) {
+      st = Coordinate(&todo);
+      finished |= coordinator_->AllRanksShutDown();
+    }
+    for (size_t i = 0; st.ok() && i < todo.size(); ++i) st = executor_->Execute(todo[i]);
+    todo.clear();
+    if (!st.ok()) return Break(st);
+    if (finished) return Leave();
+    bool shutting_down = shutdown_requested_.load();
+    if (shutting_down && std::chrono::steady_clock::now() >= shutdown_deadline_) {
+      HVD_LOG(kWarning, "shutdown: not every rank called shutdown() within "
+                            << cfg_.SHUTDOWN_TIMEOUT_SECONDS << " s; leaving anyway");
+      return Leave();
+    }
+    st = transport_->WaitControl(queue_.wake_fd(), WaitBudgetMs(shutting_down), &incoming);
+    queue_.ClearWake();
+    if (!st.ok()) return Break(st);
+  }
+}
+
+// Fatal error: fail everything, close every connection so the other ranks
+// learn of it at once, and accept no more work.
+void Runtime::Break(const Status& st) {
+  HVD_LOG(kError, "hvdlite stopped: " << st.message());
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!stopped_) {
+      stopped_ = true;
+      broken_ = st;
+    }
+  }
+  for (auto& e : queue_.TakeAll()) {
+    HandleResult r;
+    r.status = st;
+    handles_.Complete(e.handle, std::move(r));
+  }
+  handles_.FailAll(st);
+  transport_->Close();
+}
+
+// Orderly exit: fail what is left, tell every peer we are leaving on purpose,
+// give them a moment to read it, then close.
+void Runtime::Leave() {
+  Status bye = Status::Aborted("hvdlite has been shut down before this operation completed");
+  for (auto& e : queue_.TakeAll()) {
+    HandleResult r;
+    r.status = bye;
+    handles_.Complete(e.handle, std::move(r));
+  }
+  handles_.FailAll(bye);
+  transport_->Depart();
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::vector<ControlMessage> ignored;
+  while (std::chrono::steady_clock::now() < until) {
+    bool all_gone = true;
+    for (int r = 0; r < topo_.size; ++r) all_gone &= (r == topo_.rank || transport_->PeerDeparted(r));
+    if (all_gone) break;
+    if (!transport_->WaitControl(-1, 50, &ignored).ok()) break;
+    ignored.clear();
+  }
+  transport_->Close();
+}
+
+}  // namespace hvdlite

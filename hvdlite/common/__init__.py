@@ -1,0 +1,1 @@
+"""Framework-neutral Python shared by every hvdlite adapter (NumPy, PyTorch, TensorFlow)."""

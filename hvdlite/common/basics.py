@@ -1,0 +1,84 @@
+"""init/shutdown and the topology queries, shared by every adapter."""
+import atexit
+
+from hvdlite import _core
+from hvdlite.common import exceptions, naming
+
+_TOPOLOGY = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+_atexit_registered = False
+
+
+def init(process_sets=None):
+    """Joins the job described by the launcher's environment (hvdliterun,
+    or HVDLITE_RANK/SIZE/STORE_ADDR/SECRET from any launcher); a plain
+    ``python script.py`` is a 1-process job. Blocks until every rank has
+    joined, at most HVDLITE_START_TIMEOUT seconds. Calling it again while
+    initialized does nothing; after shutdown() it starts a new session.
+
+    ``process_sets``: optional list of ProcessSet objects (or rank lists) to
+    register right away, as Horovod's init(process_sets=...) does.
+    """
+    global _atexit_registered
+    if _core.is_initialized():
+        return
+    code, message = _core.init()
+    exceptions.raise_for_status(code, message)
+    naming.reset()
+    if not _atexit_registered:
+        atexit.register(_shutdown_at_exit)
+        _atexit_registered = True
+    from hvdlite.common import process_sets as ps
+    ps._reset_registry()
+    for item in process_sets or ():
+        ps.add_process_set(item)
+
+
+def shutdown():
+    """Leaves the job: waits (at most HVDLITE_SHUTDOWN_TIMEOUT_SECONDS) for the
+    other ranks to shut down too, then closes every connection. Operations
+    still pending fail with HvdliteInternalError."""
+    code, message = _core.shutdown()
+    exceptions.raise_for_status(code, message)
+
+
+def _shutdown_at_exit():
+    try:
+        _core.shutdown()
+    except Exception:  # interpreter teardown: nothing useful to report
+        pass
+
+
+def is_initialized():
+    return bool(_core.is_initialized())
+
+
+def _query(index):
+    value = _core.topology(index)
+    if value < 0:
+        raise exceptions.PreconditionError(
+            "hvdlite is not initialized; call hvd.init() before hvd.%s()" % _TOPOLOGY[index])
+    return value
+
+
+def rank():
+    return _query(0)
+
+
+def size():
+    return _query(1)
+
+
+def local_rank():
+    return _query(2)
+
+
+def local_size():
+    return _query(3)
+
+
+def cross_rank():
+    return _query(4)
+
+
+def cross_size():
+    return _query(5)

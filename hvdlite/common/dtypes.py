@@ -1,0 +1,28 @@
+"""Element types and reductions, with the codes the core uses (csrc/common/dtype.h)."""
+UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = range(9)
+
+NAMES = {UINT8: "uint8", INT8: "int8", INT32: "int32", INT64: "int64", FLOAT16: "float16",
+         BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64", BOOL: "bool"}
+CODE_BY_NAME = {v: k for k, v in NAMES.items()}
+
+
+class ReduceOp(int):
+    """A reduction, printable by name; compares equal to its core code."""
+
+    def __new__(cls, code, name):
+        obj = int.__new__(cls, code)
+        obj._name = name
+        return obj
+
+    def __repr__(self):
+        return self._name
+
+    __str__ = __repr__
+
+
+Sum = ReduceOp(0, "Sum")
+Average = ReduceOp(1, "Average")
+Min = ReduceOp(2, "Min")
+Max = ReduceOp(3, "Max")
+Product = ReduceOp(4, "Product")
+Adasum = ReduceOp(5, "Adasum")

@@ -1,0 +1,69 @@
+"""The one exception family of hvdlite, and the mapping from core status codes.
+
+Every failure the core reports becomes an ``HvdliteError`` (a ``RuntimeError``)
+or one of its subclasses. Horovod's names are kept as aliases so code written
+against Horovod catches the same things.
+"""
+
+
+class HvdliteError(RuntimeError):
+    """Base class of every error hvdlite raises."""
+
+
+class HvdliteInternalError(HvdliteError):
+    """The job can no longer run collectives: a rank died, hung, or shut down.
+
+    Horovod raises ``HorovodInternalError`` in the same situations; elastic
+    training catches it to recover.
+    """
+
+
+class HvdliteTimeoutError(HvdliteInternalError):
+    """A bounded wait expired (a stalled tensor or a peer that stopped responding)."""
+
+
+class InvalidArgumentError(HvdliteError, ValueError):
+    """This rank passed something the operation cannot take."""
+
+
+class MismatchError(HvdliteError):
+    """Ranks submitted the same tensor name with different shapes, dtypes, ops or roots."""
+
+
+class NotSupportedError(HvdliteError):
+    """The operation or dtype is not available in this build or backend."""
+
+
+class PreconditionError(HvdliteError):
+    """Called in the wrong state: not initialized, or a name already in flight."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by elastic training when the set of hosts changed (Horovod's name)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("hosts updated")
+        self.skip_sync = skip_sync
+
+
+# Horovod's names.
+HorovodInternalError = HvdliteInternalError
+
+# Status codes of csrc/common/status.h.
+OK = 0
+_BY_CODE = {
+    1: InvalidArgumentError,
+    2: MismatchError,
+    3: HvdliteInternalError,
+    4: HvdliteTimeoutError,
+    5: NotSupportedError,
+    6: PreconditionError,
+    7: HvdliteInternalError,
+}
+TIMEOUT = 4
+
+
+def raise_for_status(code, message):
+    """Raises the exception for a non-zero core status code."""
+    if code != OK:
+        raise _BY_CODE.get(code, HvdliteError)(message)

@@ -1,0 +1,17 @@
+"""Automatic tensor names. Every rank must give the same tensor the same name;
+unnamed operations are numbered per operation kind in call order, as Horovod
+does, so ranks that make the same calls in the same order agree."""
+import itertools
+
+_counters = {}
+
+
+def reset():
+    _counters.clear()
+
+
+def auto_name(kind, name):
+    if name is not None:
+        return str(name)
+    counter = _counters.setdefault(kind, itertools.count())
+    return "%s.noname.%d" % (kind, next(counter))

@@ -1,0 +1,99 @@
+"""Submitting operations to the core and waiting for them; shared by every
+framework adapter. Adapters turn their tensors into (pointer, dtype code,
+shape) and keep them alive until the operation completes; this module owns
+the integer handles users see (Horovod's async API) and the waiting policy.
+"""
+import threading
+
+from hvdlite import _core
+from hvdlite.common import exceptions
+
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = range(6)
+
+# How long one wait slice lasts: Python regains control this often, so Ctrl-C
+# works during a long collective. The core bounds the overall wait itself
+# (transport timeout, stall shutdown time).
+_WAIT_SLICE_S = 0.5
+
+
+def submit(op_type, name, ptr, dtype, shape, reduce_op=0, prescale=1.0, postscale=1.0, root=0,
+           splits=(), process_set=0):
+    """Hands one operation to the core; returns its core handle. Raises at once
+    if the core refuses it (not initialized, name in flight, broken job)."""
+    code, message, handle = _core.enqueue(op_type, name, ptr, dtype, list(shape), int(reduce_op),
+                                          float(prescale), float(postscale), int(root),
+                                          [int(s) for s in splits], int(process_set))
+    exceptions.raise_for_status(code, message)
+    return handle
+
+
+def wait(core_handle):
+    """Blocks until the operation completes; raises its error, if any."""
+    while True:
+        code, message = _core.wait(core_handle, _WAIT_SLICE_S)
+        if code == exceptions.TIMEOUT and _core.poll(core_handle) == 0:
+            continue
+        if code != exceptions.OK:
+            _core.release(core_handle)
+        exceptions.raise_for_status(code, message)
+        return
+
+
+def take_output(core_handle):
+    """(uint8 array owning the core's output, shape, received_splits, value)."""
+    code, message, data, shape, splits, value = _core.take_output(core_handle)
+    exceptions.raise_for_status(code, message)
+    return data, shape, splits, value
+
+
+def release(core_handle):
+    _core.release(core_handle)
+
+
+class _Pending:
+    __slots__ = ("core_handle", "finish", "keepalive")
+
+    def __init__(self, core_handle, finish, keepalive):
+        self.core_handle = core_handle
+        self.finish = finish
+        self.keepalive = keepalive
+
+
+_pending = {}
+_pending_lock = threading.Lock()
+_next_handle = [0]
+
+
+def register(core_handle, finish, keepalive=None):
+    """Makes a user-visible handle. `finish()` runs once the operation is done
+    and returns what synchronize() returns; `keepalive` holds the buffers the
+    core is using until then."""
+    with _pending_lock:
+        _next_handle[0] += 1
+        handle = _next_handle[0]
+        _pending[handle] = _Pending(core_handle, finish, keepalive)
+    return handle
+
+
+def _lookup(handle):
+    with _pending_lock:
+        entry = _pending.get(handle)
+    if entry is None:
+        raise exceptions.InvalidArgumentError("unknown or already synchronized handle %r" % (handle,))
+    return entry
+
+
+def poll(handle):
+    """True when the operation behind `handle` has completed (Horovod's poll)."""
+    return _core.poll(_lookup(handle).core_handle) != 0
+
+
+def synchronize(handle):
+    """Waits for `handle` and returns the operation's result."""
+    entry = _lookup(handle)
+    try:
+        wait(entry.core_handle)
+        return entry.finish()
+    finally:
+        with _pending_lock:
+            _pending.pop(handle, None)
