@@ -1,0 +1,201 @@
+// TcpTransport data path: Send / Recv / SendRecv over nonblocking sockets,
+// progressed together with poll(). Control plane and lifecycle: tcp_control.cc.
+#include "transport/tcp_transport.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "transport/socket_util.h"
+
+namespace hvdlite {
+
+using namespace tcp_wire;
+
+TcpTransport::TcpTransport(int rank, int size, std::vector<int> fds, double io_timeout_s)
+    : rank_(rank), size_(size), io_timeout_s_(io_timeout_s), peers_(size) {
+  for (int p = 0; p < size; ++p) peers_[p].fd = fds[p];
+}
+
+TcpTransport::~TcpTransport() { Close(); }
+
+Status TcpTransport::CheckPeer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    std::ostringstream os;
+    os << "rank " << rank_ << ": invalid " << what << " peer " << peer << " (size " << size_ << ")";
+    return Status::InvalidArgument(os.str());
+  }
+  return Status::OK();
+}
+
+Status TcpTransport::Send(int peer, uint32_t tag, const void* data, size_t len) {
+  return SendRecv(peer, tag, data, len, -1, 0, nullptr, 0);
+}
+
+Status TcpTransport::Recv(int peer, uint32_t tag, void* data, size_t len) {
+  return SendRecv(-1, 0, nullptr, 0, peer, tag, data, len);
+}
+
+// A rank exchanging with itself (both sides name this rank): a plain copy.
+Status TcpTransport::SelfCopy(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag,
+                              void* recv_data, size_t recv_len) {
+  if (send_tag != recv_tag || send_len != recv_len) {
+    std::ostringstream os;
+    os << "rank " << rank_ << " sends itself tag " << send_tag << " (" << send_len << " bytes) but expects tag "
+       << recv_tag << " (" << recv_len << " bytes)";
+    return Fail(Status::Internal(os.str()));
+  }
+  if (send_len > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_len);
+  return Status::OK();
+}
+
+Status TcpTransport::SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
+                              int recv_peer, uint32_t recv_tag, void* recv_data, size_t recv_len) {
+  if (!broken_.ok()) return broken_;
+  if (send_peer == rank_ && recv_peer == rank_) {
+    return SelfCopy(send_tag, send_data, send_len, recv_tag, recv_data, recv_len);
+  }
+  if (send_peer != -1) HVD_RETURN_IF_ERROR(CheckPeer(send_peer, "send"));
+  if (recv_peer != -1) HVD_RETURN_IF_ERROR(CheckPeer(recv_peer, "receive"));
+  SendOp s;
+  RecvOp r;
+  if (send_peer != -1) {
+    s.peer = send_peer;
+    s.hdr = FrameHeader{kData, send_tag, uint64_t(send_len)};
+    s.data = static_cast<const char*>(send_data);
+    s.len = send_len;
+    s.done = false;
+  }
+  if (recv_peer != -1) {
+    r.peer = recv_peer;
+    r.tag = recv_tag;
+    r.data = static_cast<char*>(recv_data);
+    r.len = recv_len;
+    r.done = false;
+  }
+  Status st = RunOps(&s, &r);
+  return st.ok() ? st : Fail(st);
+}
+
+// Drives both directions until done; fails when no byte moves for io_timeout_s.
+Status TcpTransport::RunOps(SendOp* s, RecvOp* r) {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last_progress = Clock::now();
+  for (;;) {
+    bool progressed = false;
+    if (!s->done) HVD_RETURN_IF_ERROR(ProgressSend(s, &progressed));
+    if (!r->done) HVD_RETURN_IF_ERROR(ProgressRecv(r, &progressed));
+    if (s->done && r->done) return Status::OK();
+    Clock::time_point now = Clock::now();
+    if (progressed) last_progress = now;
+    double idle_s = std::chrono::duration<double>(now - last_progress).count();
+    double left_ms = std::ceil((io_timeout_s_ - idle_s) * 1000.0);
+    if (left_ms <= 0) return TimeoutError(*s, *r);
+    pollfd pfds[2];
+    nfds_t n = 0;
+    if (!s->done) pfds[n++] = pollfd{peers_[s->peer].fd, POLLOUT, 0};
+    if (!r->done) {
+      int fd = peers_[r->peer].fd;
+      if (n == 1 && pfds[0].fd == fd) {
+        pfds[0].events |= POLLIN;
+      } else {
+        pfds[n++] = pollfd{fd, POLLIN, 0};
+      }
+    }
+    int wait_ms = left_ms > 1e9 ? 1000000000 : int(left_ms);
+    if (::poll(pfds, n, wait_ms) < 0 && errno != EINTR) {
+      return Status::Internal("poll failed: " + net::ErrnoString(errno));
+    }
+  }
+}
+
+Status TcpTransport::ProgressSend(SendOp* s, bool* progressed) {
+  Peer& p = peers_[s->peer];
+  const size_t hdr_len = sizeof(FrameHeader);
+  const size_t total = hdr_len + s->len;
+  while (s->sent < total) {
+    iovec iov[2];
+    int cnt = 0;
+    if (s->sent < hdr_len) {
+      iov[cnt++] = iovec{reinterpret_cast<char*>(&s->hdr) + s->sent, hdr_len - s->sent};
+      if (s->len > 0) iov[cnt++] = iovec{const_cast<char*>(s->data), s->len};
+    } else {
+      iov[cnt++] = iovec{const_cast<char*>(s->data) + (s->sent - hdr_len), total - s->sent};
+    }
+    msghdr msg;
+    std::memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = cnt;
+    ssize_t n = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL);
+    if (n > 0) {
+      s->sent += size_t(n);
+      *progressed = true;
+      p.send_mid_frame = s->sent < total;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::OK();
+    return PeerLost(s->peer, n < 0 ? errno : EPIPE);
+  }
+  s->done = true;
+  return Status::OK();
+}
+
+Status TcpTransport::ProgressRecv(RecvOp* r, bool* progressed) {
+  Peer& p = peers_[r->peer];
+  if (!p.data_pending) {
+    HVD_RETURN_IF_ERROR(Pump(r->peer, progressed));
+    if (p.closed) return PeerLost(r->peer, 0);
+    if (!p.data_pending) return Status::OK();  // would block
+  }
+  if (!r->checked) {
+    if (p.hdr.tag != r->tag || p.hdr.length != r->len) {
+      std::ostringstream os;
+      os << "rank " << rank_ << " expected data tag " << r->tag << " (" << r->len << " bytes) from rank "
+         << r->peer << " but received tag " << p.hdr.tag << " (" << p.hdr.length
+         << " bytes): the ranks disagree on the order of operations";
+      return Status::Internal(os.str());
+    }
+    r->checked = true;
+  }
+  while (r->got < r->len) {
+    ssize_t n = ::recv(p.fd, r->data + r->got, r->len - r->got, 0);
+    if (n > 0) {
+      r->got += size_t(n);
+      *progressed = true;
+      continue;
+    }
+    if (n == 0) return PeerLost(r->peer, 0);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
+    return PeerLost(r->peer, errno);
+  }
+  p.data_pending = false;
+  p.hdr_got = 0;
+  r->done = true;
+  return Status::OK();
+}
+
+Status TcpTransport::TimeoutError(const SendOp& s, const RecvOp& r) const {
+  std::ostringstream os;
+  os << "rank " << rank_ << ": no data moved for " << io_timeout_s_ << "s while";
+  if (!s.done) {
+    os << " sending to rank " << s.peer << " (tag " << s.hdr.tag << ", "
+       << (s.sent > sizeof(FrameHeader) ? s.sent - sizeof(FrameHeader) : 0) << " of " << s.len << " bytes sent)";
+  }
+  if (!s.done && !r.done) os << " and";
+  if (!r.done) {
+    os << " receiving from rank " << r.peer << " (tag " << r.tag << ", " << r.got << " of " << r.len
+       << " bytes received)";
+  }
+  os << "; is that rank stalled, or did it skip this operation?";
+  return Status::Timeout(os.str());
+}
+
+}  // namespace hvdlite
