@@ -73,6 +73,11 @@ Status Executor::Execute(const Response& response) {
   }
   HandleResult result;
   Status st = Run(response, entries, &result);
+  if (!st.ok()) {
+    std::string what = std::string(OpTypeName(response.type)) + " of tensor '" + response.names[0] + "'";
+    if (response.names.size() > 1) what += " (fused with " + std::to_string(response.names.size() - 1) + " more)";
+    st = st.WithContext(what + " failed");
+  }
   for (size_t i = 0; i < entries.size(); ++i) {
     HandleResult r;
     r.status = st;

@@ -26,7 +26,10 @@ Runtime::~Runtime() {
 
 Status Runtime::Enqueue(const Request& request, void* data, int64_t* handle) {
   std::lock_guard<std::mutex> lock(state_mu_);
-  if (stopped_) return broken_;
+  if (stopped_) {
+    return broken_.WithContext(std::string("cannot run ") + OpTypeName(request.type) + " of tensor '" +
+                               request.name + "'");
+  }
   TensorEntry e;
   e.request = request;
   e.request.rank = topo_.rank;
@@ -156,19 +159,22 @@ void Runtime::Loop() {
 // learn of it at once, and accept no more work.
 void Runtime::Break(const Status& st) {
   HVD_LOG(kError, "hvdlite stopped: " << st.message());
+  const std::string advice = ". The job can no longer run collectives: restart it (every rank).";
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (!stopped_) {
       stopped_ = true;
-      broken_ = st;
+      broken_ = Status(st.code(), st.message() + advice);
     }
   }
   for (auto& e : queue_.TakeAll()) {
     HandleResult r;
-    r.status = st;
+    r.status = st.WithContext(std::string(OpTypeName(e.request.type)) + " of tensor '" + e.request.name +
+                              "' failed");
+    r.status = Status(r.status.code(), r.status.message() + advice);
     handles_.Complete(e.handle, std::move(r));
   }
-  handles_.FailAll(st);
+  handles_.FailAll(Status(st.code(), st.message() + advice));
   transport_->Close();
 }
 
