@@ -4,6 +4,7 @@ The CMake build directory is build/ at the repo root and is reused, so a
 rebuild after an edit compiles only what changed (make install runs it).
 """
 import os
+import filecmp
 import shutil
 import subprocess
 import sys
@@ -31,9 +32,15 @@ class CMakeBuild(build_ext):
         built = [f for f in os.listdir(build_dir) if f.startswith("_core") and f.endswith(".so")]
         if not built:
             raise RuntimeError("CMake produced no _core module in " + build_dir)
+        source = os.path.join(build_dir, built[0])
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(os.path.join(build_dir, built[0]), target)
+        # Never rewrite a module some process may have mapped: copy only when it
+        # changed, and then by atomic rename (a loaded old copy stays valid).
+        if os.path.exists(target) and filecmp.cmp(source, target, shallow=False):
+            return
+        shutil.copyfile(source, target + ".tmp")
+        os.replace(target + ".tmp", target)
 
 
 setup(

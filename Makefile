@@ -1,0 +1,85 @@
+# hvdlite developer entry points.
+#
+#   make install   .venv/, missing Debian and pip packages, editable build of hvdlite
+#   make demo      install, then a 2-process data-parallel training run (examples/numpy_digits.py)
+#   make test      install, then the whole test suite
+#   make bench     install, then every benchmarks/*.py
+#   make build     incremental rebuild of the C++ core only (what install runs last)
+#   make clean     remove build outputs (build/, hvdlite/_core*.so); distclean also removes .venv/
+#
+# install is idempotent and quick when nothing changed: the apt step checks each package with
+# dpkg-query (a few ms), the pip and editable-install steps are stamp files in .venv/ keyed on
+# requirements-dev.txt / setup.py / pyproject.toml, and the build step is CMake's incremental build.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := install
+
+# Interpreter that creates .venv/.
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Debian packages the build needs; later issues add libopenmpi-dev openmpi-bin.
+APT_PACKAGES := cmake g++ make
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+PYTEST_ARGS ?=
+
+# One compute thread per rank: the machines have 2 cores and tests run 2-4 ranks.
+export OMP_NUM_THREADS := 1
+export MKL_NUM_THREADS := 1
+export OPENBLAS_NUM_THREADS := 1
+export HVDLITE_BUILD_JOBS ?= 2
+
+.PHONY: install apt build demo test bench clean distclean
+
+install: build
+
+# Installs only the packages dpkg does not report as installed; apt-get update runs once, first.
+apt:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install:$$missing"; \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+
+$(VPY): | apt
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.pip-stamp: requirements-dev.txt | $(VPY) apt
+	$(VPY) -m pip install -r requirements-dev.txt
+	touch $@
+
+# First build of the core and registration of the package (console script hvdliterun included).
+$(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp | apt
+	env -u MAKEFLAGS -u MAKELEVEL $(VPY) -m pip install --no-build-isolation --no-deps -e .
+	touch $@
+
+# Incremental rebuild: CMake in build/ recompiles only what changed, then the module is copied
+# into hvdlite/. (MAKEFLAGS/MAKELEVEL are dropped so CMake's own make stays quiet.)
+build: $(VENV)/.editable-stamp | apt
+	env -u MAKEFLAGS -u MAKELEVEL $(VPY) setup.py -q build_ext --inplace
+
+demo: install
+	$(VENV)/bin/hvdliterun -np 2 $(VPY) examples/numpy_digits.py
+
+# pytest's exit code 5 (no test collected) fails the target like any other non-zero code.
+test: install
+	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
+
+bench: install
+	@shopt -s nullglob; ran=0; \
+	for f in benchmarks/*.py; do \
+	  case "$${f##*/}" in _*) continue;; esac; \
+	  echo "== $$f"; $(VPY) "$$f" || exit $$?; ran=1; \
+	done; \
+	[ $$ran = 1 ] || echo "no benchmarks yet (benchmarks/*.py)"
+
+clean:
+	rm -rf build hvdlite/_core*.so hvdlite.egg-info .pytest_cache
+	rm -f $(VENV)/.editable-stamp
+
+distclean: clean
+	rm -rf $(VENV)

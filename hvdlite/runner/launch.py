@@ -1,0 +1,103 @@
+"""hvdliterun: runs N ranks of a command on this host, Horovod's `horovodrun` for hvdlite.
+
+    hvdliterun -np 4 python train.py [args...]
+    hvdliterun --check-build
+
+It generates a per-job secret, hosts the TCP rendezvous store in this process (it admits only
+clients proving the secret), starts the ranks with the HVDLITE_* identity variables, prefixes
+their output with the rank, and stops the whole job as soon as one rank fails (see job.py).
+Any other launcher works too if it sets the same variables (rank_env() lists them).
+"""
+import argparse
+import os
+import sys
+
+SECRET_BYTES = 32
+STORE_HOST = "127.0.0.1"   # one host only for now: the store listens on loopback
+
+
+def rank_env(base, rank, size, store_addr, secret_hex, verbose=False):
+    """The environment of one rank: `base` plus the variables every launcher must set."""
+    env = dict(base)
+    env.update({
+        "HVDLITE_RANK": str(rank),
+        "HVDLITE_SIZE": str(size),
+        "HVDLITE_LOCAL_RANK": str(rank),      # one host: local == global
+        "HVDLITE_LOCAL_SIZE": str(size),
+        "HVDLITE_CROSS_RANK": "0",
+        "HVDLITE_CROSS_SIZE": "1",
+        "HVDLITE_STORE_ADDR": store_addr,
+        "HVDLITE_SECRET": secret_hex,
+        "PYTHONUNBUFFERED": "1",
+    })
+    if verbose:
+        env["HVDLITE_LOG_LEVEL"] = "debug"
+    return env
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="hvdliterun",
+        description="Run N ranks of COMMAND on this host as one hvdlite job.",
+        epilog="Only this host for now: there is no -H/--hosts; every rank runs locally. "
+               "Each output line is prefixed with [rank]<stdout>: or [rank]<stderr>:. "
+               "The job stops as soon as one rank exits non-zero, and hvdliterun exits "
+               "with that rank's code.")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
+                        help="number of ranks to start")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also set HVDLITE_LOG_LEVEL=debug in every rank")
+    parser.add_argument("--check-build", action="store_true",
+                        help="list the frameworks and backends this installation supports, then exit")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
+                        help="the program every rank runs, with its arguments")
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.check_build:
+        if args.np is None:
+            parser.error("-np N is required")
+        if args.np < 1:
+            parser.error("-np must be at least 1, got %d" % args.np)
+        if not args.command:
+            parser.error("no COMMAND given")
+    return args
+
+
+def start_store(secret):
+    """Starts the rendezvous store on an ephemeral loopback port; returns the server."""
+    try:
+        from hvdlite import _core
+    except ImportError as e:
+        sys.exit("hvdliterun: the hvdlite core (hvdlite._core) cannot be imported (%s); "
+                 "build it with `make install`" % e)
+    return _core.TcpStoreServer(STORE_HOST, 0, secret)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.check_build:
+        from hvdlite.runner.check_build import build_report
+        try:
+            print(build_report(), flush=True)
+        except BrokenPipeError:  # `hvdliterun --check-build | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+    from hvdlite.runner.job import LocalJob
+    secret = os.urandom(SECRET_BYTES)
+    server = start_store(secret)
+    try:
+        store_addr = "%s:%d" % (STORE_HOST, server.port)
+        envs = [rank_env(os.environ, r, args.np, store_addr, secret.hex(), args.verbose)
+                for r in range(args.np)]
+        if args.verbose:
+            print("hvdliterun: %d rank(s) of %s; store at %s"
+                  % (args.np, " ".join(args.command), store_addr), file=sys.stderr, flush=True)
+        return LocalJob(args.command, envs).run()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""Shared fixtures. Multi-rank tests use tests/helpers.py (run_ranks / spawn_ranks)."""
+import os
+import socket
+
+import pytest
+
+# One compute thread per rank and per test process: the machines have 2 cores.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+
+@pytest.fixture
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to it soon)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

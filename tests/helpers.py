@@ -1,0 +1,223 @@
+"""The one helper every multi-rank test uses: run a function on N real processes.
+
+    from helpers import run_ranks, spawn_ranks
+
+    def _sum(shape):                       # module level in the test module (pickled by name)
+        import hvdlite as hvd
+        hvd.init()
+        return hvd.allreduce(np.ones(shape), op=hvd.Sum)
+
+    def test_sum():
+        for out in run_ranks(_sum, 2, args=((3,),)):
+            assert (out == 2).all()
+
+Contract:
+  - Each call starts a fresh TcpStoreServer with a fresh secret and `size` processes from the
+    multiprocessing "spawn" context. Before calling fn(*args), child `rank` sets os.environ:
+    HVDLITE_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, HVDLITE_CROSS_RANK=0, HVDLITE_CROSS_SIZE=1,
+    HVDLITE_STORE_ADDR, HVDLITE_SECRET (hex), OMP_NUM_THREADS=1 (and MKL/OpenBLAS), then the
+    `env` overrides: a dict, or a callable rank -> dict; a value of None unsets the variable.
+  - fn's return value (picklable) or its formatted traceback comes back over a pipe; a rank
+    whose fn raised exits with code 1.
+  - spawn_ranks returns [RankResult(rank, exitcode, value, traceback)] without judging them;
+    run_ranks returns [value per rank] and raises AssertionError naming every failed rank
+    with its traceback, or its exit code / signal when it died without one. Once one rank
+    has failed, run_ranks gives the others FAILURE_GRACE_S to finish before killing them.
+  - Both raise AssertionError when `timeout` seconds pass with ranks still running, naming
+    them. Children are always reaped: whatever happens, none outlives the call.
+"""
+import collections
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import time
+import traceback as _traceback
+
+RankResult = collections.namedtuple("RankResult", "rank exitcode value traceback")
+
+FAILURE_GRACE_S = 10.0   # run_ranks: how long the others may run on after one rank failed
+_KILL_WAIT_S = 5.0
+_CTX = multiprocessing.get_context("spawn")
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _child(fn, args, env, conn):
+    """Body of one rank: set the environment, run fn, send ('ok', value) or ('error', tb)."""
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = str(value)
+    try:
+        result = ("ok", fn(*args))
+    except BaseException:
+        result = ("error", _traceback.format_exc())
+    try:
+        conn.send(result)
+    except Exception:  # the return value does not pickle
+        result = ("error", "the return value of %s could not be sent back:\n%s"
+                  % (getattr(fn, "__name__", fn), _traceback.format_exc()))
+        conn.send(result)
+    conn.close()
+    if result[0] == "error":
+        sys.stderr.write(result[1])
+        sys.stderr.flush()
+        sys.exit(1)
+
+
+def _rank_env(rank, size, store_addr, secret_hex, env):
+    out = {"HVDLITE_RANK": rank, "HVDLITE_SIZE": size,
+           "HVDLITE_LOCAL_RANK": rank, "HVDLITE_LOCAL_SIZE": size,
+           "HVDLITE_CROSS_RANK": 0, "HVDLITE_CROSS_SIZE": 1,
+           "HVDLITE_STORE_ADDR": store_addr, "HVDLITE_SECRET": secret_hex}
+    out.update({k: 1 for k in _THREAD_VARS})
+    extra = env(rank) if callable(env) else env
+    out.update(extra or {})
+    return out
+
+
+def _describe_exit(code):
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return "killed by signal %s (exit code %d)" % (signal.Signals(-code).name, code)
+        except ValueError:
+            return "killed by signal %d" % -code
+    return "exit code %d" % code
+
+
+def _fn_name(fn):
+    return "%s.%s" % (getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", fn))
+
+
+def _stop(procs):
+    """Terminates, then kills, every process still alive; reaps all of them (bounded)."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _KILL_WAIT_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(_KILL_WAIT_S)
+
+
+def _run(fn, size, args, timeout, env, failure_grace):
+    """Runs the ranks; returns (results, ranks still running at the deadline, ranks that
+    sent a message)."""
+    from hvdlite import _core
+    secret = os.urandom(32)
+    server = _core.TcpStoreServer("127.0.0.1", 0, secret)
+    procs, readers, messages = [], {}, {}
+    try:
+        addr = "127.0.0.1:%d" % server.port
+        for rank in range(size):
+            reader, writer = _CTX.Pipe(duplex=False)
+            p = _CTX.Process(target=_child, name="rank-%d" % rank,
+                             args=(fn, tuple(args), _rank_env(rank, size, addr, secret.hex(), env),
+                                   writer))
+            p.start()
+            writer.close()  # only the child holds the write end: its death means EOF for us
+            procs.append(p)
+            readers[reader] = rank
+        deadline = time.monotonic() + timeout
+        pending = set(range(size))          # ranks whose process has not exited yet
+        by_rank = {rank: reader for reader, rank in readers.items()}
+
+        def receive(rank, wait_s):
+            """Reads rank's message (if any arrives within wait_s); closes its pipe."""
+            reader = by_rank.pop(rank, None)
+            if reader is None:
+                return
+            del readers[reader]
+            try:
+                if reader.poll(wait_s):
+                    messages[rank] = reader.recv()
+            except (EOFError, OSError):
+                pass                        # died without sending anything
+            reader.close()
+
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waitables = list(readers) + [procs[r].sentinel for r in pending]
+            for ready in multiprocessing.connection.wait(waitables, left):
+                if ready in readers:
+                    receive(readers[ready], 0)
+            for rank in sorted(pending):
+                exited = procs[rank].exitcode is not None
+                if exited:
+                    receive(rank, 1.0)      # the message may trail the exit by a moment
+                    pending.discard(rank)
+                ok = messages.get(rank, ("ok",))[0] == "ok" and procs[rank].exitcode in (None, 0)
+                if not ok and failure_grace is not None:
+                    deadline = min(deadline, time.monotonic() + failure_grace)
+        still_running = sorted(pending)
+    finally:
+        _stop(procs)
+        for reader in readers:
+            reader.close()
+        server.stop()
+    results = []
+    for rank, p in enumerate(procs):
+        kind, payload = messages.get(rank, (None, None))
+        results.append(RankResult(rank, p.exitcode, payload if kind == "ok" else None,
+                                  payload if kind == "error" else None))
+    return results, still_running, set(messages)
+
+
+def _timeout_error(fn, size, timeout, results, still_running):
+    lines = ["%s on %d ranks timed out after %.0f s; ranks still running (now killed): %s"
+             % (_fn_name(fn), size, timeout, still_running)]
+    for r in results:
+        if r.rank in still_running and (r.value is not None or r.traceback):
+            lines.append("rank %d returned from fn but its process did not exit (a hang in "
+                         "shutdown or at exit?)" % r.rank)
+        elif r.rank not in still_running:
+            lines.append("rank %d finished: %s%s" % (r.rank, _describe_exit(r.exitcode),
+                                                    "\n" + r.traceback if r.traceback else ""))
+    return AssertionError("\n".join(lines))
+
+
+def spawn_ranks(fn, size, args=(), timeout=60.0, env=None):
+    """Runs fn(*args) on `size` ranks; returns [RankResult] in rank order, failures included.
+    Raises AssertionError only on timeout."""
+    results, still_running, _ = _run(fn, size, args, timeout, env, failure_grace=None)
+    if still_running:
+        raise _timeout_error(fn, size, timeout, results, still_running)
+    return results
+
+
+def run_ranks(fn, size, args=(), timeout=60.0, env=None):
+    """Runs fn(*args) on `size` ranks; returns each rank's return value, in rank order.
+    Raises AssertionError describing every failed rank, or the ranks still running at the
+    timeout."""
+    results, still_running, answered = _run(fn, size, args, timeout, env, FAILURE_GRACE_S)
+    failed = [r for r in results if r.rank not in still_running and
+              (r.exitcode != 0 or r.traceback is not None or r.rank not in answered)]
+    if still_running and not failed:
+        raise _timeout_error(fn, size, timeout, results, still_running)
+    if failed:
+        lines = ["%s failed on %d of %d ranks" % (_fn_name(fn), len(failed), size)]
+        for r in failed:
+            if r.traceback:
+                lines.append("--- rank %d (%s) ---\n%s" % (r.rank, _describe_exit(r.exitcode),
+                                                          r.traceback.rstrip()))
+            elif r.exitcode == 0:
+                lines.append("--- rank %d exited with code 0 without returning from fn ---"
+                             % r.rank)
+            else:
+                lines.append("--- rank %d died without a traceback: %s (its own output, if "
+                             "any, is in the captured stderr) ---"
+                             % (r.rank, _describe_exit(r.exitcode)))
+        if still_running:
+            lines.append("--- ranks %s were still running %.0f s after the first failure "
+                         "and were killed ---" % (still_running, FAILURE_GRACE_S))
+        raise AssertionError("\n".join(lines))
+    return [r.value for r in results]

@@ -1,0 +1,101 @@
+"""Process sets: collectives on subgroups involve only their members, and
+collectives submitted in different orders on different ranks still match."""
+import numpy as np
+
+from helpers import run_ranks
+
+
+def _subgroups():
+    import hvdlite as hvd
+    hvd.init()
+    r = hvd.rank()
+    even = hvd.add_process_set([0, 2])
+    odd = hvd.add_process_set(hvd.ProcessSet([1, 3]))
+    mine = even if r % 2 == 0 else odd
+    out = {"ids": (even.process_set_id, odd.process_set_id), "size": mine.size(), "rank_in": mine.rank(),
+           "included": (even.included(), odd.included())}
+    # interleave subgroup and global collectives, submitted in a rank-dependent order
+    hs = []
+    order = [0, 1, 2] if r < 2 else [2, 1, 0]
+    for i in order:
+        if i == 1:
+            hs.append(("g", hvd.allreduce_async(np.full(3, r, np.float32), op=hvd.Sum, name="global")))
+        else:
+            hs.append(("s%d" % i, hvd.allreduce_async(np.full(2, r, np.float32), op=hvd.Sum, name="sub%d" % i,
+                                                       process_set=mine)))
+    out["results"] = {k: hvd.synchronize(h).tolist() for k, h in hs}
+    out["gather"] = hvd.allgather(np.array([r]), process_set=mine).tolist()
+    out["bcast"] = hvd.broadcast(np.array([r, r]), root_rank=mine.ranks[-1], process_set=mine).tolist()
+    try:
+        hvd.allreduce(np.ones(1), name="not-mine", process_set=odd if mine is even else even)
+        out["non_member"] = None
+    except hvd.HvdliteError as e:
+        out["non_member"] = str(e)
+    hvd.barrier(process_set=mine)
+    assert hvd.remove_process_set(even) and hvd.remove_process_set(odd)
+    try:
+        hvd.allreduce(np.ones(1), process_set=even)
+        out["removed"] = None
+    except hvd.HvdliteError as e:
+        out["removed"] = type(e).__name__
+    again = hvd.add_process_set([0, 1, 2])
+    out["again"] = again.process_set_id
+    if r < 3:
+        out["again_sum"] = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=again).tolist()
+    hvd.shutdown()
+    return out
+
+
+def test_process_sets_on_four_ranks():
+    results = run_ranks(_subgroups, 4, timeout=90)
+    for r, out in enumerate(results):
+        assert out["ids"] == (1, 2)
+        assert out["size"] == 2 and out["rank_in"] == r // 2
+        assert out["included"] == (r % 2 == 0, r % 2 == 1)
+        members = [0, 2] if r % 2 == 0 else [1, 3]
+        assert out["results"]["g"] == [6.0] * 3
+        assert out["results"]["s0"] == out["results"]["s2"] == [float(sum(members))] * 2
+        assert out["gather"] == members
+        assert out["bcast"] == [members[-1]] * 2
+        assert out["non_member"] is not None and "not a member" in out["non_member"]
+        assert out["removed"] == "PreconditionError"
+        assert out["again"] == 3
+        if r < 3:
+            assert out["again_sum"] == [3.0]
+
+
+def _reversed_order():
+    import hvdlite as hvd
+    hvd.init()
+    names = ["t%d" % i for i in range(30)]
+    if hvd.rank() == 1:
+        names.reverse()
+    handles = {n: hvd.allreduce_async(np.full(50 + int(n[1:]), int(n[1:]), np.int64), op=hvd.Sum, name=n)
+               for n in names}
+    out = {n: hvd.synchronize(h) for n, h in handles.items()}
+    hvd.shutdown()
+    return {n: (v.shape[0], int(v[0])) for n, v in out.items()}
+
+
+def test_ranks_submitting_in_opposite_orders_agree():
+    for out in run_ranks(_reversed_order, 2, timeout=60):
+        assert out == {"t%d" % i: (50 + i, 2 * i) for i in range(30)}
+
+
+def _mismatched_add():
+    import hvdlite as hvd
+    hvd.init()
+    try:
+        hvd.add_process_set([0, 1] if hvd.rank() == 0 else [0, 2])
+        got = None
+    except hvd.HvdliteError as e:
+        got = str(e)
+    ok = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
+    hvd.shutdown()
+    return got, ok
+
+
+def test_add_process_set_with_different_ranks_is_an_error():
+    for got, ok in run_ranks(_mismatched_add, 3, timeout=60):
+        assert got is not None and "add_process_set" in got
+        assert ok == [3.0]

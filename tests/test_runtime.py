@@ -1,0 +1,104 @@
+"""Runtime life cycle, configuration and idleness."""
+import os
+import resource
+import time
+
+import numpy as np
+import pytest
+
+from helpers import run_ranks
+
+
+def _reinit():
+    import hvdlite as hvd
+    out = []
+    for i in range(3):
+        hvd.init()
+        out.append(hvd.allreduce(np.ones(2) * i, op=hvd.Sum, name="x").tolist())
+        hvd.shutdown()
+        assert not hvd.is_initialized()
+    try:
+        hvd.allreduce(np.ones(1))
+    except hvd.PreconditionError as e:
+        out.append(str(e))
+    return out
+
+
+def test_init_after_shutdown_starts_a_new_session():
+    for out in run_ranks(_reinit, 2, timeout=60):
+        assert out[:3] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
+        assert "not initialized" in out[3]
+
+
+def test_single_process_without_launcher():
+    import subprocess
+    import sys
+    code = ("import numpy as np, hvdlite as hvd; hvd.init(); "
+            "print(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.allreduce(np.ones(3)).tolist()); hvd.shutdown()")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1", "0", "[1.0,", "1.0,", "1.0]"]
+
+
+def _idle_cpu(seconds):
+    import hvdlite as hvd
+    hvd.init()
+    hvd.allreduce(np.ones(1000), name="warm")
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(seconds)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    hvd.shutdown()
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def test_idle_rank_uses_well_under_one_percent_of_a_core():
+    seconds = 3.0
+    for cpu in run_ranks(_idle_cpu, 2, args=(seconds,), timeout=60):
+        assert cpu < 0.01 * seconds, "idle rank used %.4f s of CPU in %.1f s" % (cpu, seconds)
+
+
+def _init_error():
+    import hvdlite as hvd
+    try:
+        hvd.init()
+        return None
+    except hvd.HvdliteError as e:
+        return type(e).__name__, str(e)
+
+
+def test_horovod_variable_is_honoured_as_fallback_and_bad_values_are_named():
+    results = run_ranks(_init_error, 2, env={"HOROVOD_CYCLE_TIME": "fast"}, timeout=60)
+    for kind, message in results:
+        assert kind == "InvalidArgumentError"
+        assert "HVDLITE_CYCLE_TIME" in message and "fast" in message
+
+
+def test_missing_store_address_is_a_clear_error():
+    env = {"HVDLITE_STORE_ADDR": None}
+    for kind, message in run_ranks(_init_error, 2, env=env, timeout=60):
+        assert kind == "InvalidArgumentError" and "HVDLITE_STORE_ADDR" in message and "hvdliterun" in message
+
+
+def _fusion_many_small():
+    import hvdlite as hvd
+    hvd.init()
+    handles = [hvd.allreduce_async(np.full(i + 1, hvd.rank() + 1.0), op=hvd.Sum, name="f%d" % i) for i in range(200)]
+    out = [hvd.synchronize(h) for h in handles]
+    hvd.shutdown()
+    return all(o.tolist() == [3.0] * (i + 1) for i, o in enumerate(out))
+
+
+@pytest.mark.parametrize("threshold", ["0", "256", str(64 * 1024 * 1024)])
+def test_fusion_threshold_settings_give_identical_results(threshold):
+    assert all(run_ranks(_fusion_many_small, 2, env={"HVDLITE_FUSION_THRESHOLD": threshold}, timeout=60))
+
+
+def test_settings_table_declares_each_variable_once_with_doc():
+    from hvdlite.common import settings
+    names = [s.name for s in settings.SETTINGS]
+    assert len(names) == len(set(names))
+    assert all(s.doc and s.type in ("int", "float", "bool", "str") for s in settings.SETTINGS)
+    assert settings.get("FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD": "5"}) == 5
+    assert settings.get("FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD": "5", "HVDLITE_FUSION_THRESHOLD": "7"}) == 7
+    assert "HVD_SETTING(FUSION_THRESHOLD, int64_t" in settings.cpp_header()
