@@ -1,0 +1,116 @@
+// Allreduce: ring reduce-scatter + ring allgather for large messages,
+// recursive doubling for small ones.
+//
+// Ring (bytes >= kSmallAllreduceBytes): the buffer is cut into `size`
+// segments (alg::EvenBlock: the first count % size get one extra element).
+// Reduce-scatter (size-1 steps, tags tag + s) leaves member m with segment
+// m+1 fully reduced along one fixed chain of members; allgather (size-1 steps,
+// tags tag + (size-1) + s) copies each reduced segment to everyone. Every
+// member therefore ends with the same bits. Scratch: one piece (256 KiB) of
+// thread-local memory.
+//
+// Recursive doubling (bytes < kSmallAllreduceBytes), log2 rounds instead of
+// 2(size-1) steps. With p2 the largest power of two <= size:
+//  1. fold (tag + 0): member r >= p2 sends its buffer to member r - p2, which
+//     reduces it as op(own, extra);
+//  2. round k (tag + 1 + k), distance d = 2^k, over members < p2: a and a^d
+//     swap partial results and both compute op(lower member's, upper member's),
+//     so the pair holds identical bits (operand order fixed by member index);
+//  3. unfold (tag + 1 + log2(p2)): member r < size - p2 sends the result to r + p2.
+// Scratch: the message size (< 64 KiB) of thread-local memory.
+// Tags used: tag + [0, 2(size-1)) for the ring, tag + [0, 2 + log2(size)] for
+// recursive doubling.
+#include <cstring>
+
+#include "algorithms/algorithms.h"
+#include "algorithms/reduce_kernels.h"
+#include "algorithms/ring.h"
+
+namespace hvdlite {
+namespace {
+
+Status CheckReducible(DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kBool || DataTypeSize(dtype) == 0) {
+    return Status::NotSupported(std::string("allreduce of dtype ") + DataTypeName(dtype));
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax && op != ReduceOp::kProduct) {
+    return Status::NotSupported(std::string("allreduce with op ") + ReduceOpName(op) +
+                                " (Average is Sum plus a postscale)");
+  }
+  return Status::OK();
+}
+
+// Exchanges the whole buffer with member `partner` and leaves
+// op(lower member's value, upper member's value) in buf on both sides.
+Status ExchangeReduce(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op,
+                      int partner, uint32_t tag) {
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
+  char* other = alg::ThreadScratch(bytes);
+  const int peer = g.peer(partner);
+  HVD_RETURN_IF_ERROR(g.transport->SendRecv(peer, tag, buf, bytes, peer, tag, other, bytes));
+  if (g.me < partner) return ReduceInto(buf, other, count, dtype, op);
+  HVD_RETURN_IF_ERROR(ReduceInto(other, buf, count, dtype, op));
+  std::memcpy(buf, other, bytes);
+  return Status::OK();
+}
+
+Status RecursiveDoubling(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op) {
+  const int p = g.size();
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
+  int p2 = 1;
+  int rounds = 0;
+  while (p2 * 2 <= p) {
+    p2 *= 2;
+    ++rounds;
+  }
+  const int extras = p - p2;
+  const uint32_t unfold_tag = g.tag + 1 + static_cast<uint32_t>(rounds);
+  if (g.me >= p2) {  // extra member: contribute, then wait for the result
+    HVD_RETURN_IF_ERROR(g.transport->Send(g.peer(g.me - p2), g.tag, buf, bytes));
+    return g.transport->Recv(g.peer(g.me - p2), unfold_tag, buf, bytes);
+  }
+  if (g.me < extras) {
+    char* other = alg::ThreadScratch(bytes);
+    HVD_RETURN_IF_ERROR(g.transport->Recv(g.peer(g.me + p2), g.tag, other, bytes));
+    HVD_RETURN_IF_ERROR(ReduceInto(buf, other, count, dtype, op));
+  }
+  for (int k = 0; k < rounds; ++k) {
+    HVD_RETURN_IF_ERROR(
+        ExchangeReduce(g, buf, count, dtype, op, g.me ^ (1 << k), g.tag + 1 + static_cast<uint32_t>(k)));
+  }
+  if (g.me < extras) {
+    HVD_RETURN_IF_ERROR(g.transport->Send(g.peer(g.me + p2), unfold_tag, buf, bytes));
+  }
+  return Status::OK();
+}
+
+Status Ring(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op) {
+  const int p = g.size();
+  const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
+  std::vector<alg::Range> segs(p);
+  for (int i = 0; i < p; ++i) segs[i] = alg::EvenBlock(count, p, i);
+  HVD_RETURN_IF_ERROR(alg::RingReduceScatter(g, buf, segs, dtype, op, /*shift=*/0, g.tag));
+  for (auto& r : segs) {  // allgather works on byte ranges
+    r.offset *= es;
+    r.count *= es;
+  }
+  // Member m now holds segment m + 1.
+  return alg::RingAllgather(g, buf, segs, /*shift=*/1, g.tag + static_cast<uint32_t>(p - 1));
+}
+
+}  // namespace
+
+Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  HVD_RETURN_IF_ERROR(alg::CheckGroup(g, "Allreduce"));
+  HVD_RETURN_IF_ERROR(CheckReducible(dtype, op));
+  if (count < 0) return Status::InvalidArgument("Allreduce: negative count");
+  if (g.size() == 1 || count == 0) return Status::OK();
+  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
+  char* data = static_cast<char*>(buf);
+  Status st = bytes < alg::kSmallAllreduceBytes ? RecursiveDoubling(g, data, count, dtype, op)
+                                                : Ring(g, data, count, dtype, op);
+  return st.WithContext(std::string("Allreduce of ") + std::to_string(count) + " " +
+                        DataTypeName(dtype) + " (" + ReduceOpName(op) + ")");
+}
+
+}  // namespace hvdlite

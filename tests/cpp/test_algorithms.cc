@@ -1,0 +1,79 @@
+// Tests of the collective algorithms layer (csrc/algorithms): reduction
+// kernels and conversions, then every collective with ranks as threads of
+// this process over the real TCP transport on 127.0.0.1, world sizes 1-4.
+//
+//   test_algorithms            run every case; prints "N passed, M failed" last,
+//                              exit status 0 only when nothing failed
+//   test_algorithms FILTER     only cases whose name contains FILTER
+//   test_algorithms --bench    allreduce busbw, 2 thread-ranks (information only)
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "algtest/allreduce_tests.h"
+#include "algtest/bench.h"
+#include "algtest/collective_tests.h"
+#include "algtest/kernels.h"
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+const char* g_filter = nullptr;
+
+void RunCase(const std::string& name, const std::function<void()>& body) {
+  if (g_filter != nullptr && name.find(g_filter) == std::string::npos) return;
+  algtest::Check().Reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  body();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int failures = algtest::Check().count();
+  if (failures == 0) {
+    ++g_passed;
+    std::printf("PASS %s (%.2fs)\n", name.c_str(), secs);
+  } else {
+    ++g_failed;
+    std::printf("FAIL %s: %d failed checks\n", name.c_str(), failures);
+    for (const std::string& m : algtest::Check().messages()) std::printf("    %s\n", m.c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using hvdlite::DataType;
+  using hvdlite::ReduceOp;
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) return algtest::RunBench(2);
+  if (argc > 1) g_filter = argv[1];
+
+  std::printf("float16 block conversions: %s\n", hvdlite::halfblock::HalfImplName());
+  RunCase("kernels/conversions", algtest::TestConversions);
+  RunCase("kernels/block_conversions", algtest::TestBlockConversions);
+  RunCase("kernels/reduce_into", algtest::TestReduceInto);
+  RunCase("kernels/scalar_cases", algtest::TestScalarCases);
+  for (int world = 1; world <= 4; ++world) {
+    const std::string w = "/world" + std::to_string(world);
+    for (DataType dt : algtest::ReducibleTypes()) {
+      RunCase(std::string("allreduce_exact/") + hvdlite::DataTypeName(dt) + w,
+              [&] { algtest::TestAllreduceExact(world, dt); });
+    }
+    for (DataType dt : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64}) {
+      for (ReduceOp op : algtest::ReduceOps()) {
+        RunCase(std::string("allreduce_agreement/") + hvdlite::DataTypeName(dt) + "/" + hvdlite::ReduceOpName(op) + w,
+                [&] { algtest::TestAllreduceAgreement(world, dt, op); });
+      }
+    }
+    RunCase("allgatherv" + w, [&] { algtest::TestAllgatherv(world); });
+    RunCase("broadcast" + w, [&] { algtest::TestBroadcast(world); });
+    RunCase("alltoallv" + w, [&] { algtest::TestAlltoallv(world); });
+    RunCase("reducescatter" + w, [&] { algtest::TestReduceScatter(world); });
+  }
+  RunCase("subgroups/world4", algtest::TestSubgroups);
+  RunCase("argument_errors/world2", algtest::TestArgumentErrors);
+
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
