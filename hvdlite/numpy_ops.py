@@ -7,65 +7,33 @@ core and wrapped as arrays without a copy.
 """
 import numpy as np
 
-from hvdlite.common import dtypes, exceptions, naming, ops
+from hvdlite.common import adasum, collectives, dtypes, exceptions, naming, ops
+from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import global_process_set, resolve
-
-_NUMPY_CODES = {np.dtype(np.uint8): dtypes.UINT8, np.dtype(np.int8): dtypes.INT8,
-                np.dtype(np.int32): dtypes.INT32, np.dtype(np.int64): dtypes.INT64,
-                np.dtype(np.float16): dtypes.FLOAT16, np.dtype(np.float32): dtypes.FLOAT32,
-                np.dtype(np.float64): dtypes.FLOAT64, np.dtype(np.bool_): dtypes.BOOL}
-
-
-def _dtype_code(array, name):
-    code = _NUMPY_CODES.get(array.dtype)
-    if code is None and array.dtype.name == "bfloat16":  # ml_dtypes.bfloat16
-        code = dtypes.BFLOAT16
-    if code is None:
-        raise exceptions.NotSupportedError(
-            "tensor '%s' has dtype %s, which hvdlite does not support; use one of %s"
-            % (name, array.dtype, ", ".join(sorted(dtypes.CODE_BY_NAME))))
-    return code
-
-
-def _resolve_op(op, average):
-    if average is not None:
-        if op is not None:
-            raise exceptions.InvalidArgumentError("pass either op= or the deprecated average=, not both")
-        return dtypes.Average if average else dtypes.Sum
-    return dtypes.Average if op is None else op
-
-
-def _submit(kind, op_type, array, name, **kw):
-    name = naming.auto_name(kind, name)
-    code = _dtype_code(array, name)
-    return ops.submit(op_type, name, array.ctypes.data, code, array.shape, **kw)
-
-
-def _from_core_output(core_handle, dtype):
-    data, shape, splits, _ = ops.take_output(core_handle)
-    return data.view(dtype).reshape(shape), splits
+from hvdlite.common.reduction import resolve_op
 
 
 def _inplace_async(kind, op_type, tensor, name, **kw):
     """Runs an in-place op on `tensor`; a non-contiguous array goes through a
     contiguous copy that is written back on completion."""
-    work = tensor if tensor.flags.c_contiguous and tensor.flags.writeable else np.ascontiguousarray(tensor)
-    core = _submit(kind, op_type, work, name, **kw)
+    return collectives.start(collectives.inplace(NUMPY, kind, op_type, tensor, name, **kw))
 
-    def finish():
-        ops.release(core)
-        if work is not tensor:
-            tensor[...] = work
-        return tensor
 
-    return ops.register(core, finish, keepalive=(tensor, work))
+def _output_async(kind, op_type, tensor, name, **kw):
+    """An op whose output the core allocates; synchronize() returns (array, received splits)."""
+    return collectives.with_output(NUMPY, kind, op_type, np.ascontiguousarray(tensor), name, **kw)
 
 
 # ---- allreduce -------------------------------------------------------------
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
-    return _inplace_async("allreduce", ops.ALLREDUCE, tensor, name, reduce_op=_resolve_op(op, average),
+    reduce_op = resolve_op(op, average)
+    if reduce_op == dtypes.Adasum:
+        name = naming.auto_name("allreduce", name)
+        return collectives.start(adasum.allreduce_inplace(NUMPY, tensor, name, prescale_factor, postscale_factor,
+                                                          process_set))
+    return _inplace_async("allreduce", ops.ALLREDUCE, tensor, name, reduce_op=reduce_op,
                           prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
 
 
@@ -91,9 +59,9 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    base = naming.auto_name("grouped_allreduce", name)
-    return [allreduce_async_(t, average, "%s.%d" % (base, i), op, prescale_factor, postscale_factor, process_set)
-            for i, t in enumerate(tensors)]
+    names = collectives.group_names("allreduce", name, len(tensors))
+    return [allreduce_async_(t, average, n, op, prescale_factor, postscale_factor, process_set)
+            for n, t in zip(names, tensors)]
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -117,9 +85,8 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
 # ---- allgather, broadcast, alltoall, reducescatter --------------------------
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
-    work = np.ascontiguousarray(tensor)
-    core = _submit("allgather", ops.ALLGATHER, work, name, process_set=resolve(process_set))
-    return ops.register(core, lambda: _from_core_output(core, work.dtype)[0], keepalive=work)
+    pending = _output_async("allgather", ops.ALLGATHER, tensor, name, process_set=resolve(process_set))
+    return collectives.start(pending, then=lambda result: result[0])
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -148,17 +115,17 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    work = np.ascontiguousarray(tensor)
-    if work.ndim == 0:
+    if np.ndim(tensor) == 0:
         raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
     split_list = [] if splits is None else [int(s) for s in np.asarray(splits).reshape(-1)]
-    core = _submit("alltoall", ops.ALLTOALL, work, name, splits=split_list, process_set=resolve(process_set))
+    pending = _output_async("alltoall", ops.ALLTOALL, tensor, name, splits=split_list,
+                            process_set=resolve(process_set))
 
-    def finish():
-        out, received = _from_core_output(core, work.dtype)
+    def then(result):
+        out, received = result
         return (out, np.asarray(received, dtype=np.int32)) if splits is not None else out
 
-    return ops.register(core, finish, keepalive=work)
+    return collectives.start(pending, then)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -171,12 +138,11 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter_async(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0):
-    work = np.ascontiguousarray(tensor)
-    if work.ndim == 0:
+    if np.ndim(tensor) == 0:
         raise exceptions.InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
-    core = _submit("reducescatter", ops.REDUCESCATTER, work, name, reduce_op=_resolve_op(op, None),
-                   prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
-    return ops.register(core, lambda: _from_core_output(core, work.dtype)[0], keepalive=work)
+    pending = _output_async("reducescatter", ops.REDUCESCATTER, tensor, name, reduce_op=resolve_op(op, None),
+                            prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
+    return collectives.start(pending, then=lambda result: result[0])
 
 
 def reducescatter(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0,
@@ -189,7 +155,4 @@ def reducescatter(tensor, op=None, name=None, process_set=global_process_set, pr
 
 def barrier(process_set=global_process_set):
     """Returns once every member of the process set has called barrier()."""
-    core = ops.submit(ops.BARRIER, naming.auto_name("barrier", None), 0, dtypes.UINT8, (0,),
-                      process_set=resolve(process_set))
-    ops.wait(core)
-    ops.release(core)
+    collectives.barrier(process_set)

@@ -67,7 +67,8 @@ _next_handle = [0]
 def register(core_handle, finish, keepalive=None):
     """Makes a user-visible handle. `finish()` runs once the operation is done
     and returns what synchronize() returns; `keepalive` holds the buffers the
-    core is using until then."""
+    core is using until then. `core_handle` may be a tuple of core handles (a
+    grouped operation): the handle is done when all of them are."""
     with _pending_lock:
         _next_handle[0] += 1
         handle = _next_handle[0]
@@ -85,14 +86,33 @@ def _lookup(handle):
 
 def poll(handle):
     """True when the operation behind `handle` has completed (Horovod's poll)."""
-    return _core.poll(_lookup(handle).core_handle) != 0
+    return all(_core.poll(h) != 0 for h in _core_handles(_lookup(handle)))
+
+
+def _core_handles(entry):
+    return entry.core_handle if isinstance(entry.core_handle, tuple) else (entry.core_handle,)
+
+
+def _wait_all(core_handles):
+    """Waits for every core handle, even after one failed (the core may still be
+    using the buffers of the others); then raises the first error."""
+    first_error = None
+    for core_handle in core_handles:
+        try:
+            wait(core_handle)
+        except exceptions.HvdliteError as e:
+            first_error = first_error or e
+    if first_error is not None:
+        for core_handle in core_handles:   # all done now: free what the others produced
+            _core.release(core_handle)
+        raise first_error
 
 
 def synchronize(handle):
     """Waits for `handle` and returns the operation's result."""
     entry = _lookup(handle)
     try:
-        wait(entry.core_handle)
+        _wait_all(_core_handles(entry))
         return entry.finish()
     finally:
         with _pending_lock:

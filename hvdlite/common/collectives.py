@@ -1,0 +1,138 @@
+"""Framework-neutral submission of collectives on framework tensors.
+
+Each adapter (NumPy, PyTorch, TensorFlow) describes its tensor type once with a
+``BufferAdapter``; the functions here turn a call into core operations and
+return ``Pending`` records (core handle, ``finish`` callable, buffers to keep
+alive). ``start`` / ``start_group`` register them as the integer handles users
+pass to ``poll`` / ``synchronize`` (one handle for a whole group, as Horovod's
+grouped ops return).
+
+Buffers reach the core by pointer: a tensor that is already contiguous in host
+memory is used as it is; any other goes through a contiguous copy (written back
+after in-place operations). The tensors stay referenced until the handle is
+synchronized.
+"""
+import collections
+
+from hvdlite.common import dtypes, exceptions, naming, ops
+from hvdlite.common.process_sets import resolve
+
+Pending = collections.namedtuple("Pending", "core finish keepalive")
+
+
+class BufferAdapter:
+    """What the shared code needs to know about one framework's tensors.
+    Subclasses implement every method."""
+
+    def dtype_code(self, tensor):
+        """The core dtype code (hvdlite.common.dtypes) of `tensor`, or None."""
+        raise NotImplementedError
+
+    def check_device(self, tensor, name):
+        """Raises NotSupportedError for tensors the core cannot reach (e.g. GPU
+        memory without a GPU backend)."""
+
+    def is_direct(self, tensor):
+        """True when the core may read and write `tensor`'s memory as it is
+        (contiguous, writable, host memory)."""
+        raise NotImplementedError
+
+    def contiguous_copy(self, tensor):
+        """A new contiguous tensor with `tensor`'s values (never an alias)."""
+        raise NotImplementedError
+
+    def pointer(self, tensor):
+        raise NotImplementedError
+
+    def shape(self, tensor):
+        raise NotImplementedError
+
+    def copy_into(self, dst, src):
+        """dst[...] = src, for same-shape tensors, outside any autograd record."""
+        raise NotImplementedError
+
+    def from_core(self, data, shape, like):
+        """Wraps the core's output (a uint8 NumPy array, or None when empty) as a
+        tensor of `like`'s dtype with `shape`, without a copy."""
+        raise NotImplementedError
+
+    def assign_float64(self, dst, values):
+        """dst[...] = values (a float64 NumPy array of dst's shape), rounded to dst's dtype."""
+        raise NotImplementedError
+
+
+def describe(adapter, tensor, name):
+    """(pointer, dtype code, shape) of a direct tensor; raises for unsupported dtypes."""
+    code = adapter.dtype_code(tensor)
+    if code is None:
+        raise exceptions.NotSupportedError(
+            "tensor '%s' has dtype %s, which hvdlite does not support; use one of %s"
+            % (name, getattr(tensor, "dtype", type(tensor)), ", ".join(sorted(dtypes.CODE_BY_NAME))))
+    return adapter.pointer(tensor), code, tuple(adapter.shape(tensor))
+
+
+def _direct(adapter, tensor, name):
+    adapter.check_device(tensor, name)
+    return tensor if adapter.is_direct(tensor) else adapter.contiguous_copy(tensor)
+
+
+def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
+    """An in-place operation (allreduce, broadcast) on `tensor`; finish() returns `tensor`."""
+    name = naming.auto_name(kind, name)
+    work = _direct(adapter, tensor, name)
+    ptr, code, shape = describe(adapter, work, name)
+    core = ops.submit(op_type, name, ptr, code, shape, **submit_kw)
+
+    def finish():
+        ops.release(core)
+        if work is not tensor:
+            adapter.copy_into(tensor, work)
+        return tensor
+
+    return Pending(core, finish, (tensor, work))
+
+
+def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
+    """An operation whose output the core allocates (allgather, alltoall,
+    reducescatter); finish() returns (output tensor, received splits list).
+    `shape` overrides the shape the core sees (same element count)."""
+    name = naming.auto_name(kind, name)
+    work = _direct(adapter, tensor, name)
+    ptr, code, own_shape = describe(adapter, work, name)
+    core = ops.submit(op_type, name, ptr, code, own_shape if shape is None else shape, **submit_kw)
+
+    def finish():
+        data, out_shape, splits, _ = ops.take_output(core)
+        return adapter.from_core(data, out_shape, work), splits
+
+    return Pending(core, finish, work)
+
+
+def group_names(kind, name, count):
+    """Names of the members of a grouped operation: '<name>.<i>'."""
+    base = naming.auto_name("grouped_" + kind, name)
+    return ["%s.%d" % (base, i) for i in range(count)]
+
+
+def start(pending, then=None):
+    """Registers one Pending; synchronize() returns then(finish()) (or finish())."""
+    if then is None:
+        return ops.register(pending.core, pending.finish, pending.keepalive)
+    return ops.register(pending.core, lambda: then(pending.finish()), pending.keepalive)
+
+
+def start_group(pendings, then=None):
+    """Registers several Pendings as one handle; synchronize() returns the list
+    of their results (each passed through `then` when given)."""
+    pendings = list(pendings)
+    then = then or (lambda x: x)
+    return ops.register(tuple(p.core for p in pendings), lambda: [then(p.finish()) for p in pendings],
+                        tuple(p.keepalive for p in pendings))
+
+
+def barrier(process_set):
+    """Returns once every member of `process_set` has called barrier()."""
+    core = ops.submit(ops.BARRIER, naming.auto_name("barrier", None), 0, dtypes.UINT8, (0,),
+                      process_set=resolve(process_set))
+    ops.wait(core)
+    ops.release(core)
