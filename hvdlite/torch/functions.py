@@ -1,0 +1,78 @@
+"""Broadcasting model and optimizer state from one rank (Horovod's
+broadcast_parameters / broadcast_optimizer_state), plus the object
+collectives shared with every adapter."""
+import collections
+
+import torch
+
+from hvdlite.common.objects import allgather_object, broadcast_object  # noqa: F401  (re-exported)
+from hvdlite.common.process_sets import global_process_set
+from hvdlite.torch import mpi_ops
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Overwrites every tensor in `params` with root_rank's value, in place.
+
+    `params`: a dict such as model.state_dict() (broadcast in sorted-name order)
+    or a list of tensors or of (name, tensor) pairs such as
+    model.named_parameters()."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    handles = [mpi_ops.broadcast_async_(p, root_rank, name, process_set=process_set) for name, p in items]
+    for handle in handles:
+        mpi_ops.synchronize(handle)
+
+
+def _initialize_state(optimizer):
+    """Creates the state of an optimizer that has not stepped yet, with a step
+    on zero gradients (Horovod's way), so that every rank has tensors of the
+    root's shapes to receive into."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if getattr(optimizer, "_hvdlite_distributed", False):
+        # A DistributedOptimizer's step() would allreduce; step the wrapped class only.
+        super(optimizer.__class__, optimizer).step()
+    else:
+        optimizer.step()
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Makes every rank's optimizer state (hyperparameters of each param group
+    and per-parameter state) equal to root_rank's.
+
+    State tensors are broadcast in place; everything else (learning rates,
+    betas, step counts kept as numbers, flags) travels as one pickled object."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state_dict = optimizer.state_dict()
+    if len(state_dict["state"]) == 0:
+        _initialize_state(optimizer)
+        state_dict = optimizer.state_dict()
+    if len(state_dict["state"]) == 0:
+        return  # a stateless optimizer: only hyperparameters could differ
+    tensors, plain = [], {"groups": [], "state": {}}
+    occurrences = collections.defaultdict(int)
+    for index, group in enumerate(state_dict["param_groups"]):
+        plain["groups"].append({k: v for k, v in group.items() if k != "params"})
+        for pid in group["params"]:
+            for key, value in state_dict["state"].get(pid, {}).items():
+                occurrences[key] += 1
+                if torch.is_tensor(value):
+                    tensors.append(("%s.%d" % (key, occurrences[key]), value))
+                else:
+                    plain["state"][(pid, key)] = value
+    plain = broadcast_object(plain, root_rank, name="optimizer_state.plain", process_set=process_set)
+    broadcast_parameters(tensors, root_rank, process_set)
+    for group, options in zip(state_dict["param_groups"], plain["groups"]):
+        group.update(options)
+    for (pid, key), value in plain["state"].items():
+        state_dict["state"][pid][key] = value
+    optimizer.load_state_dict(state_dict)
