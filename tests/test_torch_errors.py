@@ -1,0 +1,67 @@
+"""Errors from hvdlite.torch: raised as Horovod raises them (RuntimeError
+subclasses; ValueError / NotImplementedError where Horovod uses those), on
+every rank, and the job goes on working afterwards."""
+import torch
+
+from helpers import run_ranks
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        return type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)
+    return None
+
+
+def _error_cases():
+    import hvdlite.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out = {
+        "shape": _catch(lambda: hvd.allreduce(torch.ones(r + 1), name="bad.shape")),
+        "dtype": _catch(lambda: hvd.allreduce(torch.ones(2, dtype=torch.float32 if r else torch.float64),
+                                              name="bad.dtype")),
+        "allgather_dims": _catch(lambda: hvd.allgather(torch.ones(2, r + 1), name="bad.gather")),
+        "root": _catch(lambda: hvd.broadcast(torch.ones(2), root_rank=n, name="bad.root")),
+        "root_mismatch": _catch(lambda: hvd.broadcast(torch.ones(2), root_rank=r, name="bad.root2")),
+        "splits_sum": _catch(lambda: hvd.alltoall(torch.ones(4), splits=[1] * n, name="bad.splits")),
+        "splits_len": _catch(lambda: hvd.alltoall(torch.ones(4), splits=[4], name="bad.splits2")),
+        "unsupported_dtype": _catch(lambda: hvd.allreduce(torch.ones(2, dtype=torch.int16))),
+        "op_and_average": _catch(lambda: hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)),
+        "adasum_ranks": _catch(lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum)),
+        "alltoall_scalar": _catch(lambda: hvd.alltoall(torch.tensor(1.0))),
+        "sparse": _catch(lambda: hvd.allreduce(torch.ones(2).to_sparse())),
+        "bad_params": _catch(lambda: hvd.broadcast_parameters(torch.ones(2), 0)),
+    }
+    first = torch.ones(3)
+    handle = hvd.allreduce_async_(first, name="dup")
+    out["duplicate"] = _catch(lambda: hvd.allreduce_async_(torch.ones(3), name="dup"))
+    hvd.synchronize(handle)
+    out["unknown_handle"] = _catch(lambda: hvd.synchronize(handle))
+    out["after"] = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after").tolist()
+    hvd.shutdown()
+    out["not_initialized"] = _catch(lambda: hvd.rank())
+    return out
+
+
+def test_error_cases_raise_horovod_style_and_job_survives():
+    results = run_ranks(_error_cases, 3, timeout=120)
+    for r, res in enumerate(results):
+        for key in ("shape", "dtype", "allgather_dims", "root_mismatch", "splits_sum", "splits_len"):
+            assert res[key] is not None, key
+            assert "RuntimeError" in res[key][1] and "HvdliteError" in res[key][1], (key, res[key])
+        assert res["shape"][0] == "MismatchError" and "bad.shape" in res["shape"][2]
+        assert "bad.dtype" in res["dtype"][2]
+        assert res["root"] is not None and "RuntimeError" in res["root"][1]
+        assert res["unsupported_dtype"][0] == "NotSupportedError" and "int16" in res["unsupported_dtype"][2]
+        assert "ValueError" in res["op_and_average"][1]
+        assert "NotImplementedError" in res["adasum_ranks"][1] and "power of 2" in res["adasum_ranks"][2]
+        assert "ValueError" in res["alltoall_scalar"][1]
+        assert "sparse" in res["sparse"][2]
+        assert res["bad_params"][0] == "ValueError"
+        assert res["duplicate"][0] == "PreconditionError" and "dup" in res["duplicate"][2]
+        assert res["unknown_handle"] is not None
+        assert res["after"] == [3.0, 3.0]
+        assert res["not_initialized"][0] == "PreconditionError"
