@@ -13,7 +13,8 @@ from hvdlite.common.reduction import resolve_op
 from hvdlite.torch.buffers import TORCH
 
 
-def _copy(tensor):
+def _copy(tensor, name=None):
+    TORCH.check_device(tensor, name or "unnamed")
     return TORCH.contiguous_copy(tensor)
 
 
@@ -55,7 +56,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
     """Starts reducing a copy of `tensor`; synchronize() returns the new tensor."""
-    return allreduce_async_(_copy(tensor), average, name, op, prescale_factor, postscale_factor, process_set)
+    return allreduce_async_(_copy(tensor, name), average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -135,7 +136,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    return broadcast_async_(_copy(tensor), root_rank, name, process_set)
+    return broadcast_async_(_copy(tensor, name), root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
