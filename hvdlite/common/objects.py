@@ -9,7 +9,7 @@ import pickle
 
 import numpy as np
 
-from hvdlite.common import collectives, ops
+from hvdlite.common import collectives, naming, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import global_process_set, resolve
 
@@ -33,9 +33,11 @@ def _run(pending):
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns root_rank's `obj` on every member of `process_set` (root_rank is
-    a global rank). Two broadcasts: the pickled length, then the bytes."""
+    a global rank). Two broadcasts: the pickled length, then the bytes.
+    Unnamed calls are numbered in call order (Horovod names them after
+    type(obj), which deadlocks when non-roots pass a placeholder of another type)."""
     from hvdlite.common.basics import rank
-    name = type(obj).__name__ if name is None else name
+    name = naming.auto_name("broadcast_object", name)   # not type(obj): non-roots often pass None
     set_id = resolve(process_set)
     is_root = rank() == root_rank
     payload = _dumps(obj) if is_root else None
@@ -51,7 +53,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every member's `obj`, in rank order within `process_set`."""
-    name = type(obj).__name__ if name is None else name
+    name = naming.auto_name("allgather_object", name)
     set_id = resolve(process_set)
     payload = _dumps(obj)
     sizes, _ = _run(collectives.with_output(NUMPY, "allgather", ops.ALLGATHER,

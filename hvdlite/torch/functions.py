@@ -49,15 +49,14 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     and per-parameter state) equal to root_rank's.
 
     State tensors are broadcast in place; everything else (learning rates,
-    betas, step counts kept as numbers, flags) travels as one pickled object."""
+    betas, step counts kept as numbers, flags) travels as one pickled object.
+    The hyperparameters of a stateless optimizer (plain SGD) are broadcast too."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
         _initialize_state(optimizer)
         state_dict = optimizer.state_dict()
-    if len(state_dict["state"]) == 0:
-        return  # a stateless optimizer: only hyperparameters could differ
     tensors, plain = [], {"groups": [], "state": {}}
     occurrences = collections.defaultdict(int)
     for index, group in enumerate(state_dict["param_groups"]):
