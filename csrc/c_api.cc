@@ -80,7 +80,9 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
   if (!rt) return Report(NotInitialized(), err, err_len);
   if (!IsValidDataType(op->dtype)) return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err, err_len);
   if (!IsValidReduceOp(op->reduce_op)) return Report(Status::InvalidArgument("unknown reduce op " + std::to_string(op->reduce_op)), err, err_len);
-  if (op->type < 0 || op->type > static_cast<int32_t>(OpType::kBarrier)) return Report(Status::InvalidArgument("unknown op type"), err, err_len);
+  const bool user_op = (op->type >= 0 && op->type <= static_cast<int32_t>(OpType::kBarrier)) ||
+                       op->type == static_cast<int32_t>(OpType::kJoin);
+  if (!user_op) return Report(Status::InvalidArgument("unknown op type " + std::to_string(op->type)), err, err_len);
   if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS) return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
   Request r;
   r.type = static_cast<OpType>(op->type);

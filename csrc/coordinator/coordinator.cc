@@ -51,6 +51,10 @@ void Coordinator::AddOne(Request r) {
     OnShutdown(r.rank);
     return;
   }
+  if (r.type == OpType::kJoin) {
+    OnJoin(r.rank);
+    return;
+  }
   std::vector<int> ranks = sets_->Ranks(r.process_set);
   if (ranks.empty()) {
     DecideError(r, {r.rank}, Status::InvalidArgument(
@@ -89,23 +93,98 @@ void Coordinator::AddOne(Request r) {
   }
   p.reqs[member] = std::move(r);
   p.have[member] = true;
-  if (++p.count == static_cast<int>(ranks.size())) {
+  ++p.count;
+  if (Ready(p, ranks)) {
     Decide(key, p);
     pending_.erase(key);
   }
 }
 
+bool Coordinator::Ready(const Pending& p, const std::vector<int>& ranks) const {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!p.have[i] && !joined_ranks_.count(ranks[i])) return false;
+  }
+  return p.count > 0;
+}
+
+// join(): the rank has no more data. Tensors that now wait only for joined
+// ranks run with identity contributions from them; when the last rank joins,
+// every rank's join() returns that rank.
+void Coordinator::OnJoin(int rank) {
+  joined_ranks_.insert(rank);
+  last_joined_ = rank;
+  if (static_cast<int>(joined_ranks_.size()) == world_size_) {
+    Decided d;
+    for (int r = 0; r < world_size_; ++r) d.recipients.push_back(r);
+    d.response.type = OpType::kJoin;
+    d.response.names.push_back("__join__");
+    d.response.cache_ids.push_back(-1);
+    d.response.sizes = {last_joined_};
+    decided_.push_back(std::move(d));
+    joined_ranks_.clear();
+    return;
+  }
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    std::vector<int> ranks = sets_->Ranks(it->first.first);
+    if (Ready(it->second, ranks)) {
+      Decide(it->first, it->second);
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status Coordinator::CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const {
+  std::string who;
+  for (int r : joined) who += (who.empty() ? "" : ", ") + std::to_string(r);
+  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter) {
+    return Status::NotSupported(std::string(OpTypeName(r0.type)) + " of tensor '" + r0.name +
+                                "' cannot run while ranks " + who + " have joined; only allreduce, allgather, "
+                                "broadcast and barrier can. Call it before join().");
+  }
+  if (r0.type == OpType::kBroadcast && std::find(joined.begin(), joined.end(), r0.root) != joined.end()) {
+    return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " + std::to_string(r0.root) +
+                                   " has already joined and has no tensor to send");
+  }
+  return Status::OK();
+}
+
 void Coordinator::Decide(const Key& key, Pending& p) {
   std::vector<int> ranks = sets_->Ranks(key.first);
-  const Request& r0 = p.reqs[0];
+  std::vector<Request> submitted;
+  std::vector<int> submitters, joined;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (p.have[i]) {
+      submitted.push_back(p.reqs[i]);
+      submitters.push_back(ranks[i]);
+    } else {
+      joined.push_back(ranks[i]);
+    }
+  }
+  const Request& r0 = submitted[0];
   Decided d;
   d.recipients = ranks;
   d.response.type = r0.type;
   d.response.process_set = r0.process_set;
   d.response.names.push_back(r0.name);
-  Status st = ValidateRequests(p.reqs, ranks, &d.response.sizes);
+  Status st = ValidateRequests(submitted, submitters, &d.response.sizes);
+  if (st.ok() && !joined.empty()) st = CheckJoinedParticipation(r0, joined);
   if (!st.ok()) {
     DecideError(r0, ranks, st);
+    return;
+  }
+  if (!joined.empty()) {
+    // Joined members contribute nothing to an allgather and identity values
+    // to a reduction; they learn the tensor's signature from `specs`.
+    if (r0.type == OpType::kAllgather) {
+      std::vector<int64_t> full;
+      for (size_t i = 0, k = 0; i < ranks.size(); ++i) full.push_back(p.have[i] ? d.response.sizes[k++] : 0);
+      d.response.sizes = full;
+    }
+    d.response.specs.push_back(r0);
+    d.response.cache_ids.push_back(-1);
+    decided_.push_back(std::move(d));
     return;
   }
   if (r0.type == OpType::kAddProcessSet) {

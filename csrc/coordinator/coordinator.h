@@ -62,6 +62,11 @@ class Coordinator {
   void Decide(const Key& key, Pending& p);
   void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
   void OnShutdown(int rank);
+  void OnJoin(int rank);
+  // Every member has submitted the tensor or has joined.
+  bool Ready(const Pending& p, const std::vector<int>& ranks) const;
+  // Joined members take part with identity values: refuse what they cannot.
+  Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const;
   void FuseInto(std::vector<Decided>* out);
 
   Config cfg_;
@@ -71,6 +76,8 @@ class Coordinator {
   std::deque<Decided> decided_;
   ResponseCache cache_;
   std::set<int> shutdown_ranks_;
+  std::set<int> joined_ranks_;   // ranks inside join(), until every rank has joined
+  int last_joined_ = -1;
   bool shutdown_announced_ = false;
   int32_t next_set_id_ = 1;
 };

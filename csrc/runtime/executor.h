@@ -35,6 +35,7 @@ class Executor {
   Status RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out);
   CollectiveContext Context(int32_t process_set);
   void* Scratch(int64_t bytes);
+  TensorEntry StandIn(const Request& spec);
 
   int rank_;
   Backend* backend_;
@@ -44,6 +45,7 @@ class Executor {
   LocalRequestCache* cache_;
   std::map<int32_t, uint32_t> sequence_;  // per process set, for message tags
   std::vector<char> fusion_buffer_;
+  std::vector<std::vector<char>> stand_in_buffers_;  // live during one Execute()
 };
 
 }  // namespace hvdlite
