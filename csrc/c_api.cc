@@ -176,6 +176,19 @@ int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap) {
   return static_cast<int>(members.size());
 }
 
+int hvdlite_start_timeline(const char* path, int mark_cycles, char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  return Report(rt->StartTimeline(path, mark_cycles != 0), err, err_len);
+}
+
+int hvdlite_stop_timeline(char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  rt->StopTimeline();
+  return 0;
+}
+
 void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len, int* bound_port,
                                  char* err, size_t err_len) {
   std::unique_ptr<TcpStoreServer> server;

@@ -4,7 +4,7 @@
 adapters live in ``hvdlite.torch`` and ``hvdlite.tensorflow``.
 """
 from hvdlite.common.basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
-                                   shutdown, size)
+                                   shutdown, size, start_timeline, stop_timeline)
 from hvdlite.common.dtypes import Adasum, Average, Max, Min, Product, Sum
 from hvdlite.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt, HvdliteError,
                                        HvdliteInternalError, HvdliteTimeoutError, InvalidArgumentError,

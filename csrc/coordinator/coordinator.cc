@@ -1,6 +1,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 
 #include "common/logging.h"
@@ -27,9 +28,17 @@ bool Cacheable(OpType t) {
 
 }  // namespace
 
-Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size)
+Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline)
     : cfg_(cfg), sets_(sets), world_size_(world_size),
-      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))) {}
+      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))), timeline_(timeline) {}
+
+namespace {
+std::string NegotiatePhase(OpType t) {
+  std::string s = std::string("NEGOTIATE_") + OpTypeName(t);
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+}  // namespace
 
 void Coordinator::Add(int rank, const RequestList& list) {
   for (const Request& in : list.requests) {
@@ -83,7 +92,9 @@ void Coordinator::AddOne(Request r) {
     p.reqs.resize(ranks.size());
     p.have.assign(ranks.size(), false);
     p.first_seen = p.last_warned = Clock::now();
+    if (timeline_) timeline_->Begin(r.name, NegotiatePhase(r.type));
   }
+  if (timeline_) timeline_->Mark(r.name, "READY", "\"rank\": " + std::to_string(r.rank));
   int member = static_cast<int>(pos - ranks.begin());
   if (p.have[member]) {
     // The runtime refuses a second submission of a name in flight, so this is
@@ -151,6 +162,8 @@ Status Coordinator::CheckJoinedParticipation(const Request& r0, const std::vecto
 }
 
 void Coordinator::Decide(const Key& key, Pending& p) {
+  const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
+  if (timeline_) timeline_->End(key.second, NegotiatePhase(any.type));
   std::vector<int> ranks = sets_->Ranks(key.first);
   std::vector<Request> submitted;
   std::vector<int> submitters, joined;

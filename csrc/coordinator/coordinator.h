@@ -24,12 +24,14 @@
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/timeline.h"
 
 namespace hvdlite {
 
 class Coordinator {
  public:
-  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size);
+  // `timeline` (may be null) receives each tensor's negotiation span.
+  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline);
 
   // Takes the requests `rank` sent; expands cached (compact) requests.
   void Add(int rank, const RequestList& list);
@@ -75,6 +77,7 @@ class Coordinator {
   std::map<Key, Pending> pending_;
   std::deque<Decided> decided_;
   ResponseCache cache_;
+  Timeline* timeline_;
   std::set<int> shutdown_ranks_;
   std::set<int> joined_ranks_;   // ranks inside join(), until every rank has joined
   int last_joined_ = -1;

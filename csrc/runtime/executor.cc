@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <limits>
 
@@ -71,8 +72,34 @@ void FillIdentity(void* buf, int64_t count, DataType dtype, ReduceOp op) {
 }  // namespace
 
 Executor::Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
-                   LocalRequestCache* cache)
-    : rank_(rank), backend_(backend), sets_(sets), handles_(handles), queue_(queue), cache_(cache) {}
+                   LocalRequestCache* cache, Timeline* timeline)
+    : rank_(rank), backend_(backend), sets_(sets), handles_(handles), queue_(queue), cache_(cache),
+      timeline_(timeline) {}
+
+void Executor::TraceBegin(const std::vector<TensorEntry>& entries, const std::string& phase) {
+  if (timeline_ == nullptr || !timeline_->Active()) return;
+  for (const auto& e : entries) timeline_->Begin(e.request.name, phase);
+}
+
+void Executor::TraceEnd(const std::vector<TensorEntry>& entries, const std::string& phase, const std::string& args) {
+  if (timeline_ == nullptr || !timeline_->Active()) return;
+  for (const auto& e : entries) timeline_->End(e.request.name, phase, args);
+}
+
+// Timeline args of one collective: backend/algorithm, bytes, fused tensors.
+std::string Executor::Describe(const Response& r, const std::vector<TensorEntry>& entries) {
+  static const std::map<OpType, Collective> kinds = {
+      {OpType::kAllreduce, Collective::kAllreduce}, {OpType::kAllgather, Collective::kAllgather},
+      {OpType::kBroadcast, Collective::kBroadcast}, {OpType::kAlltoall, Collective::kAlltoall},
+      {OpType::kReducescatter, Collective::kReducescatter}};
+  int64_t bytes = 0;
+  for (const auto& e : entries) bytes += NumElements(e.request.shape) * static_cast<int64_t>(DataTypeSize(e.request.dtype));
+  auto kind = kinds.find(r.type);
+  std::string algorithm = kind == kinds.end() ? "none"
+                          : backend_->Describe(kind->second, bytes, static_cast<int>(sets_->Ranks(r.process_set).size()));
+  return "\"algorithm\": " + JsonString(algorithm) + ", \"bytes\": " + std::to_string(bytes) +
+         ", \"tensors\": " + std::to_string(entries.size());
+}
 
 CollectiveContext Executor::Context(int32_t process_set) {
   CollectiveContext ctx;
@@ -127,7 +154,12 @@ Status Executor::Execute(const Response& response) {
     return Status::OK();
   }
   HandleResult result;
+  const bool tracing = timeline_ != nullptr && timeline_->Active();
+  std::string phase = OpTypeName(response.type);
+  for (auto& ch : phase) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (tracing) TraceBegin(entries, phase);
   Status st = Run(response, entries, &result);
+  if (tracing) TraceEnd(entries, phase, Describe(response, entries) + (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
   if (!st.ok()) {
     std::string what = std::string(OpTypeName(response.type)) + " of tensor '" + response.names[0] + "'";
     if (response.names.size() > 1) what += " (fused with " + std::to_string(response.names.size() - 1) + " more)";
@@ -194,20 +226,24 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
   for (auto& e : entries) total += NumElements(e.request.shape);
   char* fused = static_cast<char*>(Scratch(total * static_cast<int64_t>(esize)));
   int64_t offset = 0;
+  TraceBegin(entries, "MEMCPY_IN_FUSION_BUFFER");
   for (auto& e : entries) {
     size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
     if (bytes) std::memcpy(fused + offset, e.data, bytes);
     offset += static_cast<int64_t>(bytes);
   }
+  TraceEnd(entries, "MEMCPY_IN_FUSION_BUFFER");
   HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, q.prescale));
   HVD_RETURN_IF_ERROR(backend_->Allreduce(ctx, fused, total, q.dtype, WireOp(q.op)));
   HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, post));
   offset = 0;
+  TraceBegin(entries, "MEMCPY_OUT_FUSION_BUFFER");
   for (auto& e : entries) {
     size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
     if (bytes) std::memcpy(e.data, fused + offset, bytes);
     offset += static_cast<int64_t>(bytes);
   }
+  TraceEnd(entries, "MEMCPY_OUT_FUSION_BUFFER");
   return Status::OK();
 }
 

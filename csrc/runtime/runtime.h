@@ -46,6 +46,9 @@ class Runtime {
   // Blocks until every rank has called Shutdown (bounded by
   // HVDLITE_SHUTDOWN_TIMEOUT_SECONDS), then closes connections. Idempotent.
   Status Shutdown();
+  // Starts/stops the Chrome-trace timeline; only rank 0 writes one (a no-op elsewhere).
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
 
  private:
   Runtime() = default;
@@ -67,6 +70,7 @@ class Runtime {
   HandleTable handles_;
   TensorQueue queue_;
   LocalRequestCache local_cache_;
+  Timeline timeline_;  // rank 0 only
 
   std::thread thread_;
   std::mutex state_mu_;

@@ -37,6 +37,8 @@ SETTINGS = (
     Setting("STALL_SHUTDOWN_TIME_SECONDS", "float", 600.0, "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail"),
     Setting("TIMEOUT_SECONDS", "float", 120.0, "seconds a transfer may make no progress before it fails (a hung peer)"),
     Setting("SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"),
+    Setting("TIMELINE", "str", "", "write a Chrome trace of every tensor's life to this file (rank 0 writes it)"),
+    Setting("TIMELINE_MARK_CYCLES", "bool", False, "mark each background-loop cycle that did work in the timeline"),
     Setting("CPU_OPERATIONS", "str", "ring", "backend for CPU tensors: ring (native TCP transport)"),
     Setting("LOG_LEVEL", "str", "warning", "trace, debug, info, warning, error or fatal"),
 )
