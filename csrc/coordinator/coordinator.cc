@@ -30,7 +30,16 @@ bool Cacheable(OpType t) {
 
 Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline)
     : cfg_(cfg), sets_(sets), world_size_(world_size),
-      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))), timeline_(timeline) {}
+      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))), timeline_(timeline),
+      fusion_threshold_(cfg.FUSION_THRESHOLD), cycle_time_ms_(cfg.CYCLE_TIME) {}
+
+int Coordinator::MsUntilDue() const {
+  if (decided_.empty() || cycle_time_ms_ <= 0) return 1000;
+  const auto due = decided_.front().at + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double, std::milli>(cycle_time_ms_));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count();
+  return static_cast<int>(std::max<long long>(0, std::min<long long>(left + 1, 1000)));
+}
 
 namespace {
 std::string NegotiatePhase(OpType t) {
@@ -255,7 +264,7 @@ void Coordinator::FuseInto(std::vector<Decided>* out) {
   for (auto& d : decided_) {
     if (!d.fusion_key.empty() && d.response.error_code == StatusCode::kOk) {
       auto it = open.find(d.fusion_key);
-      if (it != open.end() && it->second.second + d.bytes <= cfg_.FUSION_THRESHOLD) {
+      if (it != open.end() && it->second.second + d.bytes <= fusion_threshold_) {
         Response& target = (*out)[it->second.first].response;
         target.names.push_back(d.response.names[0]);
         target.cache_ids.push_back(d.response.cache_ids[0]);
@@ -273,6 +282,7 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
   per_rank->assign(world_size_, ResponseList{});
   bool announce = AllRanksShutDown() && !shutdown_announced_;
   if (decided_.empty() && !announce) return false;
+  if (!announce && cycle_time_ms_ > 0 && MsUntilDue() > 0) return false;  // hold for fusion
   std::vector<Decided> fused;
   FuseInto(&fused);
   for (auto& d : fused) {

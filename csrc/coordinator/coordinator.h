@@ -42,6 +42,12 @@ class Coordinator {
   // have not submitted. Returns milliseconds until the next check is due.
   int CheckStalls();
   bool AllRanksShutDown() const { return static_cast<int>(shutdown_ranks_.size()) == world_size_; }
+  // Tuning knobs (the autotuner moves them): fusion threshold in bytes, and
+  // how long decided responses are held so later ones can fuse with them.
+  void SetFusionThreshold(int64_t bytes) { fusion_threshold_ = bytes; }
+  void SetCycleTimeMs(double ms) { cycle_time_ms_ = ms; }
+  // Milliseconds until held responses are due (a large value when none are held).
+  int MsUntilDue() const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -58,6 +64,7 @@ class Coordinator {
     std::vector<int> recipients;   // global ranks
     int64_t bytes = 0;             // for fusion
     std::string fusion_key;        // empty = never fused
+    Clock::time_point at = Clock::now();
   };
 
   void AddOne(Request r);
@@ -78,6 +85,8 @@ class Coordinator {
   std::deque<Decided> decided_;
   ResponseCache cache_;
   Timeline* timeline_;
+  int64_t fusion_threshold_;
+  double cycle_time_ms_;
   std::set<int> shutdown_ranks_;
   std::set<int> joined_ranks_;   // ranks inside join(), until every rank has joined
   int last_joined_ = -1;

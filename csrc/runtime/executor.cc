@@ -215,6 +215,8 @@ Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, Handl
 Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries) {
   const Request& q = entries[0].request;
   const size_t esize = DataTypeSize(q.dtype);
+  ++allreduce_responses_;
+  for (auto& e : entries) allreduce_bytes_ += NumElements(e.request.shape) * static_cast<int64_t>(esize);
   const double post = Postscale(q, static_cast<int>(ctx.ranks.size()));
   if (entries.size() == 1) {
     int64_t count = NumElements(q.shape);

@@ -27,6 +27,9 @@ class Executor {
   // died or hung): the runtime must stop. Validation errors from the
   // coordinator only fail the named entries and return OK.
   Status Execute(const Response& response);
+  // Allreduce bytes and responses executed so far (the autotuner's measure).
+  int64_t allreduce_bytes() const { return allreduce_bytes_; }
+  int allreduce_responses() const { return allreduce_responses_; }
 
  private:
   Status Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result);
@@ -50,6 +53,8 @@ class Executor {
   Timeline* timeline_;
   std::map<int32_t, uint32_t> sequence_;  // per process set, for message tags
   std::vector<char> fusion_buffer_;
+  int64_t allreduce_bytes_ = 0;
+  int allreduce_responses_ = 0;
   std::vector<std::vector<char>> stand_in_buffers_;  // live during one Execute()
 };
 

@@ -1,5 +1,7 @@
 #include "runtime/runtime.h"
 
+#include <algorithm>
+
 #include "common/logging.h"
 
 namespace hvdlite {
@@ -16,7 +18,10 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   if (timeline && !rt->cfg_.TIMELINE.empty()) {
     HVD_RETURN_IF_ERROR(rt->timeline_.Start(rt->cfg_.TIMELINE, rt->cfg_.TIMELINE_MARK_CYCLES));
   }
-  if (rt->topo_.rank == 0) rt->coordinator_.reset(new Coordinator(rt->cfg_, &rt->sets_, rt->topo_.size, timeline));
+  if (rt->topo_.rank == 0) {
+    rt->coordinator_.reset(new Coordinator(rt->cfg_, &rt->sets_, rt->topo_.size, timeline));
+    rt->autotuner_.reset(new Autotuner(rt->cfg_));
+  }
   rt->executor_.reset(new Executor(rt->topo_.rank, rt->backend_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
                                    &rt->local_cache_, timeline));
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
@@ -132,8 +137,7 @@ Status Runtime::Coordinate(std::vector<Response>* todo) {
 
 int Runtime::WaitBudgetMs(bool shutting_down) {
   int budget = 1000;  // idle: wake once a second at most (stall checks)
-  if (cfg_.CYCLE_TIME > 0) budget = std::max(1, static_cast<int>(cfg_.CYCLE_TIME));
-  if (coordinator_) budget = std::min(budget, coordinator_->CheckStalls());
+  if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
                                                                       std::chrono::steady_clock::now()).count();
@@ -153,8 +157,16 @@ void Runtime::Loop() {
       st = Coordinate(&todo);
       finished |= coordinator_->AllRanksShutDown();
     }
+    const int64_t bytes_before = executor_->allreduce_bytes();
+    const int responses_before = executor_->allreduce_responses();
     for (size_t i = 0; st.ok() && i < todo.size(); ++i) st = executor_->Execute(todo[i]);
     todo.clear();
+    if (autotuner_ && autotuner_->tuning()) {
+      autotuner_->Record(executor_->allreduce_bytes() - bytes_before,
+                         executor_->allreduce_responses() - responses_before);
+      coordinator_->SetFusionThreshold(autotuner_->fusion_threshold());
+      coordinator_->SetCycleTimeMs(autotuner_->cycle_time_ms());
+    }
     if (!st.ok()) return Break(st);
     if (finished) return Leave();
     bool shutting_down = shutdown_requested_.load();

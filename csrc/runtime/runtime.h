@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "common/config.h"
+#include "coordinator/autotuner.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -66,6 +67,7 @@ class Runtime {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Autotuner> autotuner_;   // rank 0 only
   ProcessSetTable sets_;
   HandleTable handles_;
   TensorQueue queue_;

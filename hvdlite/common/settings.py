@@ -30,7 +30,7 @@ SETTINGS = (
     Setting("START_TIMEOUT", "float", 60.0, "seconds init() waits for every rank to reach the rendezvous"),
     # Runtime behaviour.
     Setting("FUSION_THRESHOLD", "int", 64 * 1024 * 1024, "bytes: ready tensors of one kind are fused up to this size"),
-    Setting("CYCLE_TIME", "float", 0.0, "ms the background thread waits to batch new work before negotiating; 0 = at once"),
+    Setting("CYCLE_TIME", "float", 0.0, "ms the coordinator holds ready tensors so more can join one fused collective; 0 = send at once"),
     Setting("CACHE_CAPACITY", "int", 1024, "number of tensor signatures remembered so steady-state requests are a few bytes"),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
     Setting("STALL_CHECK_TIME_SECONDS", "float", 60.0, "warn when a tensor waits this long for some ranks to submit it"),
@@ -39,6 +39,10 @@ SETTINGS = (
     Setting("SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"),
     Setting("TIMELINE", "str", "", "write a Chrome trace of every tensor's life to this file (rank 0 writes it)"),
     Setting("TIMELINE_MARK_CYCLES", "bool", False, "mark each background-loop cycle that did work in the timeline"),
+    Setting("AUTOTUNE", "bool", False, "tune fusion threshold and cycle time online by measured allreduce throughput"),
+    Setting("AUTOTUNE_LOG", "str", "", "CSV file where the autotuner logs every setting it tried and the one it chose"),
+    Setting("AUTOTUNE_WARMUP_SAMPLES", "int", 1, "samples discarded after each change of settings"),
+    Setting("AUTOTUNE_STEPS_PER_SAMPLE", "int", 10, "executed allreduce responses per autotune sample"),
     Setting("CPU_OPERATIONS", "str", "ring", "backend for CPU tensors: ring (native TCP transport)"),
     Setting("LOG_LEVEL", "str", "warning", "trace, debug, info, warning, error or fatal"),
 )
