@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "common/config.h"
+#include "coordinator/autotuner.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -46,6 +47,9 @@ class Runtime {
   // Blocks until every rank has called Shutdown (bounded by
   // HVDLITE_SHUTDOWN_TIMEOUT_SECONDS), then closes connections. Idempotent.
   Status Shutdown();
+  // Starts/stops the Chrome-trace timeline; only rank 0 writes one (a no-op elsewhere).
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
 
  private:
   Runtime() = default;
@@ -63,10 +67,12 @@ class Runtime {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Autotuner> autotuner_;   // rank 0 only
   ProcessSetTable sets_;
   HandleTable handles_;
   TensorQueue queue_;
   LocalRequestCache local_cache_;
+  Timeline timeline_;  // rank 0 only
 
   std::thread thread_;
   std::mutex state_mu_;
