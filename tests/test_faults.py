@@ -63,7 +63,7 @@ def _bad_local_input():
         "splits": lambda: hvd.alltoall(np.ones((4, 1)), splits=[1, 1], name="sp"),
         "uneven": lambda: hvd.alltoall(np.ones((3, 1)), name="uneven"),
         "bool_sum": lambda: hvd.allreduce(np.ones(3, bool), name="boolsum"),
-        "adasum": lambda: hvd.allreduce(np.ones(3), op=hvd.Adasum, name="ada"),
+        "adasum": lambda: hvd.allreduce(np.ones(3, np.int32), op=hvd.Adasum, name="ada"),  # floats only
     }.items():
         try:
             call()

@@ -69,3 +69,22 @@ def test_error_cases_raise_horovod_style_and_job_survives():
         assert res["unknown_handle"] is not None
         assert res["after"] == [3.0, 3.0]
         assert res["not_initialized"][0] == "PreconditionError"
+
+
+def _numpy_adasum():
+    import numpy as np
+    import hvdlite as hvd
+    hvd.init()
+    a = np.array([1.0, 0.0, 2.0]) if hvd.rank() == 0 else np.array([0.0, 3.0, 2.0])
+    out = hvd.allreduce(a, op=hvd.Adasum, name="ada")
+    hvd.shutdown()
+    return out
+
+
+def test_adasum_allreduce_on_numpy_matches_the_formula():
+    import numpy as np
+    a, b = np.array([1.0, 0.0, 2.0]), np.array([0.0, 3.0, 2.0])
+    dot = a @ b
+    want = (1 - dot / (2 * (a @ a))) * a + (1 - dot / (2 * (b @ b))) * b
+    for got in run_ranks(_numpy_adasum, 2, timeout=60):
+        np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -26,8 +26,8 @@ _FLOAT_CODES = (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64)
 
 
 class AdasumNotSupportedError(exceptions.NotSupportedError, NotImplementedError):
-    """Adasum cannot run on this input (non-float dtype, or a number of ranks
-    that is not a power of two); also a NotImplementedError, as Horovod raises."""
+    """Adasum cannot run on this number of ranks (not a power of two); also a
+    NotImplementedError, as Horovod raises."""
 
 
 def is_power_of_two(n):
@@ -79,8 +79,8 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
                                       "(tensor '%s', %d ranks)" % (name, members))
     code = adapter.dtype_code(tensor)
     if code not in _FLOAT_CODES:
-        raise AdasumNotSupportedError("Adasum needs a floating-point tensor; '%s' has dtype %s"
-                                      % (name, getattr(tensor, "dtype", "?")))
+        raise exceptions.NotSupportedError("Adasum needs a floating-point tensor; '%s' has dtype %s"
+                                           % (name, getattr(tensor, "dtype", "?")))
     shape = tuple(adapter.shape(tensor))
     count = int(np.prod(shape, dtype=np.int64))
     gather = collectives.with_output(adapter, "allreduce", ops.ALLGATHER, tensor, name, shape=(1, count),

@@ -186,6 +186,14 @@ def grouped_reducescatter_async(tensors, name=None, op=dtypes.Average, process_s
          for t, n in zip(tensors, names)], then=_first)
 
 
+def join(device=-1):
+    """This rank has run out of data: until every rank has joined, it takes part
+    in the others' allreduce / allgather / broadcast calls with identity values
+    or no rows. Returns the rank that joined last. `device` is Horovod's
+    argument (a GPU to run on); hvdlite's CPU path ignores it."""
+    return ops.join()
+
+
 def barrier(process_set=global_process_set):
     """Returns once every member of the process set has called barrier()."""
     collectives.barrier(process_set)
