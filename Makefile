@@ -1,7 +1,7 @@
 # hvdlite developer entry points.
 #
 #   make install   .venv/, missing Debian and pip packages, editable build of hvdlite
-#   make demo      install, then a 2-process data-parallel training run (examples/numpy_digits.py)
+#   make demo      install, then a 2-process data-parallel training run (examples/pytorch_digits.py)
 #   make test      install, then the whole test suite
 #   make bench     install, then every benchmarks/*.py
 #   make build     incremental rebuild of the C++ core only (what install runs last)
@@ -63,7 +63,7 @@ build: $(VENV)/.editable-stamp | apt
 	env -u MAKEFLAGS -u MAKELEVEL $(VPY) setup.py -q build_ext --inplace
 
 demo: install
-	$(VENV)/bin/hvdliterun -np 2 $(VPY) examples/numpy_digits.py
+	$(VENV)/bin/hvdliterun -np 2 $(VPY) examples/pytorch_digits.py
 
 # pytest's exit code 5 (no test collected) fails the target like any other non-zero code.
 test: install
