@@ -12,7 +12,7 @@ import torch
 
 from hvdlite.common import dtypes, optimizer_policy as policy
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.optimizer import register_grad_ready_hook
+from hvdlite.torch.optimizer import init_bookkeeping, register_grad_ready_hook
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -22,14 +22,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
         super(self.__class__, self).__init__(params)
-        self._compression = compression
-        named = policy.name_parameters(named_parameters, [g["params"] for g in self.param_groups])
-        self._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
-        self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
-        self._handles = {}
-        self._hook_refs = []
-        self._requires_update = set()
+        init_bookkeeping(self, named_parameters, compression, backward_passes_per_step)
         self._starting_models = {p: torch.zeros_like(p, requires_grad=False) for p in self._parameter_names}
         for group in self.param_groups:
             for p in group["params"]:

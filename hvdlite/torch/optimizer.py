@@ -30,6 +30,20 @@ def register_grad_ready_hook(p, hook):
     return accumulator
 
 
+def init_bookkeeping(opt, named_parameters, compression, backward_passes_per_step):
+    """State both distributed optimizers keep: parameter names (validated),
+    compression, the per-parameter countdown of backward passes before an
+    allreduce, and the in-flight handles."""
+    opt._compression = compression
+    named = policy.name_parameters(named_parameters, [g["params"] for g in opt.param_groups])
+    opt._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
+    opt.backward_passes_per_step = backward_passes_per_step
+    opt._allreduce_delay = {p: backward_passes_per_step for p in opt._parameter_names}
+    opt._handles = {}           # param, or tuple of params (a group) -> (handle or None, ctx)
+    opt._hook_refs = []
+    opt._requires_update = set()
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
 
@@ -39,18 +53,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                  process_set=global_process_set):
         super(self.__class__, self).__init__(params)
-        self._compression = compression
-        named = policy.name_parameters(named_parameters, [g["params"] for g in self.param_groups])
-        self._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
-        self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
+        init_bookkeeping(self, named_parameters, compression, backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._handles = {}           # param or tuple of params (a group) -> (handle or None, ctx)
-        self._hook_refs = []
-        self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
         policy.check_groups(groups, torch.is_tensor)
