@@ -40,7 +40,7 @@ def _broadcasts():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     named = torch.nn.Linear(2, 2)
-    hvd.broadcast_parameters(list(named.named_parameters()), root_rank=1)
+    hvd.broadcast_parameters(named.named_parameters(), root_rank=1)        # a generator, as often passed
     sgd = torch.optim.SGD(named.parameters(), lr=0.5 + r)     # stateless: only hyperparameters
     hvd.broadcast_optimizer_state(sgd, root_rank=1)
     out = {"state_dict": dict(model.state_dict()), "named": dict(named.state_dict()),
@@ -136,3 +136,9 @@ def test_capabilities():
     if not hvd.mpi_enabled():
         with pytest.raises(ValueError):
             hvd.mpi_threads_supported()
+
+
+def test_init_with_a_communicator_is_not_supported():
+    import hvdlite.torch as hvd
+    with pytest.raises(hvd.NotSupportedError):
+        hvd.init(comm=[0])

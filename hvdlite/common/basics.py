@@ -8,7 +8,7 @@ _TOPOLOGY = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_si
 _atexit_registered = False
 
 
-def init(process_sets=None):
+def init(comm=None, process_sets=None):
     """Joins the job described by the launcher's environment (hvdliterun,
     or HVDLITE_RANK/SIZE/STORE_ADDR/SECRET from any launcher); a plain
     ``python script.py`` is a 1-process job. Blocks until every rank has
@@ -17,8 +17,13 @@ def init(process_sets=None):
 
     ``process_sets``: optional list of ProcessSet objects (or rank lists) to
     register right away, as Horovod's init(process_sets=...) does.
+    ``comm`` is Horovod's (an MPI communicator or rank list to run on); only
+    None is supported.
     """
     global _atexit_registered
+    if comm is not None:
+        raise exceptions.NotSupportedError("init(comm=...) needs the MPI backend; launch the ranks you want "
+                                           "with hvdliterun and call init() or init(process_sets=...)")
     if _core.is_initialized():
         return
     code, message = _core.init()

@@ -2,6 +2,7 @@
 broadcast_parameters / broadcast_optimizer_state), plus the object
 collectives shared with every adapter."""
 import collections
+import inspect
 
 import torch
 
@@ -14,11 +15,11 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Overwrites every tensor in `params` with root_rank's value, in place.
 
     `params`: a dict such as model.state_dict() (broadcast in sorted-name order)
-    or a list of tensors or of (name, tensor) pairs such as
+    or a list (or generator) of tensors or of (name, tensor) pairs such as
     model.named_parameters()."""
     if isinstance(params, dict):
         items = sorted(params.items())
-    elif isinstance(params, list):
+    elif isinstance(params, (list, tuple)) or inspect.isgenerator(params):   # e.g. model.named_parameters()
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError("invalid params of type: %s" % type(params))
