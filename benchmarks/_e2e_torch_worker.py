@@ -1,8 +1,8 @@
 """One rank of benchmarks/e2e_torch.py: trains --model for --steps timed steps in --mode and
 writes {"rank", "params", "step_s": [seconds per step]} to --out/rank<r>.json.
 
-Modes: single / nocomm (plain torch; RANK and WORLD_SIZE only name the output), hvdlite
-(hvdlite.torch.DistributedOptimizer), ddp (DistributedDataParallel over gloo, env://),
+Modes: single / nocomm (plain torch; RANK and WORLD_SIZE only name the output), hvdlite and
+hvdlite-fp16 (hvdlite.torch.DistributedOptimizer, without / with fp16 compression), ddp (DistributedDataParallel over gloo, env://),
 horovod (horovod.torch.DistributedOptimizer). One compute thread; a barrier before each
 timed step in the modes that communicate.
 """
@@ -42,10 +42,11 @@ def setup(mode, model, opt):
         import torch.distributed as dist
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
         return dist.get_rank(), opt, dist.barrier, torch.nn.parallel.DistributedDataParallel(model)
-    hvd = __import__("hvdlite.torch" if mode == "hvdlite" else "horovod.torch", fromlist=["init"])
+    hvd = __import__("horovod.torch" if mode == "horovod" else "hvdlite.torch", fromlist=["init"])
     hvd.init()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    compression = hvd.Compression.fp16 if mode.endswith("fp16") else hvd.Compression.none
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
     return hvd.rank(), opt, hvd.barrier if hasattr(hvd, "barrier") else (lambda: hvd.allreduce(torch.zeros(1))), model
 
 

@@ -9,6 +9,7 @@ and five ways to run them, all in this one invocation:
   single      1 process, no hvdlite
   nocomm      2 processes side by side, each training alone (the floor for 2 ranks)
   hvdlite     2 ranks, hvdliterun, hvd.DistributedOptimizer (overlapping allreduce)
+  hvdlite-fp16  the same with compression=hvd.Compression.fp16 (half the bytes)
   ddp         2 ranks, torch DistributedDataParallel over gloo
   horovod     2 ranks, horovod.torch (only when `import horovod.torch` works here)
 Every rank uses one compute thread. Each timed step starts after a barrier (nocomm: none);
@@ -32,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_e2e_torch_worker.py")
 RESULTS = os.path.join(HERE, "results")
-MODES = ("single", "nocomm", "hvdlite", "ddp", "horovod")
+MODES = ("single", "nocomm", "hvdlite", "hvdlite-fp16", "ddp", "horovod")
 BUSY_LIMIT = 0.10
 _TICK = os.sysconf("SC_CLK_TCK")
 _NCPU = os.cpu_count() or 1
@@ -80,7 +81,7 @@ def _commands(mode, model, steps, out_dir):
         return [(base, _env({"RANK": "0", "WORLD_SIZE": "1"}))]
     if mode == "nocomm":
         return [(base, _env({"RANK": str(r), "WORLD_SIZE": "2"})) for r in range(2)]
-    if mode == "hvdlite":
+    if mode.startswith("hvdlite"):
         return [([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2"] + base, _env())]
     port = str(free_port())
     if mode == "ddp":
