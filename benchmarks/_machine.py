@@ -109,14 +109,15 @@ class Gate:
     def wait_idle(self, max_wait_s):
         """All ranks call it together. Rank 0 samples the machine until others use at most
         BUSY_LIMIT of it over one window, or max_wait_s passes; then every rank returns.
-        Returns (seconds waited, others' share in the last window) on rank 0, None elsewhere."""
+        Returns (seconds waited, others' share in the last window, None when max_wait_s <= 0:
+        no sampling at all) on rank 0, None elsewhere."""
         self._seq += 1
         if self.rank != 0:
             while int(self._read("go") or 0) < self._seq:
                 time.sleep(_POLL_S)
             return None
-        meter, t0 = self.meter(), time.monotonic()
-        while True:
+        meter, t0, others, waited = self.meter(), time.monotonic(), None, 0.0
+        while max_wait_s > 0:
             meter.start()
             time.sleep(_SAMPLE_S)
             others = meter.stop()["others"]
