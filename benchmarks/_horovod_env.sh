@@ -12,7 +12,8 @@
 #   - on failure: exit 1, .venv-horovod/.failed holds a one-line reason plus the log's tail, and
 #     later calls fail at once with that reason (no hour-long rebuild on every `make bench`)
 #     until --retry;
-#   - the full log is .venv-horovod.log; the build uses HOROVOD_BUILD_JOBS (default 2) jobs.
+#   - the full log is .venv-horovod.log; the build uses HOROVOD_BUILD_JOBS (default 2) jobs;
+#   - concurrent calls are serialised with flock on .venv-horovod.lock.
 #
 # Why patching: Horovod 0.28.1's sdist asks CMake for C++14, and torch 2.13's headers need C++17
 # (the two `CMAKE_CXX_STANDARD 14` lines: the top-level and horovod/torch/CMakeLists.txt);
@@ -27,6 +28,9 @@ TORCH_PIN=torch==2.13.0   # the CPU build on this machine's disk, as in requirem
 PYTHON="${PYTHON:-python3}"
 JOBS="${HOROVOD_BUILD_JOBS:-2}"
 
+# One build at a time (a second caller waits, then finds the first one's result).
+exec 9> "$ROOT/.venv-horovod.lock"
+flock 9
 if [ -f "$ENV_DIR/.ok" ]; then exit 0; fi
 if [ -f "$ENV_DIR/.failed" ] && [ "${1:-}" != "--retry" ]; then
   echo "Horovod: an earlier build failed (benchmarks/_horovod_env.sh --retry builds again):" >&2
