@@ -74,7 +74,7 @@ def repetitions(rep_s, min_reps, min_window):
     return max(min_reps, min(MAX_REPS, wanted))
 
 
-def _save(path, doc):
+def save_json(path, doc):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f)
@@ -114,7 +114,7 @@ def main():
                 entry = {"op": op, "bytes": nbytes, "error": "%s: %s" % (type(e).__name__,
                                                                          (str(e).splitlines() or [""])[0][:200])}
             doc["entries"].append(entry)
-            _save(path, doc)
+            save_json(path, doc)
             if comm.rank == 0:
                 _progress(args.lib, comm.size, entry)
             if "error" in entry:

@@ -15,8 +15,9 @@ from _cases import BUS_FACTOR
 from _machine import BUSY_LIMIT
 
 
-def combine(lib, n, docs):
-    """Rows of one job from its rank docs (ranks that wrote fewer entries cut the list short)."""
+def combine(lib, n, docs, bus_factor=None):
+    """Rows of one job from its rank docs (ranks that wrote fewer entries cut the list short).
+    bus_factor(n) defaults to BUS_FACTOR of each entry's op."""
     rows = []
     depth = min((len(d["entries"]) for d in docs), default=0)
     for i in range(depth):
@@ -31,7 +32,7 @@ def combine(lib, n, docs):
         per_rep = [max(ts) for ts in zip(*(e["times"] for e in entries))]
         row["median"], row["min"] = statistics.median(per_rep), min(per_rep)
         row["algbw"] = head["bytes"] / row["median"] / 1e9
-        row["busbw"] = row["algbw"] * BUS_FACTOR[head["op"]](n)
+        row["busbw"] = row["algbw"] * (bus_factor or BUS_FACTOR[head["op"]])(n)
         row["wrong"] = sum(e["wrong"] for e in entries)
         row["others"] = head["load"]["others"]
         rows.append(row)
