@@ -6,9 +6,10 @@
 Per op and size, every rank: a correctness pass on rank-dependent data (#wrong), buffers zeroed
 (pages touched), a wait for an idle machine (rank 0 decides, see _machine.Gate), a warm-up, then
 at least R repetitions (more when R would take less than --min-window seconds), each starting
-after the library's barrier and timing K back-to-back calls (K > 1 only for messages <= 1 MiB). Each rank writes DIR/rank<r>.json after every entry, so a
-job that dies still leaves what it measured: {"lib", "version", "rank", "size", "entries": [{"op",
-"bytes", "count", "k", "reps", "times" (seconds per call, one per repetition), "wrong", "error"}]};
+after the library's barrier and timing K back-to-back calls (K > 1 only for messages <= 1 MiB).
+Each rank writes DIR/rank<r>.json after every entry, so a job that dies still leaves what it
+measured: {"lib", "version", "rank", "size", "entries": [{"op", "bytes", "count", "k", "reps",
+"times" (seconds per call, one per repetition), "wrong", "error"}]};
 rank 0's entries also carry "load" (LoadMeter.stop() over the repetitions) and "idle_wait_s".
 """
 import argparse

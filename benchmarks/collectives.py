@@ -78,8 +78,9 @@ def _notes(args, libs, versions, skipped):
              "- float32; one compute thread per rank (OMP/MKL/OpenBLAS_NUM_THREADS=1, torch.set_num_threads(1)); "
              "allreduce and reducescatter sum; broadcast from rank 0; allreduce and broadcast in place",
              "- per size: correctness pass (#wrong: wrong elements, all ranks), warm-up, >= %d repetitions "
-             "(more for short messages, to fill >= %.2f s) each after a barrier; time = max over ranks per repetition, median and min over repetitions; "
-             "messages <= 1 MiB time 4-64 back-to-back calls per repetition"
+             "(more for short messages, to fill >= %.2f s) each after a barrier; time = max over ranks per "
+             "repetition, median and min over repetitions; messages <= 1 MiB time 4-64 back-to-back calls "
+             "per repetition"
              % (args.reps, QUICK["min_window"] if args.quick else FULL["min_window"]),
              "- bytes = per-rank buffer (allgather, reducescatter: the whole array); algbw = bytes / time, "
              "1 GB/s = 1e9 B/s; hvdlite/X = hvdlite busbw / X busbw (> 1: hvdlite faster)",
