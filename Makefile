@@ -3,7 +3,8 @@
 #   make install   .venv/, missing Debian and pip packages, editable build of hvdlite
 #   make demo      install, then a 2-process data-parallel training run (examples/numpy_digits.py)
 #   make test      install, then the whole test suite
-#   make bench     install, then every benchmarks/*.py
+#   make bench     install, then every benchmarks/*.py (after `make horovod`)
+#   make horovod   Horovod 0.28.1 (gloo + PyTorch) in .venv-horovod/, the benchmarks' Horovod peer
 #   make build     incremental rebuild of the C++ core only (what install runs last)
 #   make clean     remove build outputs (build/, hvdlite/_core*.so); distclean also removes .venv/
 #
@@ -18,8 +19,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Debian packages the build needs; later issues add libopenmpi-dev openmpi-bin.
-APT_PACKAGES := cmake g++ make
+# Debian packages the build needs; Open MPI is the benchmarks' peer (mpi4py builds against it).
+APT_PACKAGES := cmake g++ make libopenmpi-dev openmpi-bin
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
@@ -29,7 +30,7 @@ export MKL_NUM_THREADS := 1
 export OPENBLAS_NUM_THREADS := 1
 export HVDLITE_BUILD_JOBS ?= 2
 
-.PHONY: install apt build demo test bench clean distclean
+.PHONY: install apt build demo test bench horovod clean distclean
 
 install: build
 
@@ -69,7 +70,12 @@ demo: install
 test: install
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
-bench: install
+# Cached after the first build (about 6 minutes on 2 cores), failures too: the benchmarks then
+# skip Horovod and print why; `benchmarks/_horovod_env.sh --retry` builds again.
+horovod: install
+	-PYTHON=$(PYTHON) benchmarks/_horovod_env.sh
+
+bench: install horovod
 	@shopt -s nullglob; ran=0; \
 	for f in benchmarks/*.py; do \
 	  case "$${f##*/}" in _*) continue;; esac; \
