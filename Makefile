@@ -18,8 +18,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Debian packages the build needs; later issues add libopenmpi-dev openmpi-bin.
-APT_PACKAGES := cmake g++ make
+# Debian packages the build needs: Open MPI for the mpi backend, mpirun and mpi4py.
+APT_PACKAGES := cmake g++ make libopenmpi-dev openmpi-bin
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 

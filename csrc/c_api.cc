@@ -203,4 +203,12 @@ const char* hvdlite_built_backends(void) {
   return names.c_str();
 }
 
+int hvdlite_mpi_enabled(void) {
+  auto rt = Current();
+  if (!rt) return 0;
+  return (rt->topology().via_mpi || std::string(rt->cpu_backend_name()) == "mpi") ? 1 : 0;
+}
+
+int hvdlite_mpi_thread_level(void) { return MpiThreadLevel(); }
+
 }  // extern "C"

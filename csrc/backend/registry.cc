@@ -1,4 +1,5 @@
-// The one place that knows which backends this build has.
+// The one place that knows which backends this build has. HAVE_MPI is set
+// by CMakeLists.txt when it found MPI and compiled csrc/backend/mpi/.
 #include <string>
 
 #include "backend/backend.h"
@@ -7,7 +8,19 @@ namespace hvdlite {
 
 std::unique_ptr<Backend> NewRingBackend(Transport* transport);
 
-std::vector<const char*> BuiltBackends() { return {"ring"}; }
+#if HAVE_MPI
+Status CreateMpiBackendImpl(Transport* transport, std::unique_ptr<Backend>* out);
+Status MpiRendezvousImpl(double timeout_s, MpiJob* out);
+int MpiProvidedThreadLevel();
+#endif
+
+std::vector<const char*> BuiltBackends() {
+#if HAVE_MPI
+  return {"ring", "mpi"};
+#else
+  return {"ring"};
+#endif
+}
 
 Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
   const std::string& want = cfg.CPU_OPERATIONS;
@@ -15,8 +28,41 @@ Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr
     *out = NewRingBackend(transport);
     return Status::OK();
   }
-  return Status::NotSupported("HVDLITE_CPU_OPERATIONS=" + want +
-                              " is not available in this build; available: ring");
+#if HAVE_MPI
+  if (want == "mpi") return CreateMpiBackendImpl(transport, out);
+  const char* available = "ring, mpi";
+#else
+  const char* available = "ring (rebuild with Open MPI installed for mpi)";
+#endif
+  return Status::NotSupported("HVDLITE_CPU_OPERATIONS=" + want + " is not available in this build; available: " +
+                              available);
+}
+
+bool MpiBuilt() {
+#if HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+Status MpiRendezvous(double timeout_s, MpiJob* out) {
+#if HAVE_MPI
+  return MpiRendezvousImpl(timeout_s, out);
+#else
+  *out = MpiJob{};
+  return Status::NotSupported(
+      "this process was started by mpirun, but this build of hvdlite has no MPI support: install Open MPI "
+      "(libopenmpi-dev) and rebuild (`make install`), or launch with `hvdliterun -np N`");
+#endif
+}
+
+int MpiThreadLevel() {
+#if HAVE_MPI
+  return MpiProvidedThreadLevel();
+#else
+  return -1;
+#endif
 }
 
 }  // namespace hvdlite

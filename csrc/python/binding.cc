@@ -164,6 +164,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("remove_process_set", &RemoveProcessSet);
   m.def("process_set_ranks", &ProcessSetRanks);
   m.def("build_info", &BuildInfo);
+  m.def("mpi_enabled", [] { return hvdlite_mpi_enabled() != 0; });
+  m.def("mpi_thread_level", &hvdlite_mpi_thread_level);
   py::class_<StoreServer>(m, "TcpStoreServer")
       .def(py::init<const std::string&, int, py::bytes>(), py::arg("host"), py::arg("port"), py::arg("secret"))
       .def_property_readonly("port", [](const StoreServer& s) { return s.port; })

@@ -212,9 +212,12 @@ Status Executor::RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, 
 Status Executor::RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out) {
   if (r.type == OpType::kAddProcessSet) {
     int32_t id = static_cast<int32_t>(r.sizes.at(0));
-    sets_->Add(id, std::vector<int>(e.request.splits.begin(), e.request.splits.end()));
+    std::vector<int> members(e.request.splits.begin(), e.request.splits.end());
+    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, members));
+    sets_->Add(id, std::move(members));
     out->value = id;
   } else {
+    backend_->RemoveProcessSet(e.request.root);
     sets_->Remove(e.request.root);
     sequence_.erase(e.request.root);
   }

@@ -8,7 +8,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime());
   HVD_RETURN_IF_ERROR(Config::FromEnv(&rt->cfg_));
   SetLogLevel(rt->cfg_.LOG_LEVEL);
-  HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_));
+  HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_, &rt->bootstrap_keepalive_));
   SetLogRank(rt->topo_.rank);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);

@@ -36,6 +36,7 @@ class Runtime {
 
   const Topology& topology() const { return topo_; }
   const Config& config() const { return cfg_; }
+  const char* cpu_backend_name() const { return backend_->name(); }
   ProcessSetTable& process_sets() { return sets_; }
   HandleTable& handles() { return handles_; }
 
@@ -59,6 +60,7 @@ class Runtime {
 
   Config cfg_;
   Topology topo_;
+  std::shared_ptr<void> bootstrap_keepalive_;  // e.g. the store rank 0 hosts under mpirun
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only

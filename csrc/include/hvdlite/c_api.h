@@ -71,8 +71,14 @@ void* hvdlite_store_server_start(const char* host, int port, const char* secret,
                                  char* err, size_t err_len);
 void hvdlite_store_server_stop(void* server);
 
-/* Comma-separated names of the CPU backends compiled in, e.g. "ring". */
+/* Comma-separated names of the CPU backends compiled in, e.g. "ring,mpi". */
 const char* hvdlite_built_backends(void);
+/* 1 when the current job uses MPI (formed through mpirun, or CPU collectives
+ * on the mpi backend); 0 otherwise, or when not initialized. */
+int hvdlite_mpi_enabled(void);
+/* MPI's provided thread level (0 MPI_THREAD_SINGLE .. 3 MPI_THREAD_MULTIPLE)
+ * once hvdlite has used MPI in this process; -1 before, or without MPI. */
+int hvdlite_mpi_thread_level(void);
 
 #ifdef __cplusplus
 }
