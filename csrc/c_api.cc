@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "backend/backend.h"
+#include "backend/gpu_backend.h"
 #include "rendezvous/tcp_store.h"
 #include "runtime/runtime.h"
 
@@ -92,8 +93,9 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
   r.prescale = op->prescale;
   r.postscale = op->postscale;
   r.process_set = op->process_set;
+  r.device = op->device < 0 ? -1 : op->device;
   if (op->splits) r.splits.assign(op->splits, op->splits + op->nsplits);
-  return Report(rt->Enqueue(r, op->data, handle), err, err_len);
+  return Report(rt->Enqueue(r, op->data, handle, op->stream), err, err_len);
 }
 
 int hvdlite_poll(int64_t handle) {
@@ -210,5 +212,7 @@ int hvdlite_mpi_enabled(void) {
 }
 
 int hvdlite_mpi_thread_level(void) { return MpiThreadLevel(); }
+
+int hvdlite_gpu_module_installed(void) { return GpuModuleInstalled() ? 1 : 0; }
 
 }  // extern "C"

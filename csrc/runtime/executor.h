@@ -4,11 +4,13 @@
 // completes the handles.
 // Threading: background thread only.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/gpu_backend.h"
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -17,7 +19,9 @@
 
 namespace hvdlite {
 
-class Executor {
+// Also the GpuHost of the NCCL module: ids for NCCL communicators travel over
+// the CPU backend.
+class Executor : public GpuHost {
  public:
   Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
            LocalRequestCache* cache);
@@ -25,6 +29,10 @@ class Executor {
   // died or hung): the runtime must stop. Validation errors from the
   // coordinator only fail the named entries and return OK.
   Status Execute(const Response& response);
+  // Hands over the loaded NCCL module (any thread; once). Until then, CUDA
+  // operations fail.
+  void SetGpuBackend(GpuBackend* gpu) { gpu_.store(gpu); }
+  Status BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) override;
 
  private:
   Status Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result);
@@ -33,6 +41,7 @@ class Executor {
   Status RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
   Status RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, HandleResult* out);
   Status RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out);
+  Status RunGpu(const CollectiveContext& ctx, const Response& r, std::vector<TensorEntry>& entries);
   CollectiveContext Context(int32_t process_set);
   void* Scratch(int64_t bytes);
 
@@ -44,6 +53,7 @@ class Executor {
   LocalRequestCache* cache_;
   std::map<int32_t, uint32_t> sequence_;  // per process set, for message tags
   std::vector<char> fusion_buffer_;
+  std::atomic<GpuBackend*> gpu_{nullptr};
 };
 
 }  // namespace hvdlite

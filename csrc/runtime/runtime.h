@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/gpu_backend.h"
 #include "common/config.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
@@ -42,8 +43,9 @@ class Runtime {
 
   // Submits an operation; `data` must stay valid until the handle completes.
   // Fails at once (no handle) when the runtime is broken or shut down, or the
-  // name is already in flight.
-  Status Enqueue(const Request& request, void* data, int64_t* handle);
+  // name is already in flight. CUDA data (request.device >= 0) is read once
+  // the work queued so far on `stream` is done (null = the legacy default stream).
+  Status Enqueue(const Request& request, void* data, int64_t* handle, void* stream = nullptr);
   // Blocks until every rank has called Shutdown (bounded by
   // HVDLITE_SHUTDOWN_TIMEOUT_SECONDS), then closes connections. Idempotent.
   Status Shutdown();
@@ -56,6 +58,7 @@ class Runtime {
   Status Coordinate(std::vector<Response>* todo);
   int WaitBudgetMs(bool shutting_down);
   void Break(const Status& st);
+  Status AdmitCudaTensor(const Request& request);
   void Leave();
 
   Config cfg_;
@@ -65,6 +68,9 @@ class Runtime {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<Executor> executor_;
+  std::mutex gpu_mu_;                  // guards loading the NCCL module
+  std::unique_ptr<GpuBackend> gpu_;    // loaded on the first CUDA tensor; destroyed before executor_
+  Status gpu_error_;                   // why loading failed, once it has
   ProcessSetTable sets_;
   HandleTable handles_;
   TensorQueue queue_;
