@@ -34,8 +34,7 @@ Status Runtime::AdmitCudaTensor(const Request& request) {
   }
   std::lock_guard<std::mutex> lock(gpu_mu_);
   if (gpu_) return Status::OK();
-  if (!gpu_error_.ok()) return gpu_error_;
-  gpu_error_ = LoadGpuBackend(executor_.get(), &gpu_);
+  if (gpu_error_.ok()) gpu_error_ = LoadGpuBackend(executor_.get(), &gpu_);  // tried once per init()
   if (!gpu_error_.ok()) return gpu_error_.WithContext("CUDA tensor '" + request.name + "'");
   executor_->SetGpuBackend(gpu_.get());
   return Status::OK();
