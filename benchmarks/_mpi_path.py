@@ -1,5 +1,6 @@
-"""hvdlite's two CPU data paths under mpirun, side by side: the native ring
-(HVDLITE_CPU_OPERATIONS=ring) and the mpi backend (=mpi). A module for
+"""hvdlite's CPU data paths under mpirun, side by side: the native ring
+(HVDLITE_CPU_OPERATIONS=ring), the mpi backend (=mpi) and the default (=auto: ring
+below 1 MiB, MPI from 1 MiB). A module for
 benchmarks/collectives.py to call, and a small CLI of its own:
 
     python benchmarks/_mpi_path.py [--np 2] [--sizes 4096,1048576,...] [--reps 20]
@@ -133,18 +134,22 @@ def _fmt_size(b):
 
 
 def _report(by_path):
-    ring, mpi = by_path["ring"], by_path["mpi"]
-    print("%-10s %-8s %14s %14s %10s %10s %8s %6s" % ("op", "size", "ring", "mpi", "ring busbw", "mpi busbw",
-                                                       "mpi/ring", "#wrong"))
-    for a, b in zip(ring, mpi):
-        def t(row):
-            return "%.1f us" % (row["median_s"] * 1e6) if row["median_s"] < 1e-3 else "%.2f ms" % (
-                row["median_s"] * 1e3)
-        print("%-10s %-8s %14s %14s %7.2f GB/s %7.2f GB/s %7.2fx %6d" % (
-            a["op"], _fmt_size(a["bytes"]), t(a), t(b), a["busbw"], b["busbw"], a["median_s"] / b["median_s"],
-            a["wrong"] + b["wrong"]))
-    print("others' CPU during the runs: ring %.0f%%, mpi %.0f%%" % (100 * ring[0]["others_cpu"],
-                                                                   100 * mpi[0]["others_cpu"]))
+    paths = list(by_path)
+    print("%-10s %-8s" % ("op", "size") + "".join("%14s" % p for p in paths) +
+          "".join("%12s" % (p + " busbw") for p in paths) + "%10s %6s" % ("ring/mpi", "#wrong"))
+
+    def t(row):
+        s = row["median_s"]
+        return "%.1f us" % (s * 1e6) if s < 1e-3 else "%.2f ms" % (s * 1e3)
+    for rows in zip(*(by_path[p] for p in paths)):
+        first = rows[0]
+        line = "%-10s %-8s" % (first["op"], _fmt_size(first["bytes"]))
+        line += "".join("%14s" % t(r) for r in rows) + "".join("%7.2f GB/s" % r["busbw"] for r in rows)
+        ring, mpi = rows[paths.index("ring")], rows[paths.index("mpi")]
+        line += "%9.2fx %6d" % (ring["median_s"] / mpi["median_s"], sum(r["wrong"] for r in rows))
+        print(line)
+    print("others' CPU during the runs: " + ", ".join("%s %.0f%%" % (p, 100 * by_path[p][0]["others_cpu"])
+                                                      for p in paths))
 
 
 def main(argv=None):
@@ -153,13 +158,15 @@ def main(argv=None):
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES))
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--paths", default="ring,mpi,auto", help="HVDLITE_CPU_OPERATIONS values to compare "
+                   "(ring and mpi are required)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return _worker(args)
     sizes = [int(s) for s in args.sizes.split(",")]
-    by_path = {path: measure(args.np, path, args.ops.split(","), sizes, args.reps) for path in ("ring", "mpi")}
+    by_path = {path: measure(args.np, path, args.ops.split(","), sizes, args.reps) for path in args.paths.split(",")}
     print("hvdlite CPU data paths under mpirun -n %d (one compute thread per rank), float32, median of %d"
           % (args.np, args.reps))
     _report(by_path)

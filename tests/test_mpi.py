@@ -16,7 +16,7 @@ import test_runtime
 from mpi_helpers import mpi_runner, run_mpi_ranks, skip_without_mpi
 
 pytestmark = skip_without_mpi
-PATHS = ["ring", "mpi"]
+PATHS = ["ring", "mpi"]  # the default, auto, uses both: see test_auto_path_...
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)
@@ -80,6 +80,42 @@ def test_half_precision_sums_are_bitwise_identical_under_mpi(size):
     results = run_mpi_ranks(_half_precision_random, size, args=(5,), env={"HVDLITE_CPU_OPERATIONS": "mpi"})
     for key in results[0]:
         assert all(r[key] == results[0][key] for r in results), key
+
+
+def _sizes_either_side_of_the_split():
+    """auto sends messages below 1 MiB through the ring and larger ones through MPI."""
+    import hvdlite as hvd
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    sub = hvd.add_process_set([0, 1])
+    out = {}
+    for count in (5, 1 << 18, 300001):                  # 20 B, exactly 1 MiB, 1.2 MB of float32
+        x = np.arange(count, dtype=np.float32) % 7 + r
+        out[("sum", count)] = hvd.allreduce(x, op=hvd.Sum, name="s%d" % count)[:8].tolist()
+        out[("bcast", count)] = float(hvd.broadcast(x, root_rank=n - 1, name="b%d" % count)[-1])
+        out[("gather", count)] = hvd.allgather(x[:count // n], name="g%d" % count).shape
+        out[("rs", count)] = hvd.reducescatter(np.ones(count, np.float32), op=hvd.Sum, name="r%d" % count).sum()
+        if r < 2:
+            out[("sub", count)] = hvd.allreduce(np.ones(count, np.float64), op=hvd.Sum, process_set=sub,
+                                                name="p%d" % count)[-1]
+    out["a2a"] = hvd.alltoall(np.full((n * 3, 2), r, np.int64), name="a2a")[:, 0].tolist()
+    hvd.shutdown()
+    return out
+
+
+def test_auto_path_gives_the_same_results_on_both_sides_of_its_split():
+    results = run_mpi_ranks(_sizes_either_side_of_the_split, 3, env={"HVDLITE_CPU_OPERATIONS": None})
+    for r, out in enumerate(results):
+        for count in (5, 1 << 18, 300001):
+            x = np.arange(count, dtype=np.float32) % 7
+            assert out[("sum", count)] == (3 * x[:8] + 3).tolist()
+            assert out[("bcast", count)] == float(x[-1] + 2)
+            assert out[("gather", count)] == (count // 3 * 3,)
+            mine = count // 3 + (1 if r < count % 3 else 0)
+            assert out[("rs", count)] == 3.0 * mine
+            if r < 2:
+                assert out[("sub", count)] == 2.0
+        assert out["a2a"] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
 def _identity_and_capabilities():

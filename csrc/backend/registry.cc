@@ -2,6 +2,8 @@
 // by CMakeLists.txt when it found MPI and compiled csrc/backend/mpi/.
 #include <string>
 
+#include "transport/transport.h"
+
 #include "backend/backend.h"
 
 namespace hvdlite {
@@ -22,18 +24,37 @@ std::vector<const char*> BuiltBackends() {
 #endif
 }
 
+std::unique_ptr<Backend> NewSplitBackend(std::unique_ptr<Backend> small, std::unique_ptr<Backend> large,
+                                         int64_t threshold_bytes);
+
+// auto: from this size up, MPI beats the ring under mpirun on one host
+// (README, "CPU data paths", measured with benchmarks/_mpi_path.py).
+constexpr int64_t kAutoMpiFromBytes = 1 << 20;
+
 Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
   const std::string& want = cfg.CPU_OPERATIONS;
-  if (want == "ring" || want == "gloo" || want.empty()) {
+  if (want == "ring" || want == "gloo") {
     *out = NewRingBackend(transport);
     return Status::OK();
   }
 #if HAVE_MPI
   if (want == "mpi") return CreateMpiBackendImpl(transport, out);
-  const char* available = "ring, mpi";
+  const bool formed_by_mpi = cfg.RANK < 0 && cfg.SIZE < 0 && cfg.mpi_launch.active();
+  if ((want == "auto" || want.empty()) && formed_by_mpi && transport->size() > 1) {
+    std::unique_ptr<Backend> mpi;
+    if (CreateMpiBackendImpl(transport, &mpi).ok()) {
+      *out = NewSplitBackend(NewRingBackend(transport), std::move(mpi), kAutoMpiFromBytes);
+      return Status::OK();
+    }
+  }
+  const char* available = "auto, ring, mpi";
 #else
-  const char* available = "ring (rebuild with Open MPI installed for mpi)";
+  const char* available = "auto, ring (rebuild with Open MPI installed for mpi)";
 #endif
+  if (want == "auto" || want.empty()) {
+    *out = NewRingBackend(transport);
+    return Status::OK();
+  }
   return Status::NotSupported("HVDLITE_CPU_OPERATIONS=" + want + " is not available in this build; available: " +
                               available);
 }

@@ -19,8 +19,9 @@ def mpi_built():
     return _built("mpi")
 
 def mpi_enabled():
-    """True when the current job uses MPI: it was started by mpirun (and formed through
-    MPI), or its CPU collectives run on the mpi backend (HVDLITE_CPU_OPERATIONS=mpi)."""
+    """True when the current job uses MPI: it was started by mpirun (formed through MPI,
+    and by default running large CPU collectives on MPI), or its CPU collectives run on
+    the mpi backend (HVDLITE_CPU_OPERATIONS=mpi)."""
     return bool(_core.mpi_enabled())
 
 def mpi_threads_supported():

@@ -37,7 +37,7 @@ SETTINGS = (
     Setting("STALL_SHUTDOWN_TIME_SECONDS", "float", 600.0, "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail"),
     Setting("TIMEOUT_SECONDS", "float", 120.0, "seconds a transfer may make no progress before it fails (a hung peer)"),
     Setting("SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"),
-    Setting("CPU_OPERATIONS", "str", "ring", "backend for CPU tensors: ring (native TCP transport) or mpi (MPI collectives; needs a build with MPI and a job started by mpirun)"),
+    Setting("CPU_OPERATIONS", "str", "auto", "backend for CPU tensors: ring (native TCP transport), mpi (MPI collectives; needs a build with MPI and a job started by mpirun) or auto (ring, but in a job started by mpirun MPI for messages of 1 MiB and up, where it is faster)"),
     Setting("LOG_LEVEL", "str", "warning", "trace, debug, info, warning, error or fatal"),
 )
 
