@@ -81,7 +81,9 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
   if (!rt) return Report(NotInitialized(), err, err_len);
   if (!IsValidDataType(op->dtype)) return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err, err_len);
   if (!IsValidReduceOp(op->reduce_op)) return Report(Status::InvalidArgument("unknown reduce op " + std::to_string(op->reduce_op)), err, err_len);
-  if (op->type < 0 || op->type > static_cast<int32_t>(OpType::kBarrier)) return Report(Status::InvalidArgument("unknown op type"), err, err_len);
+  const bool user_op = (op->type >= 0 && op->type <= static_cast<int32_t>(OpType::kBarrier)) ||
+                       op->type == static_cast<int32_t>(OpType::kJoin);
+  if (!user_op) return Report(Status::InvalidArgument("unknown op type " + std::to_string(op->type)), err, err_len);
   if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS) return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
   Request r;
   r.type = static_cast<OpType>(op->type);
@@ -174,6 +176,19 @@ int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap) {
   if (members.empty()) return -1;
   for (int32_t i = 0; i < cap && i < static_cast<int32_t>(members.size()); ++i) ranks[i] = members[i];
   return static_cast<int>(members.size());
+}
+
+int hvdlite_start_timeline(const char* path, int mark_cycles, char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  return Report(rt->StartTimeline(path, mark_cycles != 0), err, err_len);
+}
+
+int hvdlite_stop_timeline(char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  rt->StopTimeline();
+  return 0;
 }
 
 void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len, int* bound_port,

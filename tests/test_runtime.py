@@ -102,3 +102,44 @@ def test_settings_table_declares_each_variable_once_with_doc():
     assert settings.get("FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD": "5"}) == 5
     assert settings.get("FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD": "5", "HVDLITE_FUSION_THRESHOLD": "7"}) == 7
     assert "HVD_SETTING(FUSION_THRESHOLD, int64_t" in settings.cpp_header()
+
+
+def _uneven_batches():
+    import hvdlite as hvd
+    hvd.init()
+    r = hvd.rank()
+    batches = 2 + 2 * r                      # rank 0 runs out of data first
+    sums, gathered = [], []
+    for step in range(batches):
+        sums.append(hvd.allreduce(np.full(3, r + 1.0), op=hvd.Sum, name="grad").tolist())
+        gathered.append(hvd.allgather(np.full((1, 2), r), name="rows").shape[0])
+    maxes = None
+    if r == 2:  # ranks 0 and 1 have joined: they contribute identities
+        maxes = hvd.allreduce(np.full(2, -5.0), op=hvd.Max, name="max").tolist()
+        maxes += hvd.allreduce(np.full(1, 7, np.int32), op=hvd.Min, name="min").tolist()
+        hvd.barrier()
+        try:
+            hvd.alltoall(np.ones((3, 1)), name="a2a-while-joined")
+        except hvd.NotSupportedError as e:
+            maxes.append("joined" in str(e) and "ranks 0, 1" in str(e))
+    last = hvd.join()
+    try:
+        hvd.alltoall(np.ones((3, 1)), name="a2a-after-join")
+        after = "ok"
+    except hvd.HvdliteError as e:
+        after = type(e).__name__
+    hvd.shutdown()
+    return sums, gathered, maxes, last, after
+
+
+def test_join_lets_ranks_with_fewer_batches_finish():
+    results = run_ranks(_uneven_batches, 3, timeout=60)
+    for r, (sums, gathered, maxes, last, after) in enumerate(results):
+        assert last == 2
+        assert after == "ok"
+        # steps 0-1: all 3 ranks; steps 2-3: ranks 1 and 2; steps 4-5: rank 2 alone
+        want = [6.0, 6.0, 5.0, 5.0, 3.0, 3.0][:len(sums)]
+        assert [s[0] for s in sums] == want
+        assert gathered == [3, 3, 2, 2, 1, 1][:len(gathered)]
+        if r == 2:
+            assert maxes == [-5.0, -5.0, 7, True]

@@ -13,6 +13,11 @@
 
 namespace hvdlite {
 
+// The algorithm Allreduce / Broadcast pick for a message of `bytes` over
+// `members` (the choice they make, exposed for the timeline and logs).
+const char* AllreduceAlgorithm(int64_t bytes, int members);
+const char* BroadcastAlgorithm(int64_t bytes, int members);
+
 // In-place allreduce of `count` elements: ring reduce-scatter then ring
 // allgather, each step chunked so the next chunk is on the wire while the
 // previous one is reduced. `op` is Sum, Min, Max or Product. Works for any

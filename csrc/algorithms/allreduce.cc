@@ -100,6 +100,10 @@ Status Ring(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp o
 
 }  // namespace
 
+const char* AllreduceAlgorithm(int64_t bytes, int members) {
+  return bytes < alg::kSmallAllreduceBytes ? "recursive_doubling" : "ring";
+}
+
 Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op) {
   HVD_RETURN_IF_ERROR(alg::CheckGroup(g, "Allreduce"));
   HVD_RETURN_IF_ERROR(CheckReducible(dtype, op));
@@ -107,8 +111,8 @@ Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, Reduc
   if (g.size() == 1 || count == 0) return Status::OK();
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   char* data = static_cast<char*>(buf);
-  Status st = bytes < alg::kSmallAllreduceBytes ? RecursiveDoubling(g, data, count, dtype, op)
-                                                : Ring(g, data, count, dtype, op);
+  const bool small = std::string(AllreduceAlgorithm(bytes, g.size())) == "recursive_doubling";
+  Status st = small ? RecursiveDoubling(g, data, count, dtype, op) : Ring(g, data, count, dtype, op);
   return st.WithContext(std::string("Allreduce of ") + std::to_string(count) + " " +
                         DataTypeName(dtype) + " (" + ReduceOpName(op) + ")");
 }

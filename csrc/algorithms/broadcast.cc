@@ -68,6 +68,10 @@ Status Chain(const Group& g, char* buf, int64_t len, int root) {
 
 }  // namespace
 
+const char* BroadcastAlgorithm(int64_t bytes, int members) {
+  return (bytes < alg::kSmallBroadcastBytes || members <= 2) ? "binomial_tree" : "pipelined_chain";
+}
+
 Status Broadcast(const Group& g, void* buf, int64_t len, int root) {
   HVD_RETURN_IF_ERROR(alg::CheckGroup(g, "Broadcast"));
   if (root < 0 || root >= g.size()) {
@@ -77,9 +81,8 @@ Status Broadcast(const Group& g, void* buf, int64_t len, int root) {
   if (len < 0) return Status::InvalidArgument("Broadcast: negative length");
   if (g.size() == 1 || len == 0) return Status::OK();
   char* data = static_cast<char*>(buf);
-  Status st = (len < alg::kSmallBroadcastBytes || g.size() <= 2)
-                  ? Binomial(g, data, static_cast<size_t>(len), root)
-                  : Chain(g, data, len, root);
+  const bool tree = std::string(BroadcastAlgorithm(len, g.size())) == "binomial_tree";
+  Status st = tree ? Binomial(g, data, static_cast<size_t>(len), root) : Chain(g, data, len, root);
   return st.WithContext("Broadcast of " + std::to_string(len) + " bytes from member " + std::to_string(root));
 }
 

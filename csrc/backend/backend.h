@@ -25,10 +25,14 @@ struct CollectiveContext {
   uint32_t tag = 0;        // unique per collective (wraps); step numbers are added below it
 };
 
+enum class Collective { kAllreduce, kAllgather, kBroadcast, kAlltoall, kReducescatter };
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // "backend/algorithm" for a collective of `bytes` over `members` (timeline).
+  virtual std::string Describe(Collective c, int64_t bytes, int members) const = 0;
   virtual Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
   virtual Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,

@@ -10,6 +10,17 @@ class RingBackend : public Backend {
   explicit RingBackend(Transport* t) : transport_(t) {}
   const char* name() const override { return "ring"; }
 
+  std::string Describe(Collective c, int64_t bytes, int members) const override {
+    switch (c) {
+      case Collective::kAllreduce: return std::string("ring/") + AllreduceAlgorithm(bytes, members);
+      case Collective::kBroadcast: return std::string("ring/") + BroadcastAlgorithm(bytes, members);
+      case Collective::kAllgather: return "ring/ring_allgatherv";
+      case Collective::kAlltoall: return "ring/pairwise_exchange";
+      case Collective::kReducescatter: return "ring/ring_reduce_scatter";
+    }
+    return "ring";
+  }
+
   Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) override {
     return hvdlite::Allreduce(ToGroup(ctx), buf, count, dtype, op);
   }

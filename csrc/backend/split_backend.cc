@@ -15,6 +15,9 @@ class SplitBackend : public Backend {
   SplitBackend(std::unique_ptr<Backend> small, std::unique_ptr<Backend> large, int64_t threshold)
       : small_(std::move(small)), large_(std::move(large)), threshold_(threshold) {}
   const char* name() const override { return "auto"; }
+  std::string Describe(Collective c, int64_t bytes, int members) const override {
+    return (c == Collective::kAlltoall ? large_.get() : Pick(bytes))->Describe(c, bytes, members);
+  }
 
   Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) override {
     return Pick(count * static_cast<int64_t>(DataTypeSize(dtype)))->Allreduce(ctx, buf, count, dtype, op);

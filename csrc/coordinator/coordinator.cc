@@ -1,6 +1,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 
 #include "common/logging.h"
@@ -27,9 +28,26 @@ bool Cacheable(OpType t) {
 
 }  // namespace
 
-Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size)
+Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline)
     : cfg_(cfg), sets_(sets), world_size_(world_size),
-      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))) {}
+      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))), timeline_(timeline),
+      fusion_threshold_(cfg.FUSION_THRESHOLD), cycle_time_ms_(cfg.CYCLE_TIME) {}
+
+int Coordinator::MsUntilDue() const {
+  if (decided_.empty() || cycle_time_ms_ <= 0) return 1000;
+  const auto due = decided_.front().at + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double, std::milli>(cycle_time_ms_));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count();
+  return static_cast<int>(std::max<long long>(0, std::min<long long>(left + 1, 1000)));
+}
+
+namespace {
+std::string NegotiatePhase(OpType t) {
+  std::string s = std::string("NEGOTIATE_") + OpTypeName(t);
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+}  // namespace
 
 void Coordinator::Add(int rank, const RequestList& list) {
   for (const Request& in : list.requests) {
@@ -49,6 +67,10 @@ void Coordinator::Add(int rank, const RequestList& list) {
 void Coordinator::AddOne(Request r) {
   if (r.type == OpType::kShutdown) {
     OnShutdown(r.rank);
+    return;
+  }
+  if (r.type == OpType::kJoin) {
+    OnJoin(r.rank);
     return;
   }
   std::vector<int> ranks = sets_->Ranks(r.process_set);
@@ -79,7 +101,9 @@ void Coordinator::AddOne(Request r) {
     p.reqs.resize(ranks.size());
     p.have.assign(ranks.size(), false);
     p.first_seen = p.last_warned = Clock::now();
+    if (timeline_) timeline_->Begin(r.name, NegotiatePhase(r.type));
   }
+  if (timeline_) timeline_->Mark(r.name, "READY", "\"rank\": " + std::to_string(r.rank));
   int member = static_cast<int>(pos - ranks.begin());
   if (p.have[member]) {
     // The runtime refuses a second submission of a name in flight, so this is
@@ -89,23 +113,100 @@ void Coordinator::AddOne(Request r) {
   }
   p.reqs[member] = std::move(r);
   p.have[member] = true;
-  if (++p.count == static_cast<int>(ranks.size())) {
+  ++p.count;
+  if (Ready(p, ranks)) {
     Decide(key, p);
     pending_.erase(key);
   }
 }
 
+bool Coordinator::Ready(const Pending& p, const std::vector<int>& ranks) const {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!p.have[i] && !joined_ranks_.count(ranks[i])) return false;
+  }
+  return p.count > 0;
+}
+
+// join(): the rank has no more data. Tensors that now wait only for joined
+// ranks run with identity contributions from them; when the last rank joins,
+// every rank's join() returns that rank.
+void Coordinator::OnJoin(int rank) {
+  joined_ranks_.insert(rank);
+  last_joined_ = rank;
+  if (static_cast<int>(joined_ranks_.size()) == world_size_) {
+    Decided d;
+    for (int r = 0; r < world_size_; ++r) d.recipients.push_back(r);
+    d.response.type = OpType::kJoin;
+    d.response.names.push_back("__join__");
+    d.response.cache_ids.push_back(-1);
+    d.response.sizes = {last_joined_};
+    decided_.push_back(std::move(d));
+    joined_ranks_.clear();
+    return;
+  }
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    std::vector<int> ranks = sets_->Ranks(it->first.first);
+    if (Ready(it->second, ranks)) {
+      Decide(it->first, it->second);
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status Coordinator::CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const {
+  std::string who;
+  for (int r : joined) who += (who.empty() ? "" : ", ") + std::to_string(r);
+  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter) {
+    return Status::NotSupported(std::string(OpTypeName(r0.type)) + " of tensor '" + r0.name +
+                                "' cannot run while ranks " + who + " have joined; only allreduce, allgather, "
+                                "broadcast and barrier can. Call it before join().");
+  }
+  if (r0.type == OpType::kBroadcast && std::find(joined.begin(), joined.end(), r0.root) != joined.end()) {
+    return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " + std::to_string(r0.root) +
+                                   " has already joined and has no tensor to send");
+  }
+  return Status::OK();
+}
+
 void Coordinator::Decide(const Key& key, Pending& p) {
+  const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
+  if (timeline_) timeline_->End(key.second, NegotiatePhase(any.type));
   std::vector<int> ranks = sets_->Ranks(key.first);
-  const Request& r0 = p.reqs[0];
+  std::vector<Request> submitted;
+  std::vector<int> submitters, joined;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (p.have[i]) {
+      submitted.push_back(p.reqs[i]);
+      submitters.push_back(ranks[i]);
+    } else {
+      joined.push_back(ranks[i]);
+    }
+  }
+  const Request& r0 = submitted[0];
   Decided d;
   d.recipients = ranks;
   d.response.type = r0.type;
   d.response.process_set = r0.process_set;
   d.response.names.push_back(r0.name);
-  Status st = ValidateRequests(p.reqs, ranks, &d.response.sizes);
+  Status st = ValidateRequests(submitted, submitters, &d.response.sizes);
+  if (st.ok() && !joined.empty()) st = CheckJoinedParticipation(r0, joined);
   if (!st.ok()) {
     DecideError(r0, ranks, st);
+    return;
+  }
+  if (!joined.empty()) {
+    // Joined members contribute nothing to an allgather and identity values
+    // to a reduction; they learn the tensor's signature from `specs`.
+    if (r0.type == OpType::kAllgather) {
+      std::vector<int64_t> full;
+      for (size_t i = 0, k = 0; i < ranks.size(); ++i) full.push_back(p.have[i] ? d.response.sizes[k++] : 0);
+      d.response.sizes = full;
+    }
+    d.response.specs.push_back(r0);
+    d.response.cache_ids.push_back(-1);
+    decided_.push_back(std::move(d));
     return;
   }
   if (r0.type == OpType::kAddProcessSet) {
@@ -163,7 +264,7 @@ void Coordinator::FuseInto(std::vector<Decided>* out) {
   for (auto& d : decided_) {
     if (!d.fusion_key.empty() && d.response.error_code == StatusCode::kOk) {
       auto it = open.find(d.fusion_key);
-      if (it != open.end() && it->second.second + d.bytes <= cfg_.FUSION_THRESHOLD) {
+      if (it != open.end() && it->second.second + d.bytes <= fusion_threshold_) {
         Response& target = (*out)[it->second.first].response;
         target.names.push_back(d.response.names[0]);
         target.cache_ids.push_back(d.response.cache_ids[0]);
@@ -181,6 +282,7 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
   per_rank->assign(world_size_, ResponseList{});
   bool announce = AllRanksShutDown() && !shutdown_announced_;
   if (decided_.empty() && !announce) return false;
+  if (!announce && cycle_time_ms_ > 0 && MsUntilDue() > 0) return false;  // hold for fusion
   std::vector<Decided> fused;
   FuseInto(&fused);
   for (auto& d : fused) {

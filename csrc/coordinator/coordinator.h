@@ -24,12 +24,14 @@
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/timeline.h"
 
 namespace hvdlite {
 
 class Coordinator {
  public:
-  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size);
+  // `timeline` (may be null) receives each tensor's negotiation span.
+  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline);
 
   // Takes the requests `rank` sent; expands cached (compact) requests.
   void Add(int rank, const RequestList& list);
@@ -40,6 +42,12 @@ class Coordinator {
   // have not submitted. Returns milliseconds until the next check is due.
   int CheckStalls();
   bool AllRanksShutDown() const { return static_cast<int>(shutdown_ranks_.size()) == world_size_; }
+  // Tuning knobs (the autotuner moves them): fusion threshold in bytes, and
+  // how long decided responses are held so later ones can fuse with them.
+  void SetFusionThreshold(int64_t bytes) { fusion_threshold_ = bytes; }
+  void SetCycleTimeMs(double ms) { cycle_time_ms_ = ms; }
+  // Milliseconds until held responses are due (a large value when none are held).
+  int MsUntilDue() const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -56,12 +64,18 @@ class Coordinator {
     std::vector<int> recipients;   // global ranks
     int64_t bytes = 0;             // for fusion
     std::string fusion_key;        // empty = never fused
+    Clock::time_point at = Clock::now();
   };
 
   void AddOne(Request r);
   void Decide(const Key& key, Pending& p);
   void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
   void OnShutdown(int rank);
+  void OnJoin(int rank);
+  // Every member has submitted the tensor or has joined.
+  bool Ready(const Pending& p, const std::vector<int>& ranks) const;
+  // Joined members take part with identity values: refuse what they cannot.
+  Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const;
   void FuseInto(std::vector<Decided>* out);
 
   Config cfg_;
@@ -70,7 +84,12 @@ class Coordinator {
   std::map<Key, Pending> pending_;
   std::deque<Decided> decided_;
   ResponseCache cache_;
+  Timeline* timeline_;
+  int64_t fusion_threshold_;
+  double cycle_time_ms_;
   std::set<int> shutdown_ranks_;
+  std::set<int> joined_ranks_;   // ranks inside join(), until every rank has joined
+  int last_joined_ = -1;
   bool shutdown_announced_ = false;
   int32_t next_set_id_ = 1;
 };

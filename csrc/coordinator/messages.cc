@@ -113,6 +113,7 @@ const char* OpTypeName(OpType t) {
     case OpType::kAddProcessSet: return "add_process_set";
     case OpType::kRemoveProcessSet: return "remove_process_set";
     case OpType::kShutdown: return "shutdown";
+    case OpType::kJoin: return "join";
   }
   return "unknown";
 }
@@ -145,6 +146,12 @@ std::string Serialize(const ResponseList& list) {
     w.I64s(r.sizes);
     w.I32(static_cast<int32_t>(r.error_code));
     w.Str(r.error);
+    w.I32(static_cast<int32_t>(r.specs.size()));
+    for (const auto& spec : r.specs) {
+      Request full = spec;
+      full.cache_id = -1;
+      WriteRequest(w, full);
+    }
   }
   return w.Take();
 }
@@ -180,6 +187,9 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
     r.sizes = rd.I64s();
     r.error_code = static_cast<StatusCode>(rd.I32());
     r.error = rd.Str();
+    int32_t specs = rd.I32();
+    if (specs < 0 || static_cast<size_t>(specs) > bytes.size()) return Status::Internal("corrupt response");
+    for (int32_t j = 0; j < specs && rd.ok(); ++j) r.specs.push_back(ReadRequest(rd));
     out->responses.push_back(std::move(r));
   }
   if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt response list");

@@ -22,6 +22,7 @@ enum class OpType : int32_t {
   kAddProcessSet = 6,     // negotiated on the global set; `ranks` lists members
   kRemoveProcessSet = 7,  // negotiated on the global set; `root` is the set id
   kShutdown = 8,          // internal: this rank is leaving
+  kJoin = 9,              // this rank has no more data; it joins others' collectives with identity values
 };
 const char* OpTypeName(OpType t);
 
@@ -58,6 +59,9 @@ struct Response {
   std::vector<int64_t> sizes;
   StatusCode error_code = StatusCode::kOk;
   std::string error;
+  // Set only while some members have joined: one request per name, so a
+  // joined member (which submitted nothing) knows dtype, shape and op.
+  std::vector<Request> specs;
 };
 
 struct RequestList {

@@ -145,6 +145,7 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
                                      "Every rank must remove the same process sets in the same order."));
       break;
     case OpType::kBarrier:
+    case OpType::kJoin:
     case OpType::kShutdown:
       break;
   }

@@ -140,6 +140,22 @@ py::object ProcessSetRanks(int32_t id) {
   return py::cast(ranks);
 }
 
+py::tuple StartTimeline(const std::string& path, bool mark_cycles) {
+  char err[kErrLen] = {0};
+  int code = hvdlite_start_timeline(path.c_str(), mark_cycles ? 1 : 0, err, kErrLen);
+  return Result(code, err);
+}
+
+py::tuple StopTimeline() {
+  char err[kErrLen] = {0};
+  int code;
+  {
+    py::gil_scoped_release nogil;
+    code = hvdlite_stop_timeline(err, kErrLen);
+  }
+  return Result(code, err);
+}
+
 py::dict BuildInfo() {
   py::dict d;
   std::string built = hvdlite_built_backends();
@@ -176,6 +192,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("build_info", &BuildInfo);
   m.def("mpi_enabled", [] { return hvdlite_mpi_enabled() != 0; });
   m.def("mpi_thread_level", &hvdlite_mpi_thread_level);
+  m.def("start_timeline", &StartTimeline);
+  m.def("stop_timeline", &StopTimeline);
   py::class_<StoreServer>(m, "TcpStoreServer")
       .def(py::init<const std::string&, int, py::bytes>(), py::arg("host"), py::arg("port"), py::arg("secret"))
       .def_property_readonly("port", [](const StoreServer& s) { return s.port; })

@@ -1,6 +1,9 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <limits>
 
 #include "algorithms/reduce_kernels.h"
 #include "common/logging.h"
@@ -29,11 +32,74 @@ double Postscale(const Request& r, int set_size) {
   return r.op == ReduceOp::kAverage ? r.postscale / set_size : r.postscale;
 }
 
+// The value that leaves the other operand unchanged: 0 for Sum/Average, 1 for
+// Product, the largest value for Min and the smallest for Max.
+template <typename T>
+void FillTyped(void* buf, int64_t count, T value) {
+  T* p = static_cast<T*>(buf);
+  for (int64_t i = 0; i < count; ++i) p[i] = value;
+}
+
+template <typename T>
+void FillIdentityTyped(void* buf, int64_t count, ReduceOp op) {
+  using L = std::numeric_limits<T>;
+  T big = L::has_infinity ? L::infinity() : L::max();
+  T small = L::has_infinity ? -L::infinity() : L::lowest();
+  FillTyped<T>(buf, count, op == ReduceOp::kProduct ? T(1) : op == ReduceOp::kMin ? big
+                                                     : op == ReduceOp::kMax ? small : T(0));
+}
+
+// float16 / bfloat16 bit patterns of 1, +inf and -inf.
+void FillIdentityHalf(void* buf, int64_t count, ReduceOp op, uint16_t one, uint16_t inf, uint16_t neg_inf) {
+  FillTyped<uint16_t>(buf, count, op == ReduceOp::kProduct ? one : op == ReduceOp::kMin ? inf
+                                                           : op == ReduceOp::kMax ? neg_inf : 0);
+}
+
+void FillIdentity(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: return FillIdentityTyped<uint8_t>(buf, count, op);
+    case DataType::kInt8: return FillIdentityTyped<int8_t>(buf, count, op);
+    case DataType::kInt32: return FillIdentityTyped<int32_t>(buf, count, op);
+    case DataType::kInt64: return FillIdentityTyped<int64_t>(buf, count, op);
+    case DataType::kFloat32: return FillIdentityTyped<float>(buf, count, op);
+    case DataType::kFloat64: return FillIdentityTyped<double>(buf, count, op);
+    case DataType::kFloat16: return FillIdentityHalf(buf, count, op, 0x3C00, 0x7C00, 0xFC00);
+    case DataType::kBFloat16: return FillIdentityHalf(buf, count, op, 0x3F80, 0x7F80, 0xFF80);
+    case DataType::kBool: return FillTyped<uint8_t>(buf, count, 0);
+  }
+}
+
 }  // namespace
 
 Executor::Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
-                   LocalRequestCache* cache)
-    : rank_(rank), backend_(backend), sets_(sets), handles_(handles), queue_(queue), cache_(cache) {}
+                   LocalRequestCache* cache, Timeline* timeline)
+    : rank_(rank), backend_(backend), sets_(sets), handles_(handles), queue_(queue), cache_(cache),
+      timeline_(timeline) {}
+
+void Executor::TraceBegin(const std::vector<TensorEntry>& entries, const std::string& phase) {
+  if (timeline_ == nullptr || !timeline_->Active()) return;
+  for (const auto& e : entries) timeline_->Begin(e.request.name, phase);
+}
+
+void Executor::TraceEnd(const std::vector<TensorEntry>& entries, const std::string& phase, const std::string& args) {
+  if (timeline_ == nullptr || !timeline_->Active()) return;
+  for (const auto& e : entries) timeline_->End(e.request.name, phase, args);
+}
+
+// Timeline args of one collective: backend/algorithm, bytes, fused tensors.
+std::string Executor::Describe(const Response& r, const std::vector<TensorEntry>& entries) {
+  static const std::map<OpType, Collective> kinds = {
+      {OpType::kAllreduce, Collective::kAllreduce}, {OpType::kAllgather, Collective::kAllgather},
+      {OpType::kBroadcast, Collective::kBroadcast}, {OpType::kAlltoall, Collective::kAlltoall},
+      {OpType::kReducescatter, Collective::kReducescatter}};
+  int64_t bytes = 0;
+  for (const auto& e : entries) bytes += NumElements(e.request.shape) * static_cast<int64_t>(DataTypeSize(e.request.dtype));
+  auto kind = kinds.find(r.type);
+  std::string algorithm = kind == kinds.end() ? "none"
+                          : backend_->Describe(kind->second, bytes, static_cast<int>(sets_->Ranks(r.process_set).size()));
+  return "\"algorithm\": " + JsonString(algorithm) + ", \"bytes\": " + std::to_string(bytes) +
+         ", \"tensors\": " + std::to_string(entries.size());
+}
 
 CollectiveContext Executor::Context(int32_t process_set) {
   CollectiveContext ctx;
@@ -49,8 +115,22 @@ void* Executor::Scratch(int64_t bytes) {
   return fusion_buffer_.data();
 }
 
+// A rank inside join() runs the collectives the others still submit, with a
+// stand-in buffer holding the reduction's identity (handle 0: nobody waits).
+TensorEntry Executor::StandIn(const Request& spec) {
+  TensorEntry e;
+  e.request = spec;
+  e.request.rank = rank_;
+  const int64_t count = NumElements(spec.shape);
+  stand_in_buffers_.emplace_back(static_cast<size_t>(std::max<int64_t>(1, count)) * DataTypeSize(spec.dtype));
+  e.data = stand_in_buffers_.back().data();
+  if (spec.type == OpType::kAllreduce) FillIdentity(e.data, count, spec.dtype, spec.op);
+  return e;
+}
+
 Status Executor::Execute(const Response& response) {
   std::vector<TensorEntry> entries;
+  stand_in_buffers_.clear();
   for (size_t i = 0; i < response.names.size(); ++i) {
     TensorEntry e;
     if (queue_->Pop(response.process_set, response.names[i], &e)) {
@@ -58,6 +138,8 @@ Status Executor::Execute(const Response& response) {
       if (response.error_code == StatusCode::kOk && i < response.cache_ids.size()) {
         cache_->Remember(entries.back().request, response.cache_ids[i]);
       }
+    } else if (response.error_code == StatusCode::kOk && i < response.specs.size()) {
+      entries.push_back(StandIn(response.specs[i]));
     } else if (response.error_code == StatusCode::kOk) {
       return Status::Internal("coordinator scheduled tensor '" + response.names[i] +
                               "' that this rank never submitted");
@@ -72,19 +154,29 @@ Status Executor::Execute(const Response& response) {
     return Status::OK();
   }
   HandleResult result;
+  const bool tracing = timeline_ != nullptr && timeline_->Active();
+  std::string phase = OpTypeName(response.type);
+  for (auto& ch : phase) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (tracing) TraceBegin(entries, phase);
   Status st = Run(response, entries, &result);
+  if (tracing) TraceEnd(entries, phase, Describe(response, entries) + (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
   if (!st.ok()) {
     std::string what = std::string(OpTypeName(response.type)) + " of tensor '" + response.names[0] + "'";
     if (response.names.size() > 1) what += " (fused with " + std::to_string(response.names.size() - 1) + " more)";
     st = st.WithContext(what + " failed");
   }
+  bool result_taken = false;
   for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].handle == 0) continue;  // a stand-in
     HandleResult r;
     r.status = st;
-    if (i == 0 && st.ok()) r = std::move(result);
+    if (i == 0 && st.ok()) {
+      r = std::move(result);
+      result_taken = true;
+    }
     handles_->Complete(entries[i].handle, std::move(r));
   }
-  if (!st.ok()) FreeOutput(result.output);
+  if (!result_taken) FreeOutput(result.output);
   return st;
 }
 
@@ -93,6 +185,10 @@ Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, Handl
     return RunProcessSetOp(r, entries[0], result);
   }
   if (r.type == OpType::kBarrier) return Status::OK();  // negotiation itself was the barrier
+  if (r.type == OpType::kJoin) {
+    result->value = static_cast<int32_t>(r.sizes.at(0));  // the last rank to join
+    return Status::OK();
+  }
   CollectiveContext ctx = Context(r.process_set);
   if (ctx.me < 0) return Status::Internal("rank is not a member of the process set it executes");
   if (entries[0].request.device >= 0) return RunGpu(ctx, r, entries);
@@ -120,6 +216,8 @@ Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, Handl
 Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries) {
   const Request& q = entries[0].request;
   const size_t esize = DataTypeSize(q.dtype);
+  ++allreduce_responses_;
+  for (auto& e : entries) allreduce_bytes_ += NumElements(e.request.shape) * static_cast<int64_t>(esize);
   const double post = Postscale(q, static_cast<int>(ctx.ranks.size()));
   if (entries.size() == 1) {
     int64_t count = NumElements(q.shape);
@@ -131,20 +229,24 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
   for (auto& e : entries) total += NumElements(e.request.shape);
   char* fused = static_cast<char*>(Scratch(total * static_cast<int64_t>(esize)));
   int64_t offset = 0;
+  TraceBegin(entries, "MEMCPY_IN_FUSION_BUFFER");
   for (auto& e : entries) {
     size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
     if (bytes) std::memcpy(fused + offset, e.data, bytes);
     offset += static_cast<int64_t>(bytes);
   }
+  TraceEnd(entries, "MEMCPY_IN_FUSION_BUFFER");
   HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, q.prescale));
   HVD_RETURN_IF_ERROR(backend_->Allreduce(ctx, fused, total, q.dtype, WireOp(q.op)));
   HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, post));
   offset = 0;
+  TraceBegin(entries, "MEMCPY_OUT_FUSION_BUFFER");
   for (auto& e : entries) {
     size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
     if (bytes) std::memcpy(e.data, fused + offset, bytes);
     offset += static_cast<int64_t>(bytes);
   }
+  TraceEnd(entries, "MEMCPY_OUT_FUSION_BUFFER");
   return Status::OK();
 }
 

@@ -14,6 +14,7 @@
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/timeline.h"
 #include "runtime/handles.h"
 #include "runtime/tensor_queue.h"
 
@@ -23,8 +24,9 @@ namespace hvdlite {
 // the CPU backend.
 class Executor : public GpuHost {
  public:
+  // `timeline` may be null (ranks other than 0 write none).
   Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
-           LocalRequestCache* cache);
+           LocalRequestCache* cache, Timeline* timeline);
   // Runs one response. A non-OK return means the data plane failed (a peer
   // died or hung): the runtime must stop. Validation errors from the
   // coordinator only fail the named entries and return OK.
@@ -33,6 +35,9 @@ class Executor : public GpuHost {
   // operations fail.
   void SetGpuBackend(GpuBackend* gpu) { gpu_.store(gpu); }
   Status BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) override;
+  // Allreduce bytes and responses executed so far (the autotuner's measure).
+  int64_t allreduce_bytes() const { return allreduce_bytes_; }
+  int allreduce_responses() const { return allreduce_responses_; }
 
  private:
   Status Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result);
@@ -44,16 +49,23 @@ class Executor : public GpuHost {
   Status RunGpu(const CollectiveContext& ctx, const Response& r, std::vector<TensorEntry>& entries);
   CollectiveContext Context(int32_t process_set);
   void* Scratch(int64_t bytes);
-
+  TensorEntry StandIn(const Request& spec);
+  void TraceBegin(const std::vector<TensorEntry>& entries, const std::string& phase);
+  void TraceEnd(const std::vector<TensorEntry>& entries, const std::string& phase, const std::string& args = "");
+  std::string Describe(const Response& r, const std::vector<TensorEntry>& entries);
   int rank_;
   Backend* backend_;
   ProcessSetTable* sets_;
   HandleTable* handles_;
   TensorQueue* queue_;
   LocalRequestCache* cache_;
+  Timeline* timeline_;
   std::map<int32_t, uint32_t> sequence_;  // per process set, for message tags
   std::vector<char> fusion_buffer_;
   std::atomic<GpuBackend*> gpu_{nullptr};
+  int64_t allreduce_bytes_ = 0;
+  int allreduce_responses_ = 0;
+  std::vector<std::vector<char>> stand_in_buffers_;  // live during one Execute()
 };
 
 }  // namespace hvdlite

@@ -1,5 +1,7 @@
 #include "runtime/runtime.h"
 
+#include <algorithm>
+
 #include "common/logging.h"
 
 namespace hvdlite {
@@ -12,9 +14,16 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   SetLogRank(rt->topo_.rank);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
-  if (rt->topo_.rank == 0) rt->coordinator_.reset(new Coordinator(rt->cfg_, &rt->sets_, rt->topo_.size));
+  Timeline* timeline = rt->topo_.rank == 0 ? &rt->timeline_ : nullptr;
+  if (timeline && !rt->cfg_.TIMELINE.empty()) {
+    HVD_RETURN_IF_ERROR(rt->timeline_.Start(rt->cfg_.TIMELINE, rt->cfg_.TIMELINE_MARK_CYCLES));
+  }
+  if (rt->topo_.rank == 0) {
+    rt->coordinator_.reset(new Coordinator(rt->cfg_, &rt->sets_, rt->topo_.size, timeline));
+    rt->autotuner_.reset(new Autotuner(rt->cfg_));
+  }
   rt->executor_.reset(new Executor(rt->topo_.rank, rt->backend_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
-                                   &rt->local_cache_));
+                                   &rt->local_cache_, timeline));
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
   *out = std::move(rt);
   return Status::OK();
@@ -53,6 +62,7 @@ Status Runtime::Enqueue(const Request& request, void* data, int64_t* handle, voi
   e.data = data;
   e.stream = stream;
   e.handle = handles_.Create();
+  if (timeline_.Active()) timeline_.Begin(request.name, "QUEUE");
   Status st = queue_.Push(e);
   if (!st.ok()) {
     handles_.Release(e.handle);
@@ -83,12 +93,21 @@ Status Runtime::Shutdown() {
   return Status::OK();
 }
 
+Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (topo_.rank != 0) return Status::OK();
+  return timeline_.Start(path, mark_cycles);
+}
+
+void Runtime::StopTimeline() { timeline_.Stop(); }
+
 Status Runtime::SendNewRequests() {
   std::vector<Request> fresh;
   queue_.TakeNew(&fresh);
   if (fresh.empty()) return Status::OK();
   RequestList list;
+  if (timeline_.Active() && timeline_.MarkCycles()) timeline_.Mark("", "CYCLE_START");
   for (auto& r : fresh) {
+    if (timeline_.Active()) timeline_.End(r.name, "QUEUE");
     local_cache_.Compact(&r);
     list.requests.push_back(std::move(r));
   }
@@ -136,8 +155,7 @@ Status Runtime::Coordinate(std::vector<Response>* todo) {
 
 int Runtime::WaitBudgetMs(bool shutting_down) {
   int budget = 1000;  // idle: wake once a second at most (stall checks)
-  if (cfg_.CYCLE_TIME > 0) budget = std::max(1, static_cast<int>(cfg_.CYCLE_TIME));
-  if (coordinator_) budget = std::min(budget, coordinator_->CheckStalls());
+  if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
                                                                       std::chrono::steady_clock::now()).count();
@@ -157,8 +175,16 @@ void Runtime::Loop() {
       st = Coordinate(&todo);
       finished |= coordinator_->AllRanksShutDown();
     }
+    const int64_t bytes_before = executor_->allreduce_bytes();
+    const int responses_before = executor_->allreduce_responses();
     for (size_t i = 0; st.ok() && i < todo.size(); ++i) st = executor_->Execute(todo[i]);
     todo.clear();
+    if (autotuner_ && autotuner_->tuning()) {
+      autotuner_->Record(executor_->allreduce_bytes() - bytes_before,
+                         executor_->allreduce_responses() - responses_before);
+      coordinator_->SetFusionThreshold(autotuner_->fusion_threshold());
+      coordinator_->SetCycleTimeMs(autotuner_->cycle_time_ms());
+    }
     if (!st.ok()) return Break(st);
     if (finished) return Leave();
     bool shutting_down = shutdown_requested_.load();
@@ -176,6 +202,7 @@ void Runtime::Loop() {
 // Fatal error: fail everything, close every connection so the other ranks
 // learn of it at once, and accept no more work.
 void Runtime::Break(const Status& st) {
+  timeline_.Stop();
   HVD_LOG(kError, "hvdlite stopped: " << st.message());
   const std::string advice = ". The job can no longer run collectives: restart it (every rank).";
   {
@@ -199,6 +226,7 @@ void Runtime::Break(const Status& st) {
 // Orderly exit: fail what is left, tell every peer we are leaving on purpose,
 // give them a moment to read it, then close.
 void Runtime::Leave() {
+  timeline_.Stop();
   Status bye = Status::Aborted("hvdlite has been shut down before this operation completed");
   for (auto& e : queue_.TakeAll()) {
     HandleResult r;

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/gpu_backend.h"
 #include "common/config.h"
+#include "coordinator/autotuner.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -49,6 +50,9 @@ class Runtime {
   // Blocks until every rank has called Shutdown (bounded by
   // HVDLITE_SHUTDOWN_TIMEOUT_SECONDS), then closes connections. Idempotent.
   Status Shutdown();
+  // Starts/stops the Chrome-trace timeline; only rank 0 writes one (a no-op elsewhere).
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
 
  private:
   Runtime() = default;
@@ -71,10 +75,12 @@ class Runtime {
   std::mutex gpu_mu_;                  // guards loading the NCCL module
   std::unique_ptr<GpuBackend> gpu_;    // loaded on the first CUDA tensor; destroyed before executor_
   Status gpu_error_;                   // why loading failed, once it has
+  std::unique_ptr<Autotuner> autotuner_;   // rank 0 only
   ProcessSetTable sets_;
   HandleTable handles_;
   TensorQueue queue_;
   LocalRequestCache local_cache_;
+  Timeline timeline_;  // rank 0 only
 
   std::thread thread_;
   std::mutex state_mu_;

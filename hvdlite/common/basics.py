@@ -41,6 +41,21 @@ def shutdown():
     exceptions.raise_for_status(code, message)
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome trace (open it in Perfetto or chrome://tracing)
+    of every tensor: queueing, negotiation, fusion copies and the collective
+    with its algorithm. As in Horovod, call it on every rank; rank 0 writes
+    the file. HVDLITE_TIMELINE=file does the same from init()."""
+    code, message = _core.start_timeline(str(file_path), bool(mark_cycles))
+    exceptions.raise_for_status(code, message)
+
+
+def stop_timeline():
+    """Stops the timeline and closes its file."""
+    code, message = _core.stop_timeline()
+    exceptions.raise_for_status(code, message)
+
+
 def _shutdown_at_exit():
     try:
         _core.shutdown()

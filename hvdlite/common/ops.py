@@ -9,6 +9,7 @@ from hvdlite import _core
 from hvdlite.common import exceptions
 
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = range(6)
+JOIN = 9
 
 # How long one wait slice lasts: Python regains control this often, so Ctrl-C
 # works during a long collective. The core bounds the overall wait itself
@@ -50,6 +51,17 @@ def take_output(core_handle):
 
 def release(core_handle):
     _core.release(core_handle)
+
+
+def join():
+    """Horovod's join(): this rank has no more data. Until every rank has
+    joined, it takes part in the allreduce, allgather, broadcast and barrier
+    calls the others still make, contributing the reduction's identity (zeros
+    for Sum/Average) or no rows; alltoall and reducescatter fail while a rank
+    is joined. Returns the rank that joined last, on every rank."""
+    core = submit(JOIN, "__join__", 0, 0, (0,))
+    wait(core)
+    return take_output(core)[3]
 
 
 class _Pending:

@@ -17,7 +17,7 @@ SECRET_BYTES = 32
 STORE_HOST = "127.0.0.1"   # one host only for now: the store listens on loopback
 
 
-def rank_env(base, rank, size, store_addr, secret_hex, verbose=False):
+def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=None):
     """The environment of one rank: `base` plus the variables every launcher must set."""
     env = dict(base)
     env.update({
@@ -33,6 +33,8 @@ def rank_env(base, rank, size, store_addr, secret_hex, verbose=False):
     })
     if verbose:
         env["HVDLITE_LOG_LEVEL"] = "debug"
+    if timeline:
+        env["HVDLITE_TIMELINE"] = os.path.abspath(timeline)
     return env
 
 
@@ -53,6 +55,8 @@ def parse_args(argv):
                         help="with --mpi: extra mpirun arguments, e.g. \"-H a:2,b:2\"")
     parser.add_argument("--verbose", action="store_true",
                         help="also set HVDLITE_LOG_LEVEL=debug in every rank")
+    parser.add_argument("--timeline-filename", metavar="FILE",
+                        help="write a Chrome trace of every tensor to FILE (sets HVDLITE_TIMELINE; rank 0 writes it)")
     parser.add_argument("--check-build", action="store_true",
                         help="list the frameworks and backends this installation supports, then exit")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
@@ -99,7 +103,7 @@ def main(argv=None):
     server = start_store(secret)
     try:
         store_addr = "%s:%d" % (STORE_HOST, server.port)
-        envs = [rank_env(os.environ, r, args.np, store_addr, secret.hex(), args.verbose)
+        envs = [rank_env(os.environ, r, args.np, store_addr, secret.hex(), args.verbose, args.timeline_filename)
                 for r in range(args.np)]
         if args.verbose:
             print("hvdliterun: %d rank(s) of %s; store at %s"

@@ -56,6 +56,16 @@ class MpiBackend : public Backend {
     for (auto& kv : comms_) MPI_Comm_free(&kv.second);
   }
   const char* name() const override { return "mpi"; }
+  std::string Describe(Collective c, int64_t bytes, int members) const override {
+    switch (c) {  // MPI picks its own algorithm inside these calls
+      case Collective::kAllreduce: return "mpi/MPI_Allreduce";  // float16/bfloat16: reduce-scatter + allgatherv
+      case Collective::kAllgather: return "mpi/MPI_Allgatherv";
+      case Collective::kBroadcast: return "mpi/MPI_Bcast";
+      case Collective::kAlltoall: return "mpi/MPI_Alltoallv";
+      case Collective::kReducescatter: return "mpi/MPI_Reduce_scatter";
+    }
+    return "mpi";
+  }
 
   Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) override;
   Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,

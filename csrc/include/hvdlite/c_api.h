@@ -73,6 +73,10 @@ int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len);
 /* Writes up to cap ascending member ranks; returns the member count, or -1 for an unknown set. */
 int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap);
 
+/* Chrome-trace timeline (rank 0 writes it; other ranks accept and ignore). */
+int hvdlite_start_timeline(const char* path, int mark_cycles, char* err, size_t err_len);
+int hvdlite_stop_timeline(char* err, size_t err_len);
+
 /* Rendezvous store server (hvdliterun, tests). Returns an opaque pointer or NULL. */
 void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len, int* bound_port,
                                  char* err, size_t err_len);
