@@ -58,6 +58,11 @@ def test_init_after_shutdown_starts_a_new_session(cpu_ops, monkeypatch):
     test_runtime.test_init_after_shutdown_starts_a_new_session()
 
 
+def test_join_on_the_mpi_backend(monkeypatch):
+    monkeypatch.setattr(test_runtime, "run_ranks", mpi_runner("mpi"))
+    test_runtime.test_join_lets_ranks_with_fewer_batches_finish()
+
+
 def _half_precision_random(seed):
     """float16/bfloat16 go through user-defined MPI ops: sums of random values round
     differently in different orders, so equal bytes on every rank prove one order."""
