@@ -1,6 +1,6 @@
 """hvdlite's CPU data paths under mpirun, side by side: the native ring
 (HVDLITE_CPU_OPERATIONS=ring), the mpi backend (=mpi) and the default (=auto: ring
-below 1 MiB, MPI from 1 MiB). A module for
+below 64 KiB, MPI from 64 KiB). A module for
 benchmarks/collectives.py to call, and a small CLI of its own:
 
     python benchmarks/_mpi_path.py [--np 2] [--sizes 4096,1048576,...] [--reps 20]

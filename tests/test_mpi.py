@@ -88,13 +88,13 @@ def test_half_precision_sums_are_bitwise_identical_under_mpi(size):
 
 
 def _sizes_either_side_of_the_split():
-    """auto sends messages below 1 MiB through the ring and larger ones through MPI."""
+    """auto sends messages below 64 KiB through the ring and larger ones through MPI."""
     import hvdlite as hvd
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     sub = hvd.add_process_set([0, 1])
     out = {}
-    for count in (5, 1 << 18, 300001):                  # 20 B, exactly 1 MiB, 1.2 MB of float32
+    for count in (5, 1 << 14, 300001):                  # 20 B, exactly 64 KiB, 1.2 MB of float32
         x = np.arange(count, dtype=np.float32) % 7 + r
         out[("sum", count)] = hvd.allreduce(x, op=hvd.Sum, name="s%d" % count)[:8].tolist()
         out[("bcast", count)] = float(hvd.broadcast(x, root_rank=n - 1, name="b%d" % count)[-1])
@@ -111,7 +111,7 @@ def _sizes_either_side_of_the_split():
 def test_auto_path_gives_the_same_results_on_both_sides_of_its_split():
     results = run_mpi_ranks(_sizes_either_side_of_the_split, 3, env={"HVDLITE_CPU_OPERATIONS": None})
     for r, out in enumerate(results):
-        for count in (5, 1 << 18, 300001):
+        for count in (5, 1 << 14, 300001):
             x = np.arange(count, dtype=np.float32) % 7
             assert out[("sum", count)] == (3 * x[:8] + 3).tolist()
             assert out[("bcast", count)] == float(x[-1] + 2)

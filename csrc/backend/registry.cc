@@ -27,9 +27,10 @@ std::vector<const char*> BuiltBackends() {
 std::unique_ptr<Backend> NewSplitBackend(std::unique_ptr<Backend> small, std::unique_ptr<Backend> large,
                                          int64_t threshold_bytes);
 
-// auto: from this size up, MPI beats the ring under mpirun on one host
-// (README, "CPU data paths", measured with benchmarks/_mpi_path.py).
-constexpr int64_t kAutoMpiFromBytes = 1 << 20;
+// auto: from this size up, MPI beat the ring in every run under mpirun on
+// one host; below it the two were within run-to-run noise, the ring slightly
+// ahead for broadcast (docs/mpi_and_cuda.md, benchmarks/_mpi_path.py).
+constexpr int64_t kAutoMpiFromBytes = 64 << 10;
 
 Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
   const std::string& want = cfg.CPU_OPERATIONS;

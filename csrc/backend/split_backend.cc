@@ -1,8 +1,8 @@
 // HVDLITE_CPU_OPERATIONS=auto in a job started by mpirun: each collective goes
 // to the backend that is faster for its size on the numbers measured with
-// benchmarks/_mpi_path.py (README, "CPU data paths"): the native ring below
-// `threshold` bytes, where its lower per-call overhead wins, MPI at and above
-// it, where Open MPI's shared-memory path moves 2-3x more bytes per second.
+// benchmarks/_mpi_path.py (docs/mpi_and_cuda.md): the native ring below
+// `threshold` bytes, where the two are within noise of each other, MPI at and
+// above it, where Open MPI's shared-memory path is 1.1-5x faster.
 // Every member picks the same backend: the size deciding it agrees across
 // members (alltoall, whose sizes do not, always uses the large-message one).
 #include "backend/backend.h"
