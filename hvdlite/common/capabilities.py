@@ -1,0 +1,59 @@
+"""What this build and this job support: Horovod's ``*_built()`` / ``*_enabled()`` queries.
+
+``*_built()`` answer for the installation (work before init()); ``*_enabled()`` for the
+job this process is in (False before init()). hvdlite has no Gloo, DDL, oneCCL or ROCm
+path: those answer False, so Horovod scripts that branch on them take the generic path.
+"""
+
+from hvdlite import _core
+from hvdlite.common import exceptions
+
+# MPI_THREAD_MULTIPLE's value in Open MPI and MPICH alike.
+_MPI_THREAD_MULTIPLE = 3
+
+def _built(key):
+    return bool(_core.build_info().get(key, False))
+
+def mpi_built():
+    """True when hvdlite was built with its mpi backend (an MPI was found at build time)."""
+    return _built("mpi")
+
+def mpi_enabled():
+    """True when the current job uses MPI: it was started by mpirun (formed through MPI,
+    and by default running large CPU collectives on MPI), or its CPU collectives run on
+    the mpi backend (HVDLITE_CPU_OPERATIONS=mpi)."""
+    return bool(_core.mpi_enabled())
+
+def mpi_threads_supported():
+    """True when MPI runs with MPI_THREAD_MULTIPLE, so the script may use mpi4py while
+    hvdlite's background thread runs MPI collectives. Raises PreconditionError when
+    MPI is not in use in this process."""
+    level = _core.mpi_thread_level()
+    if level < 0:
+        raise exceptions.PreconditionError(
+            "MPI is not in use in this process: launch with mpirun (or hvdliterun --mpi) and call "
+            "hvd.init() first")
+    return level >= _MPI_THREAD_MULTIPLE
+
+def nccl_built():
+    """True when the NCCL/CUDA module of hvdlite was built and installed beside the core."""
+    return _built("nccl")
+
+def cuda_built():
+    """True when hvdlite's CUDA kernels were built (they ship with the NCCL module)."""
+    return _built("cuda")
+
+def gloo_built():
+    return False
+
+def gloo_enabled():
+    return False
+
+def rocm_built():
+    return False
+
+def ddl_built():
+    return False
+
+def ccl_built():
+    return False
