@@ -1,9 +1,12 @@
 # hvdlite developer entry points.
 #
-#   make install   .venv/, missing Debian and pip packages, editable build of hvdlite
+#   make install   .venv/, missing Debian and pip packages, editable build of hvdlite (with the
+#                  NCCL module where nvcc is found: the NCCL wheel is installed then; HVDLITE_WITH_CUDA=0
+#                  skips it, =1 requires it)
 #   make demo      install, then a 2-process data-parallel training run (examples/pytorch_digits.py)
 #   make test      install, then the whole test suite
-#   make bench     install, then every benchmarks/*.py
+#   make bench     install, then every benchmarks/*.py (after `make horovod`)
+#   make horovod   Horovod 0.28.1 (gloo + PyTorch) in .venv-horovod/, the benchmarks' Horovod peer
 #   make build     incremental rebuild of the C++ core only (what install runs last)
 #   make clean     remove build outputs (build/, hvdlite/_core*.so); distclean also removes .venv/
 #
@@ -18,8 +21,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Debian packages the build needs; later issues add libopenmpi-dev openmpi-bin.
-APT_PACKAGES := cmake g++ make
+# Debian packages the build needs: Open MPI for the mpi backend, mpirun, mpi4py and the benchmarks' peer.
+APT_PACKAGES := cmake g++ make libopenmpi-dev openmpi-bin
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
@@ -29,7 +32,16 @@ export MKL_NUM_THREADS := 1
 export OPENBLAS_NUM_THREADS := 1
 export HVDLITE_BUILD_JOBS ?= 2
 
-.PHONY: install apt build demo test bench clean distclean
+# CUDA: nvcc on PATH or in /usr/local/cuda, unless HVDLITE_WITH_CUDA=0. The stamp's name records
+# the answer, so a machine that gains nvcc later installs the NCCL wheel then.
+NVCC := $(if $(filter 0,$(HVDLITE_WITH_CUDA)),,$(firstword $(shell command -v nvcc 2>/dev/null) \
+          $(wildcard /usr/local/cuda/bin/nvcc)))
+CUDA_STAMP := $(VENV)/.cuda-stamp-$(if $(NVCC),yes,no)
+ifneq ($(NVCC),)
+export CUDACXX ?= $(NVCC)
+endif
+
+.PHONY: install apt build demo test bench horovod clean distclean
 
 install: build
 
@@ -52,14 +64,18 @@ $(VENV)/.pip-stamp: requirements-dev.txt | $(VPY) apt
 	$(VPY) -m pip install -r requirements-dev.txt
 	touch $@
 
+$(CUDA_STAMP): requirements-cuda.txt | $(VENV)/.pip-stamp
+	$(if $(NVCC),$(VPY) -m pip install -r requirements-cuda.txt,@echo "no nvcc: hvdlite builds without its NCCL module")
+	touch $@
+
 # First build of the core and registration of the package (console script hvdliterun included).
-$(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp | apt
+$(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp $(CUDA_STAMP) | apt
 	env -u MAKEFLAGS -u MAKELEVEL $(VPY) -m pip install --no-build-isolation --no-deps -e .
 	touch $@
 
 # Incremental rebuild: CMake in build/ recompiles only what changed, then the module is copied
 # into hvdlite/. (MAKEFLAGS/MAKELEVEL are dropped so CMake's own make stays quiet.)
-build: $(VENV)/.editable-stamp | apt
+build: $(VENV)/.editable-stamp $(CUDA_STAMP) | apt
 	env -u MAKEFLAGS -u MAKELEVEL $(VPY) setup.py -q build_ext --inplace
 
 demo: install
@@ -69,7 +85,12 @@ demo: install
 test: install
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
-bench: install
+# Cached after the first build (about 6 minutes on 2 cores), failures too: the benchmarks then
+# skip Horovod and print why; `benchmarks/_horovod_env.sh --retry` builds again.
+horovod: install
+	-PYTHON=$(PYTHON) benchmarks/_horovod_env.sh
+
+bench: install horovod
 	@shopt -s nullglob; ran=0; \
 	for f in benchmarks/*.py; do \
 	  case "$${f##*/}" in _*) continue;; esac; \

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "backend/backend.h"
+#include "backend/gpu_backend.h"
 #include "rendezvous/tcp_store.h"
 #include "runtime/runtime.h"
 
@@ -94,8 +95,9 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
   r.prescale = op->prescale;
   r.postscale = op->postscale;
   r.process_set = op->process_set;
+  r.device = op->device < 0 ? -1 : op->device;
   if (op->splits) r.splits.assign(op->splits, op->splits + op->nsplits);
-  return Report(rt->Enqueue(r, op->data, handle), err, err_len);
+  return Report(rt->Enqueue(r, op->data, handle, op->stream), err, err_len);
 }
 
 int hvdlite_poll(int64_t handle) {
@@ -217,5 +219,15 @@ const char* hvdlite_built_backends(void) {
   }();
   return names.c_str();
 }
+
+int hvdlite_mpi_enabled(void) {
+  auto rt = Current();
+  if (!rt) return 0;
+  return (rt->topology().via_mpi || std::string(rt->cpu_backend_name()) == "mpi") ? 1 : 0;
+}
+
+int hvdlite_mpi_thread_level(void) { return MpiThreadLevel(); }
+
+int hvdlite_gpu_module_installed(void) { return GpuModuleInstalled() ? 1 : 0; }
 
 }  // extern "C"

@@ -5,6 +5,8 @@ adapters live in ``hvdlite.torch`` and ``hvdlite.tensorflow``.
 """
 from hvdlite.common.basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
                                    shutdown, size, start_timeline, stop_timeline)
+from hvdlite.common.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
+                                         mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from hvdlite.common.dtypes import Adasum, Average, Max, Min, Product, Sum
 from hvdlite.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt, HvdliteError,
                                        HvdliteInternalError, HvdliteTimeoutError, InvalidArgumentError,

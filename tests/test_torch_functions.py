@@ -133,8 +133,9 @@ def test_capabilities():
     assert hvd.gloo_built() is True and hvd.mpi_built() == _core.build_info()["mpi"]
     assert hvd.nccl_built() == _core.build_info()["nccl"] and hvd.rocm_built() is False
     assert hvd.ccl_built() is False and hvd.cuda_built() == _core.build_info()["cuda"]
+    assert hvd.gloo_enabled() is False                     # not initialized: no job yet
     if not hvd.mpi_enabled():
-        with pytest.raises(ValueError):
+        with pytest.raises(hvd.HvdliteError):
             hvd.mpi_threads_supported()
 
 

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 namespace hvdlite {
 namespace {
@@ -51,6 +52,16 @@ Status Parse(const char*, const char* text, std::string* out) {
   return Status::OK();
 }
 
+// The first of `names` that is set and parses as an integer, else -1.
+int64_t LauncherInt(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    int64_t out = -1;
+    if (v != nullptr && *v != '\0' && Parse(n, v, &out).ok()) return out;
+  }
+  return -1;
+}
+
 }  // namespace
 
 Status Config::FromEnv(Config* out) {
@@ -61,6 +72,10 @@ Status Config::FromEnv(Config* out) {
   }
 #include "hvdlite_settings.inc"
 #undef HVD_SETTING
+  c.mpi_launch.rank = LauncherInt({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"});
+  c.mpi_launch.size = LauncherInt({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
+  c.mpi_launch.local_rank = LauncherInt({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"});
+  c.mpi_launch.local_size = LauncherInt({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"});
   *out = c;
   return Status::OK();
 }

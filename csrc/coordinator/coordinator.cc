@@ -221,7 +221,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   if (r0.type == OpType::kAllreduce) {
     std::ostringstream os;
     os << r0.process_set << '/' << static_cast<int>(r0.dtype) << '/' << static_cast<int>(r0.op) << '/'
-       << r0.prescale << '/' << r0.postscale;
+       << r0.prescale << '/' << r0.postscale << '/' << (r0.device < 0 ? "cpu" : "cuda");
     d.fusion_key = os.str();
     d.bytes = TensorBytes(r0);
   }

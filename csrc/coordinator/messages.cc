@@ -78,6 +78,7 @@ void WriteRequest(Writer& w, const Request& r) {
   w.F64(r.postscale);
   w.I32(r.process_set);
   w.I64s(r.splits);
+  w.I32(r.device);
 }
 
 Request ReadRequest(Reader& rd) {
@@ -95,6 +96,7 @@ Request ReadRequest(Reader& rd) {
   r.postscale = rd.F64();
   r.process_set = rd.I32();
   r.splits = rd.I64s();
+  r.device = rd.I32();
   return r;
 }
 
@@ -119,7 +121,7 @@ const char* OpTypeName(OpType t) {
 bool Request::SameSignature(const Request& o) const {
   return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape && op == o.op &&
          root == o.root && prescale == o.prescale && postscale == o.postscale &&
-         process_set == o.process_set && splits == o.splits;
+         process_set == o.process_set && splits == o.splits && device == o.device;
 }
 
 std::string Serialize(const RequestList& list) {

@@ -38,6 +38,7 @@ struct Request {
   double postscale = 1.0;
   int32_t process_set = 0;
   std::vector<int64_t> splits;    // alltoall rows per member; add_process_set ranks
+  int32_t device = -1;            // CUDA device of the data, -1 = host memory
   // When >= 0 the request was sent as just (rank, cache_id): the coordinator
   // restores the rest from its cache.
   int32_t cache_id = -1;

@@ -102,6 +102,9 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
                                  "A tensor name must refer to the same collective on every rank."));
   HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "dtypes", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
                                  "Cast the tensor to one dtype on every rank."));
+  HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "devices", [](const Request& r) {
+    return std::string(r.device < 0 ? "a CPU tensor" : "a CUDA tensor"); },
+    "Every rank must pass a CPU tensor, or every rank a CUDA tensor, under the same name."));
   const Request& r0 = reqs[0];
   switch (r0.type) {
     case OpType::kAllreduce:

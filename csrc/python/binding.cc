@@ -61,7 +61,7 @@ py::tuple Shutdown() {
 // Returns (code, message, handle).
 py::tuple Enqueue(int type, const std::string& name, uintptr_t data, int dtype, const std::vector<int64_t>& shape,
                   int reduce_op, double prescale, double postscale, int root, const std::vector<int64_t>& splits,
-                  int process_set) {
+                  int process_set, int device, uintptr_t stream) {
   hvdlite_op op{};
   op.type = type;
   op.name = name.c_str();
@@ -76,6 +76,8 @@ py::tuple Enqueue(int type, const std::string& name, uintptr_t data, int dtype, 
   op.splits = splits.empty() ? nullptr : splits.data();
   op.nsplits = static_cast<int32_t>(splits.size());
   op.process_set = process_set;
+  op.device = device;
+  op.stream = reinterpret_cast<void*>(stream);
   int64_t handle = 0;
   char err[kErrLen] = {0};
   int code = hvdlite_enqueue(&op, &handle, err, kErrLen);
@@ -157,9 +159,13 @@ py::tuple StopTimeline() {
 py::dict BuildInfo() {
   py::dict d;
   std::string built = hvdlite_built_backends();
-  for (const char* name : {"ring", "mpi", "nccl", "cuda"}) {
+  for (const char* name : {"ring", "mpi"}) {
     d[name] = (("," + built + ",").find(std::string(",") + name + ",") != std::string::npos);
   }
+  // NCCL and the CUDA kernels ship together in the separately built module.
+  const bool gpu = hvdlite_gpu_module_installed() != 0;
+  d["nccl"] = gpu;
+  d["cuda"] = gpu;
   return d;
 }
 
@@ -171,7 +177,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("shutdown", &Shutdown);
   m.def("is_initialized", [] { return hvdlite_is_initialized() != 0; });
   m.def("topology", &hvdlite_topology);
-  m.def("enqueue", &Enqueue);
+  // device: -1 host memory, else the CUDA device of `data`; stream: the framework's
+  // cudaStream_t as an integer (0 = legacy default stream). See hvdlite_op in c_api.h.
+  m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
+        py::arg("reduce_op"), py::arg("prescale"), py::arg("postscale"), py::arg("root"), py::arg("splits"),
+        py::arg("process_set"), py::arg("device") = -1, py::arg("stream") = 0);
   m.def("poll", &hvdlite_poll);
   m.def("wait", &Wait);
   m.def("take_output", &TakeOutput);
@@ -180,6 +190,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("remove_process_set", &RemoveProcessSet);
   m.def("process_set_ranks", &ProcessSetRanks);
   m.def("build_info", &BuildInfo);
+  m.def("mpi_enabled", [] { return hvdlite_mpi_enabled() != 0; });
+  m.def("mpi_thread_level", &hvdlite_mpi_thread_level);
   m.def("start_timeline", &StartTimeline);
   m.def("stop_timeline", &StopTimeline);
   py::class_<StoreServer>(m, "TcpStoreServer")

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "backend/backend.h"
 #include "common/sha256.h"
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_store.h"
@@ -85,27 +86,48 @@ Status ResolveIdentity(const Config& cfg, Topology* topo) {
   return Status::OK();
 }
 
-}  // namespace
-
-Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport) {
-  *topo = Topology{};
+// Rank, size, store address and secret: from the HVDLITE_* variables, or
+// from MPI when an MPI launcher started us and those are unset.
+Status ResolveJob(const Config& cfg, Topology* topo, std::string* store_addr, std::string* secret,
+                  std::shared_ptr<void>* keepalive) {
+  if (cfg.RANK < 0 && cfg.SIZE < 0 && cfg.mpi_launch.active()) {
+    MpiJob job;
+    HVD_RETURN_IF_ERROR(MpiRendezvous(cfg.START_TIMEOUT, &job));
+    topo->rank = job.rank;
+    topo->size = job.size;
+    topo->via_mpi = true;
+    *store_addr = job.store_addr;
+    *secret = job.secret;
+    if (keepalive) *keepalive = job.store_server;
+    return Status::OK();
+  }
   HVD_RETURN_IF_ERROR(ResolveIdentity(cfg, topo));
-  std::string secret;
-  if (!HexDecode(cfg.SECRET, &secret)) {
+  *store_addr = cfg.STORE_ADDR;
+  if (!HexDecode(cfg.SECRET, secret)) {
     return Status::InvalidArgument("HVDLITE_SECRET must be hex (hvdliterun sets it)");
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport,
+                 std::shared_ptr<void>* keepalive) {
+  *topo = Topology{};
+  std::string secret, store_addr;
+  HVD_RETURN_IF_ERROR(ResolveJob(cfg, topo, &store_addr, &secret, keepalive));
   std::unique_ptr<Store> store;
   std::string advertise = "127.0.0.1";
   if (topo->size == 1) {
     store = NewMemoryStore();
   } else {
-    if (cfg.STORE_ADDR.empty()) {
+    if (store_addr.empty()) {
       return Status::InvalidArgument("HVDLITE_STORE_ADDR is not set for a " + std::to_string(topo->size) +
                                      "-process job: launch with `hvdliterun -np N python script.py`, or have "
                                      "your launcher host a store and set HVDLITE_STORE_ADDR and HVDLITE_SECRET");
     }
-    HVD_RETURN_IF_ERROR(ConnectTcpStore(cfg.STORE_ADDR, secret, cfg.START_TIMEOUT, &store));
-    advertise = RouteAddressTo(HostOf(cfg.STORE_ADDR));
+    HVD_RETURN_IF_ERROR(ConnectTcpStore(store_addr, secret, cfg.START_TIMEOUT, &store));
+    advertise = RouteAddressTo(HostOf(store_addr));
   }
   // Each init() of a job (init after shutdown works) gets fresh keys.
   int64_t epoch = 0;
@@ -122,6 +144,10 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
   if (cfg.LOCAL_SIZE > 0) topo->local_size = static_cast<int>(cfg.LOCAL_SIZE);
   if (cfg.CROSS_RANK >= 0) topo->cross_rank = static_cast<int>(cfg.CROSS_RANK);
   if (cfg.CROSS_SIZE > 0) topo->cross_size = static_cast<int>(cfg.CROSS_SIZE);
+  if (topo->via_mpi && cfg.LOCAL_RANK < 0 && cfg.mpi_launch.local_rank >= 0 && cfg.mpi_launch.local_size > 0) {
+    topo->local_rank = static_cast<int>(cfg.mpi_launch.local_rank);  // the launcher's word
+    topo->local_size = static_cast<int>(cfg.mpi_launch.local_size);
+  }
   return CreateTcpTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret, cfg.START_TIMEOUT,
                             cfg.TIMEOUT_SECONDS, transport);
 }

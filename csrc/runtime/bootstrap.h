@@ -1,6 +1,11 @@
 // Bootstrap: from the Config (launcher environment) to a connected job:
 // rank/size, the local/cross topology, and the transport mesh.
 // Blocking, bounded by HVDLITE_START_TIMEOUT.
+//
+// Three ways in: HVDLITE_RANK/SIZE/STORE_ADDR/SECRET (hvdliterun or any
+// launcher that sets them) win; else an MPI launcher's variables
+// (Config::mpi_launch) mean the job forms through MPI (MpiRendezvous: rank
+// and size from MPI_COMM_WORLD, rank 0 hosts the store); else a 1-process job.
 #pragma once
 #include <memory>
 
@@ -14,8 +19,12 @@ struct Topology {
   int rank = 0, size = 1;
   int local_rank = 0, local_size = 1;
   int cross_rank = 0, cross_size = 1;
+  bool via_mpi = false;  // the job was formed through MPI (started by mpirun)
 };
 
-Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport);
+// `keepalive` (may be null) receives what must outlive the bootstrap for the
+// job's lifetime: under MPI, rank 0's store server.
+Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport,
+                 std::shared_ptr<void>* keepalive = nullptr);
 
 }  // namespace hvdlite

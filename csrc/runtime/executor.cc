@@ -191,6 +191,7 @@ Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, Handl
   }
   CollectiveContext ctx = Context(r.process_set);
   if (ctx.me < 0) return Status::Internal("rank is not a member of the process set it executes");
+  if (entries[0].request.device >= 0) return RunGpu(ctx, r, entries);
   switch (r.type) {
     case OpType::kAllreduce:
       return RunAllreduce(ctx, entries);
@@ -314,13 +315,39 @@ Status Executor::RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, 
 Status Executor::RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out) {
   if (r.type == OpType::kAddProcessSet) {
     int32_t id = static_cast<int32_t>(r.sizes.at(0));
-    sets_->Add(id, std::vector<int>(e.request.splits.begin(), e.request.splits.end()));
+    std::vector<int> members(e.request.splits.begin(), e.request.splits.end());
+    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, members));
+    sets_->Add(id, std::move(members));
     out->value = id;
   } else {
+    backend_->RemoveProcessSet(e.request.root);
+    if (GpuBackend* gpu = gpu_.load()) gpu->RemoveProcessSet(e.request.root);
     sets_->Remove(e.request.root);
     sequence_.erase(e.request.root);
   }
   return Status::OK();
+}
+
+// CUDA tensors: the runtime admitted only allreduce and broadcast, and only
+// after loading the module (Runtime::Enqueue).
+Status Executor::RunGpu(const CollectiveContext& ctx, const Response& r, std::vector<TensorEntry>& entries) {
+  GpuBackend* gpu = gpu_.load();
+  if (gpu == nullptr) return Status::Internal("a CUDA tensor was scheduled but the NCCL module is not loaded");
+  const Request& q = entries[0].request;
+  GpuOp op;
+  op.device = q.device;
+  op.dtype = q.dtype;
+  op.op = WireOp(q.op);
+  op.prescale = q.prescale;
+  op.postscale = Postscale(q, static_cast<int>(ctx.ranks.size()));
+  for (auto& e : entries) op.tensors.push_back(GpuTensor{e.data, NumElements(e.request.shape), e.stream});
+  if (r.type == OpType::kAllreduce) return gpu->Allreduce(ctx, op);
+  if (r.type == OpType::kBroadcast) return gpu->Broadcast(ctx, op, sets_->MemberIndex(r.process_set, q.root));
+  return Status::NotSupported(std::string(OpTypeName(r.type)) + " of CUDA tensors is not supported");
+}
+
+Status Executor::BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) {
+  return backend_->Broadcast(ctx, buf, len, 0);
 }
 
 }  // namespace hvdlite

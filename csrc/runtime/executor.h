@@ -4,11 +4,13 @@
 // completes the handles.
 // Threading: background thread only.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/gpu_backend.h"
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -18,7 +20,9 @@
 
 namespace hvdlite {
 
-class Executor {
+// Also the GpuHost of the NCCL module: ids for NCCL communicators travel over
+// the CPU backend.
+class Executor : public GpuHost {
  public:
   // `timeline` may be null (ranks other than 0 write none).
   Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
@@ -27,6 +31,10 @@ class Executor {
   // died or hung): the runtime must stop. Validation errors from the
   // coordinator only fail the named entries and return OK.
   Status Execute(const Response& response);
+  // Hands over the loaded NCCL module (any thread; once). Until then, CUDA
+  // operations fail.
+  void SetGpuBackend(GpuBackend* gpu) { gpu_.store(gpu); }
+  Status BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) override;
   // Allreduce bytes and responses executed so far (the autotuner's measure).
   int64_t allreduce_bytes() const { return allreduce_bytes_; }
   int allreduce_responses() const { return allreduce_responses_; }
@@ -38,6 +46,7 @@ class Executor {
   Status RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
   Status RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, HandleResult* out);
   Status RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out);
+  Status RunGpu(const CollectiveContext& ctx, const Response& r, std::vector<TensorEntry>& entries);
   CollectiveContext Context(int32_t process_set);
   void* Scratch(int64_t bytes);
   TensorEntry StandIn(const Request& spec);
@@ -53,6 +62,7 @@ class Executor {
   Timeline* timeline_;
   std::map<int32_t, uint32_t> sequence_;  // per process set, for message tags
   std::vector<char> fusion_buffer_;
+  std::atomic<GpuBackend*> gpu_{nullptr};
   int64_t allreduce_bytes_ = 0;
   int allreduce_responses_ = 0;
   std::vector<std::vector<char>> stand_in_buffers_;  // live during one Execute()

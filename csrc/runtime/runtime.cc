@@ -10,7 +10,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime());
   HVD_RETURN_IF_ERROR(Config::FromEnv(&rt->cfg_));
   SetLogLevel(rt->cfg_.LOG_LEVEL);
-  HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_));
+  HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_, &rt->bootstrap_keepalive_));
   SetLogRank(rt->topo_.rank);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
@@ -33,7 +33,24 @@ Runtime::~Runtime() {
   Shutdown();
 }
 
-Status Runtime::Enqueue(const Request& request, void* data, int64_t* handle) {
+// The first CUDA tensor loads the NCCL module; an operation the module lacks,
+// or a failure to load it, fails at once on this rank, before negotiation.
+Status Runtime::AdmitCudaTensor(const Request& request) {
+  if (request.type != OpType::kAllreduce && request.type != OpType::kBroadcast) {
+    return Status::NotSupported(std::string(OpTypeName(request.type)) + " of CUDA tensor '" + request.name +
+                                "' is not supported yet (CUDA tensors: allreduce, grouped allreduce and broadcast); "
+                                "copy the tensor to the CPU first");
+  }
+  std::lock_guard<std::mutex> lock(gpu_mu_);
+  if (gpu_) return Status::OK();
+  if (gpu_error_.ok()) gpu_error_ = LoadGpuBackend(executor_.get(), &gpu_);  // tried once per init()
+  if (!gpu_error_.ok()) return gpu_error_.WithContext("CUDA tensor '" + request.name + "'");
+  executor_->SetGpuBackend(gpu_.get());
+  return Status::OK();
+}
+
+Status Runtime::Enqueue(const Request& request, void* data, int64_t* handle, void* stream) {
+  if (request.device >= 0) HVD_RETURN_IF_ERROR(AdmitCudaTensor(request));
   std::lock_guard<std::mutex> lock(state_mu_);
   if (stopped_) {
     return broken_.WithContext(std::string("cannot run ") + OpTypeName(request.type) + " of tensor '" +
@@ -43,6 +60,7 @@ Status Runtime::Enqueue(const Request& request, void* data, int64_t* handle) {
   e.request = request;
   e.request.rank = topo_.rank;
   e.data = data;
+  e.stream = stream;
   e.handle = handles_.Create();
   if (timeline_.Active()) timeline_.Begin(request.name, "QUEUE");
   Status st = queue_.Push(e);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/gpu_backend.h"
 #include "common/config.h"
 #include "coordinator/autotuner.h"
 #include "coordinator/coordinator.h"
@@ -37,13 +38,15 @@ class Runtime {
 
   const Topology& topology() const { return topo_; }
   const Config& config() const { return cfg_; }
+  const char* cpu_backend_name() const { return backend_->name(); }
   ProcessSetTable& process_sets() { return sets_; }
   HandleTable& handles() { return handles_; }
 
   // Submits an operation; `data` must stay valid until the handle completes.
   // Fails at once (no handle) when the runtime is broken or shut down, or the
-  // name is already in flight.
-  Status Enqueue(const Request& request, void* data, int64_t* handle);
+  // name is already in flight. CUDA data (request.device >= 0) is read once
+  // the work queued so far on `stream` is done (null = the legacy default stream).
+  Status Enqueue(const Request& request, void* data, int64_t* handle, void* stream = nullptr);
   // Blocks until every rank has called Shutdown (bounded by
   // HVDLITE_SHUTDOWN_TIMEOUT_SECONDS), then closes connections. Idempotent.
   Status Shutdown();
@@ -59,14 +62,19 @@ class Runtime {
   Status Coordinate(std::vector<Response>* todo);
   int WaitBudgetMs(bool shutting_down);
   void Break(const Status& st);
+  Status AdmitCudaTensor(const Request& request);
   void Leave();
 
   Config cfg_;
   Topology topo_;
+  std::shared_ptr<void> bootstrap_keepalive_;  // e.g. the store rank 0 hosts under mpirun
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<Executor> executor_;
+  std::mutex gpu_mu_;                  // guards loading the NCCL module
+  std::unique_ptr<GpuBackend> gpu_;    // loaded on the first CUDA tensor; destroyed before executor_
+  Status gpu_error_;                   // why loading failed, once it has
   std::unique_ptr<Autotuner> autotuner_;   // rank 0 only
   ProcessSetTable sets_;
   HandleTable handles_;

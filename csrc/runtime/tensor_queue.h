@@ -20,6 +20,7 @@ namespace hvdlite {
 struct TensorEntry {
   Request request;
   void* data = nullptr;  // caller's buffer; valid until the handle completes
+  void* stream = nullptr;  // CUDA tensors: the framework's stream the data is ready on (null = default)
   int64_t handle = 0;
 };
 

@@ -1,64 +1,66 @@
-"""Horovod's capability queries (mpi_built, gloo_enabled, ...), answered for
-hvdlite's own backends from the build (hvdlite._core.build_info()) and the
-CPU_OPERATIONS setting. hvdlite's native ring backend over its own TCP
-transport plays the role Horovod's Gloo backend plays, so gloo_* report it.
+"""What this build and this job support: Horovod's ``*_built()`` / ``*_enabled()`` queries.
+
+``*_built()`` answer for the installation (work before init()); ``*_enabled()`` for the
+job this process is in (False before init()). gloo_* report hvdlite's native ring backend,
+which serves where Horovod's Gloo would. hvdlite has no DDL, oneCCL or ROCm path: those
+answer False, so Horovod scripts that branch on them take the generic path.
 """
+
 from hvdlite import _core
-from hvdlite.common import exceptions, settings
+from hvdlite.common import exceptions
 
+# MPI_THREAD_MULTIPLE's value in Open MPI and MPICH alike.
+_MPI_THREAD_MULTIPLE = 3
 
-def _built(backend):
-    return bool(_core.build_info().get(backend, False))
-
-
-def _cpu_backend():
-    return settings.get("CPU_OPERATIONS").strip().lower()
-
+def _built(key):
+    return bool(_core.build_info().get(key, False))
 
 def mpi_built():
-    """True if this build has the MPI backend."""
+    """True when hvdlite was built with its mpi backend (an MPI was found at build time)."""
     return _built("mpi")
 
-
 def mpi_enabled():
-    """True if this job runs its CPU collectives over MPI."""
-    return mpi_built() and _cpu_backend() == "mpi"
-
+    """True when the current job uses MPI: it was started by mpirun (formed through MPI,
+    and by default running large CPU collectives on MPI), or its CPU collectives run on
+    the mpi backend (HVDLITE_CPU_OPERATIONS=mpi)."""
+    return bool(_core.mpi_enabled())
 
 def mpi_threads_supported():
-    """Whether MPI was initialized with multi-threading support; raises
-    ValueError (as Horovod does) when MPI is not in use."""
-    if not mpi_enabled():
-        raise exceptions.InvalidArgumentError(
-            "hvdlite's MPI backend is not enabled; build it with MPI and set HVDLITE_CPU_OPERATIONS=mpi")
-    return True
-
-
-def gloo_built():
-    """True: the native ring backend (hvdlite's counterpart of Gloo) is always built."""
-    return _built("ring")
-
-
-def gloo_enabled():
-    """True if this job runs its CPU collectives over the native ring backend."""
-    return gloo_built() and _cpu_backend() != "mpi"
-
+    """True when MPI runs with MPI_THREAD_MULTIPLE, so the script may use mpi4py while
+    hvdlite's background thread runs MPI collectives. Raises PreconditionError when
+    MPI is not in use in this process."""
+    level = _core.mpi_thread_level()
+    if level < 0:
+        raise exceptions.PreconditionError(
+            "MPI is not in use in this process: launch with mpirun (or hvdliterun --mpi) and call "
+            "hvd.init() first")
+    return level >= _MPI_THREAD_MULTIPLE
 
 def nccl_built():
+    """True when the NCCL/CUDA module of hvdlite was built and installed beside the core."""
     return _built("nccl")
 
-
 def cuda_built():
+    """True when hvdlite's CUDA kernels were built (they ship with the NCCL module)."""
     return _built("cuda")
 
+def gloo_built():
+    """True: hvdlite's native ring backend (its own TCP transport) plays the part of
+    Horovod's Gloo and is always built."""
+    return _built("ring")
+
+def gloo_enabled():
+    """True when this job's CPU collectives may run on the native ring backend (any
+    CPU_OPERATIONS other than mpi); False before init()."""
+    from hvdlite.common import settings
+    return _core.is_initialized() and gloo_built() and \
+        settings.get("CPU_OPERATIONS").strip().lower() != "mpi"
+
+def rocm_built():
+    return False
 
 def ddl_built():
     return False
 
-
 def ccl_built():
-    return False
-
-
-def rocm_built():
     return False

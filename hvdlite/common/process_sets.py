@@ -13,9 +13,14 @@ class ProcessSet:
     """A set of ranks. ``process_set_id`` is None until the set is registered."""
 
     def __init__(self, ranks_or_comm):
-        if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator: not in this build
-            raise exceptions.NotSupportedError(
-                "ProcessSet(comm) needs the MPI backend, which this build of hvdlite lacks; pass a list of ranks")
+        """``ranks_or_comm``: global ranks, or an mpi4py communicator whose processes are
+        the members (its ranks are mapped to MPI_COMM_WORLD ranks, which are hvdlite's
+        ranks in a job started by mpirun)."""
+        self.mpi_comm = None
+        self._part_ids = None  # ProcessSet(comm): the ids of every rank's part, see add_process_set
+        if hasattr(ranks_or_comm, "Get_group"):
+            self.mpi_comm = ranks_or_comm
+            ranks_or_comm = _world_ranks_of(ranks_or_comm)
         self.ranks = sorted(int(r) for r in ranks_or_comm)
         if len(set(self.ranks)) != len(self.ranks):
             raise exceptions.InvalidArgumentError("ProcessSet ranks must be distinct, got %r" % (ranks_or_comm,))
@@ -51,11 +56,31 @@ class ProcessSet:
         return "ProcessSet(process_set_id=%r, ranks=%r)" % (self.process_set_id, self.ranks)
 
 
+def _world_ranks_of(comm):
+    """The MPI_COMM_WORLD ranks of an mpi4py intracommunicator's processes, in its rank order."""
+    from mpi4py import MPI
+    if comm == MPI.COMM_NULL:
+        raise exceptions.InvalidArgumentError("ProcessSet(comm): comm is MPI.COMM_NULL")
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+    finally:
+        group.Free()
+        world.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        raise exceptions.InvalidArgumentError(
+            "ProcessSet(comm): comm has processes outside MPI_COMM_WORLD (spawned or connected); "
+            "hvdlite's ranks are MPI_COMM_WORLD's")
+    return ranks
+
+
 class _GlobalProcessSet(ProcessSet):
     """Every rank of the job; its ranks are read from the core once initialized."""
 
     def __init__(self):
         self.process_set_id = 0
+        self.mpi_comm = None
+        self._part_ids = None
 
     @property
     def ranks(self):
@@ -72,6 +97,7 @@ _registry = {}
 def _reset_registry():
     for ps in _registry.values():
         ps.process_set_id = None
+        ps._part_ids = None
     _registry.clear()
 
 
@@ -81,16 +107,50 @@ def add_process_set(process_set):
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise exceptions.PreconditionError("%r is already registered" % (ps,))
+    if ps.mpi_comm is not None and not _core.mpi_enabled():
+        raise exceptions.PreconditionError(
+            "ProcessSet(comm) maps MPI_COMM_WORLD ranks to hvdlite ranks, so the job must be started by "
+            "mpirun (or hvdliterun --mpi); this one was not: pass a list of ranks instead")
     from hvdlite.common.basics import size
     world = size()
     bad = [r for r in ps.ranks if r < 0 or r >= world]
     if bad or not ps.ranks:
         raise exceptions.InvalidArgumentError(
             "process set ranks %r must be a non-empty list of ranks in [0, %d)" % (ps.ranks, world))
+    if ps.mpi_comm is not None:
+        return _add_comm_process_set(ps)
     code, message, set_id = _core.add_process_set(ps.ranks)
     exceptions.raise_for_status(code, message)
     ps.process_set_id = set_id
     _registry[set_id] = ps
+    return ps
+
+
+def _add_comm_process_set(ps):
+    """ProcessSet(comm) where comm may differ per rank (e.g. COMM_WORLD.Split(color)), as in
+    Horovod: every distinct member list any rank brings is registered, in the same order on
+    every rank; `ps` gets the id of its own. (Horovod gives all the parts one id; here each
+    part has its own id, and remove_process_set(ps) removes them all.)"""
+    import numpy as np
+    from hvdlite.numpy_ops import allgather
+    tag = "__comm_process_set__.%d" % len(_registry)
+    lengths = allgather(np.array([len(ps.ranks)], np.int64), name=tag + ".n").tolist()
+    flat = allgather(np.array(ps.ranks, np.int64), name=tag + ".ranks").tolist()
+    groups, start = [], 0
+    for n in lengths:
+        group = flat[start:start + n]
+        start += n
+        if group not in groups:
+            groups.append(group)
+    ids = []
+    for group in groups:
+        code, message, set_id = _core.add_process_set(group)
+        exceptions.raise_for_status(code, message)
+        ids.append(set_id)
+        if group == ps.ranks:
+            ps.process_set_id = set_id
+    ps._part_ids = ids
+    _registry[ps.process_set_id] = ps
     return ps
 
 
@@ -99,10 +159,12 @@ def remove_process_set(process_set):
     it was registered."""
     if process_set.process_set_id in (None, 0):
         return False
-    code, message = _core.remove_process_set(process_set.process_set_id)
-    exceptions.raise_for_status(code, message)
+    for set_id in getattr(process_set, "_part_ids", None) or [process_set.process_set_id]:
+        code, message = _core.remove_process_set(set_id)
+        exceptions.raise_for_status(code, message)
     _registry.pop(process_set.process_set_id, None)
     process_set.process_set_id = None
+    process_set._part_ids = None
     return True
 
 

@@ -43,7 +43,7 @@ SETTINGS = (
     Setting("AUTOTUNE_LOG", "str", "", "CSV file where the autotuner logs every setting it tried and the one it chose"),
     Setting("AUTOTUNE_WARMUP_SAMPLES", "int", 1, "samples discarded after each change of settings"),
     Setting("AUTOTUNE_STEPS_PER_SAMPLE", "int", 10, "executed allreduce responses per autotune sample"),
-    Setting("CPU_OPERATIONS", "str", "ring", "backend for CPU tensors: ring (native TCP transport)"),
+    Setting("CPU_OPERATIONS", "str", "auto", "backend for CPU tensors: ring (native TCP transport), mpi (MPI collectives; needs a build with MPI and a job started by mpirun) or auto (ring, but in a job started by mpirun MPI for messages of 64 KiB and up, where it is faster)"),
     Setting("LOG_LEVEL", "str", "warning", "trace, debug, info, warning, error or fatal"),
 )
 

@@ -1,6 +1,7 @@
 """hvdliterun: runs N ranks of a command on this host, Horovod's `horovodrun` for hvdlite.
 
     hvdliterun -np 4 python train.py [args...]
+    hvdliterun --mpi -np 4 python train.py [args...]     # started by mpirun instead
     hvdliterun --check-build
 
 It generates a per-job secret, hosts the TCP rendezvous store in this process (it admits only
@@ -47,6 +48,11 @@ def parse_args(argv):
                "with that rank's code.")
     parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
                         help="number of ranks to start")
+    parser.add_argument("--mpi", action="store_true",
+                        help="start the ranks with mpirun (--oversubscribe --bind-to none); they form "
+                             "the job through MPI")
+    parser.add_argument("--mpi-args", default="", metavar="ARGS",
+                        help="with --mpi: extra mpirun arguments, e.g. \"-H a:2,b:2\"")
     parser.add_argument("--verbose", action="store_true",
                         help="also set HVDLITE_LOG_LEVEL=debug in every rank")
     parser.add_argument("--timeline-filename", metavar="FILE",
@@ -87,6 +93,10 @@ def main(argv=None):
         except BrokenPipeError:  # `hvdliterun --check-build | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+    if args.mpi:
+        from hvdlite.runner import mpi_launch
+        return mpi_launch.run(args.np, args.command, args.mpi_args, args.verbose)
 
     from hvdlite.runner.job import LocalJob
     secret = os.urandom(SECRET_BYTES)

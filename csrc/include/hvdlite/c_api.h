@@ -33,6 +33,13 @@ typedef struct hvdlite_op {
   const int64_t* splits; /* alltoall: rows per member, or NULL for an even split */
   int32_t nsplits;
   int32_t process_set;
+  /* Where `data` lives: -1 host memory; >= 0 the CUDA device ordinal. CUDA data
+   * goes to the NCCL module (loaded on first use; allreduce and broadcast) and
+   * is read once the work already queued on `stream` is done. The result is
+   * complete when the handle completes (the core waits on an event of its own
+   * stream, and also makes `stream` wait on it). */
+  int32_t device;
+  void* stream;          /* cudaStream_t of the framework (NULL = legacy default stream) */
 } hvdlite_op;
 
 typedef struct hvdlite_output {
@@ -75,8 +82,17 @@ void* hvdlite_store_server_start(const char* host, int port, const char* secret,
                                  char* err, size_t err_len);
 void hvdlite_store_server_stop(void* server);
 
-/* Comma-separated names of the CPU backends compiled in, e.g. "ring". */
+/* Comma-separated names of the CPU backends compiled in, e.g. "ring,mpi". */
 const char* hvdlite_built_backends(void);
+/* 1 when the current job uses MPI (formed through mpirun, or CPU collectives
+ * on the mpi backend); 0 otherwise, or when not initialized. */
+int hvdlite_mpi_enabled(void);
+/* MPI's provided thread level (0 MPI_THREAD_SINGLE .. 3 MPI_THREAD_MULTIPLE)
+ * once hvdlite has used MPI in this process; -1 before, or without MPI. */
+int hvdlite_mpi_thread_level(void);
+/* 1 when the NCCL/CUDA module (libhvdlite_cuda.so) is installed beside the core
+ * (it is loaded only when a CUDA tensor first appears); 0 otherwise. */
+int hvdlite_gpu_module_installed(void);
 
 #ifdef __cplusplus
 }

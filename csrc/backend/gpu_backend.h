@@ -1,0 +1,74 @@
+// GpuBackend: collectives on CUDA device buffers. Implemented by the NCCL
+// module (csrc/backend/cuda/, built as the separate shared library
+// libhvdlite_cuda.so where nvcc and NCCL are found) and loaded with dlopen the
+// first time an operation names a device, so the core links no CUDA and
+// CPU-only users pay nothing. This header is the whole contract between the
+// two: it includes no CUDA header (streams are void*), and both sides are
+// built together from one tree (kGpuAbiVersion guards against mixing).
+//
+// Threading: every call comes from the runtime's background thread.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace hvdlite {
+
+constexpr int kGpuAbiVersion = 1;
+
+struct GpuTensor {
+  void* data = nullptr;    // device memory on GpuOp::device
+  int64_t count = 0;       // elements
+  void* stream = nullptr;  // the framework's cudaStream_t the data is ready on (null = legacy default)
+};
+
+struct GpuOp {
+  int device = 0;          // CUDA device ordinal of every tensor
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;  // Sum, Min, Max or Product (Average arrives as Sum + postscale)
+  double prescale = 1.0, postscale = 1.0;
+  std::vector<GpuTensor> tensors;
+};
+
+// Services of the core the module uses.
+class GpuHost {
+ public:
+  virtual ~GpuHost() = default;
+  // Broadcasts `len` bytes from member 0 of ctx's process set to its other
+  // members over the CPU backend (how NCCL unique ids travel).
+  virtual Status BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) = 0;
+};
+
+// Every call returns once the result is complete on the device: the module
+// makes its own stream wait on events recorded on the tensors' streams (no
+// device-wide synchronisation), works on its stream, records a completion
+// event, makes the tensors' streams wait on it and waits for it on the host.
+class GpuBackend {
+ public:
+  virtual ~GpuBackend() = default;
+  // In place on every tensor; several tensors are fused through a device
+  // buffer by batched pack/unpack kernels that also apply the scales.
+  virtual Status Allreduce(const CollectiveContext& ctx, const GpuOp& op) = 0;
+  // tensors[0] from member root_member to every member, in place.
+  virtual Status Broadcast(const CollectiveContext& ctx, const GpuOp& op, int root_member) = 0;
+  // Frees the set's communicator, if one was created. Called on every member.
+  virtual void RemoveProcessSet(int32_t id) = 0;
+};
+
+// Exported by the module (extern "C"): creates its backend, or writes an
+// error and returns non-zero (a StatusCode).
+using GpuBackendFactory = int (*)(int abi_version, GpuHost* host, GpuBackend** out, char* err, size_t err_len);
+constexpr const char* kGpuFactorySymbol = "hvdlite_gpu_backend_create";
+constexpr const char* kGpuModuleFile = "libhvdlite_cuda.so";
+
+// Core side (gpu_module.cc): dlopens kGpuModuleFile from the directory of the
+// core's own shared object and creates the backend. NotSupported, saying why
+// and what to do, when the module is absent or cannot load (no NCCL, no driver).
+Status LoadGpuBackend(GpuHost* host, std::unique_ptr<GpuBackend>* out);
+// True when the module file is installed beside the core (nothing is loaded).
+bool GpuModuleInstalled();
+
+}  // namespace hvdlite

@@ -1,0 +1,39 @@
+"""benchmarks/collectives.py still runs and hvdlite's results in it are correct.
+
+A smoke test only: hvdlite alone, 2 ranks, two tiny sizes, a short run. It checks that the
+script finishes and that the #wrong column (wrong elements after the correctness pass on
+rank-dependent data) is 0 for every collective; it never looks at a time.
+"""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "collectives.py")
+OPS = {"allreduce", "allgather", "broadcast", "alltoall", "reducescatter"}
+
+
+def _table_rows(markdown):
+    """Yields (op, {column: cell}) for every data row of the report's tables."""
+    op, header = None, None
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            op, header = line[3:].split(",")[0], None
+        elif line.startswith("|") and op:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set(line) <= set("|-"):
+                yield op, dict(zip(header, cells))
+
+
+def test_collectives_quick_hvdlite_has_no_wrong_elements(tmp_path):
+    cmd = [sys.executable, SCRIPT, "--quick", "--peers", "none", "--ranks", "2", "--sizes", "4K,64K",
+           "--idle-wait", "0", "--no-plot", "--out-dir", str(tmp_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = list(_table_rows((tmp_path / "collectives.md").read_text()))
+    assert {op for op, _ in rows} == OPS, rows
+    assert len(rows) == 2 * len(OPS), rows
+    for op, row in rows:
+        assert row["library"] == "hvdlite" and row["#wrong"] == "0", (op, row)
