@@ -166,9 +166,26 @@ def _async_inplace_grouped():
     out["allgather_async"] = hvd.synchronize(hvd.allgather_async(torch.tensor([r]))).tolist()
     out["alltoall_async"] = [x.tolist() for x in hvd.synchronize(hvd.alltoall_async(torch.arange(hvd.size())))]
     out["rs_async"] = hvd.synchronize(hvd.reducescatter_async(torch.ones(hvd.size()), op=hvd.Sum)).tolist()
+    out["staged"] = _host_staged(hvd)
     hvd.barrier()
     hvd.shutdown()
     return to_wire(out)
+
+
+def _host_staged(hvd):
+    """The path CUDA tensors take for allgather / alltoall / reducescatter / Adasum
+    (a host copy), forced here on CPU tensors: same results as the direct path."""
+    from hvdlite.torch import buffers
+    r, n = hvd.rank(), hvd.size()
+    x = torch.arange(4.0).reshape(2, 2) + r
+    direct = (hvd.allgather(x), hvd.alltoall(x), hvd.reducescatter(x, op=hvd.Sum), hvd.allreduce(x, op=hvd.Adasum))
+    buffers.TORCH.stage_on_host = lambda t: True
+    try:
+        staged = (hvd.allgather(x), hvd.alltoall(x), hvd.reducescatter(x, op=hvd.Sum),
+                  hvd.allreduce(x, op=hvd.Adasum))
+    finally:
+        del buffers.TORCH.stage_on_host
+    return [torch.equal(a, b) for a, b in zip(direct, staged)]
 
 
 def test_async_inplace_grouped_and_noncontiguous():
@@ -188,6 +205,7 @@ def test_async_inplace_grouped_and_noncontiguous():
         assert res["allgather_async"] == [0, 1]
         assert res["alltoall_async"] == [[r, r], [1, 1]]
         assert res["rs_async"] == [2.0]
+        assert res["staged"] == [True] * 4
 
 
 def _process_sets(hvd):

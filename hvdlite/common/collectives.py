@@ -29,8 +29,8 @@ class BufferAdapter:
         raise NotImplementedError
 
     def check_device(self, tensor, name):
-        """Raises NotSupportedError for tensors the core cannot reach (e.g. GPU
-        memory without a GPU backend)."""
+        """Raises NotSupportedError for tensors the core cannot reach (memory of
+        a device it has no backend for)."""
 
     def is_direct(self, tensor):
         """True when the core may read and write `tensor`'s memory as it is
@@ -43,6 +43,10 @@ class BufferAdapter:
 
     def pointer(self, tensor):
         raise NotImplementedError
+
+    def device_kwargs(self, tensor):
+        """Where the buffer lives, as ops.submit's device= / stream= (host memory: {})."""
+        return {}
 
     def shape(self, tensor):
         raise NotImplementedError
@@ -81,7 +85,7 @@ def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
     name = naming.auto_name(kind, name)
     work = _direct(adapter, tensor, name)
     ptr, code, shape = describe(adapter, work, name)
-    core = ops.submit(op_type, name, ptr, code, shape, **submit_kw)
+    core = ops.submit(op_type, name, ptr, code, shape, **submit_kw, **adapter.device_kwargs(work))
 
     def finish():
         ops.release(core)
@@ -99,7 +103,8 @@ def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
     name = naming.auto_name(kind, name)
     work = _direct(adapter, tensor, name)
     ptr, code, own_shape = describe(adapter, work, name)
-    core = ops.submit(op_type, name, ptr, code, own_shape if shape is None else shape, **submit_kw)
+    core = ops.submit(op_type, name, ptr, code, own_shape if shape is None else shape, **submit_kw,
+                      **adapter.device_kwargs(work))
 
     def finish():
         data, out_shape, splits, _ = ops.take_output(core)

@@ -1,7 +1,9 @@
 """The BufferAdapter for torch tensors: how a tensor reaches the core.
 
-A contiguous CPU tensor is passed by ``data_ptr()`` with no copy; any other
-layout goes through a contiguous copy. Outputs the core allocates come back
+A contiguous tensor is passed by ``data_ptr()`` with no copy; any other layout
+goes through a contiguous copy. CUDA tensors carry their device and current
+stream (the core's NCCL module runs allreduce and broadcast on them; it refuses
+other collectives at submission with NotSupportedError). Outputs the core allocates come back
 as uint8 NumPy arrays and are wrapped with ``torch.from_numpy(...).view(dtype)``
 (no copy; the array's owner frees the core's buffer when the tensor dies).
 """
@@ -21,10 +23,10 @@ class TorchBuffers(BufferAdapter):
         return CODES.get(tensor.dtype)
 
     def check_device(self, tensor, name):
-        if tensor.device.type != "cpu":
+        if tensor.device.type not in ("cpu", "cuda"):
             raise exceptions.NotSupportedError(
-                "tensor '%s' is on %s; this build of hvdlite runs collectives on CPU tensors only "
-                "(move it with .cpu())" % (name, tensor.device))
+                "tensor '%s' is on %s; hvdlite runs collectives on CPU and CUDA tensors (move it with .cpu())"
+                % (name, tensor.device))
         if tensor.is_sparse:
             raise exceptions.InvalidArgumentError(
                 "tensor '%s' is sparse; use sparse_allreduce_async or DistributedOptimizer(sparse_as_dense=True)"
@@ -38,6 +40,19 @@ class TorchBuffers(BufferAdapter):
 
     def pointer(self, tensor):
         return tensor.data_ptr()
+
+    def device_kwargs(self, tensor):
+        """CUDA tensors: their device and the current torch stream, which the core's
+        NCCL module orders its work after (and makes wait for the result)."""
+        if tensor.device.type != "cuda":
+            return {}
+        return {"device": tensor.device.index, "stream": torch.cuda.current_stream(tensor.device).cuda_stream}
+
+    @staticmethod
+    def stage_on_host(tensor):
+        """True for tensors whose collectives other than allreduce / broadcast run
+        on a host copy (the core's CUDA path has only those two)."""
+        return tensor.device.type == "cuda"
 
     def shape(self, tensor):
         return tuple(tensor.shape)

@@ -37,11 +37,40 @@ def synchronize(handle):
 
 # ---- allreduce ---------------------------------------------------------------
 
+def _output_on_host(kind, op_type, tensor, name, **submit_kw):
+    """with_output for any tensor: a CUDA tensor (whose core path has only
+    allreduce and broadcast) goes through a host copy, and finish() moves the
+    output back to its device."""
+    if not TORCH.stage_on_host(tensor):
+        return collectives.with_output(TORCH, kind, op_type, tensor, name, **submit_kw)
+    pending = collectives.with_output(TORCH, kind, op_type, tensor.detach().cpu(), name, **submit_kw)
+
+    def finish():
+        output, splits = pending.finish()
+        return output.to(tensor.device), splits
+
+    return collectives.Pending(pending.core, finish, (tensor, pending.keepalive))
+
+
+def _adasum_pending(tensor, name, prescale_factor, postscale_factor, process_set):
+    """Adasum (hvdlite.common.adasum) in place; CUDA tensors through a host copy."""
+    name = naming.auto_name("allreduce", name)
+    host = tensor.detach().cpu() if TORCH.stage_on_host(tensor) else tensor
+    pending = adasum.allreduce_inplace(TORCH, host, name, prescale_factor, postscale_factor, process_set)
+    if host is tensor:
+        return pending
+
+    def finish():
+        TORCH.copy_into(tensor, pending.finish())
+        return tensor
+
+    return collectives.Pending(pending.core, finish, (tensor, pending.keepalive))
+
+
 def _allreduce_pending(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
     reduce_op = resolve_op(op, average)
     if reduce_op == dtypes.Adasum:
-        name = naming.auto_name("allreduce", name)
-        return adasum.allreduce_inplace(TORCH, tensor, name, prescale_factor, postscale_factor, process_set)
+        return _adasum_pending(tensor, name, prescale_factor, postscale_factor, process_set)
     return collectives.inplace(TORCH, "allreduce", ops.ALLREDUCE, tensor, name, reduce_op=reduce_op,
                                prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
 
@@ -110,8 +139,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 # ---- allgather, broadcast, alltoall, reducescatter ---------------------------------
 
 def _allgather_pending(tensor, name, process_set):
-    return collectives.with_output(TORCH, "allgather", ops.ALLGATHER, tensor, name,
-                                   process_set=resolve(process_set))
+    return _output_on_host("allgather", ops.ALLGATHER, tensor, name, process_set=resolve(process_set))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -157,17 +185,16 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     dim 0 without splits); synchronize() returns (output, received_splits)."""
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
-    pending = collectives.with_output(TORCH, "alltoall", ops.ALLTOALL, tensor, name, splits=_split_list(splits),
-                                      process_set=resolve(process_set))
+    pending = _output_on_host("alltoall", ops.ALLTOALL, tensor, name, splits=_split_list(splits),
+                              process_set=resolve(process_set))
     return collectives.start(pending, then=lambda r: (r[0], torch.tensor(r[1], dtype=torch.int32)))
 
 
 def _reducescatter_pending(tensor, name, op, process_set, prescale_factor, postscale_factor):
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
-    return collectives.with_output(TORCH, "reducescatter", ops.REDUCESCATTER, tensor, name,
-                                   reduce_op=resolve_op(op, None), prescale=prescale_factor,
-                                   postscale=postscale_factor, process_set=resolve(process_set))
+    return _output_on_host("reducescatter", ops.REDUCESCATTER, tensor, name, reduce_op=resolve_op(op, None),
+                           prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
 
 
 def reducescatter_async(tensor, name=None, op=dtypes.Average, process_set=global_process_set, prescale_factor=1.0,

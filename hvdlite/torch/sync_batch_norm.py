@@ -34,8 +34,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         channels = x.shape[1]
         x64 = x.detach().to(torch.float64)
         local_count = x.numel() // channels if channels else 0
-        stats = torch.cat([x64.sum(dims), (x64 * x64).sum(dims), torch.tensor([float(local_count)],
-                                                                             dtype=torch.float64)])
+        count_t = torch.tensor([float(local_count)], dtype=torch.float64, device=x.device)
+        stats = torch.cat([x64.sum(dims), (x64 * x64).sum(dims), count_t])
         stats = _allreduce_sum(stats, process_set)
         count = stats[-1].item()
         if count <= 1:
