@@ -1,13 +1,19 @@
-"""One rank of benchmarks/e2e_torch.py: trains --model for --steps timed steps in --mode and
-writes {"rank", "params", "step_s": [seconds per step]} to --out/rank<r>.json.
+"""One rank of e2e_torch.py: training steps of --model, timed.
 
-Modes: single / nocomm (plain torch; RANK and WORLD_SIZE only name the output), hvdlite and
-hvdlite-fp16 (hvdlite.torch.DistributedOptimizer, without / with fp16 compression), ddp (DistributedDataParallel over gloo, env://),
-horovod (horovod.torch.DistributedOptimizer). One compute thread; a barrier before each
-timed step in the modes that communicate.
+    python _e2e_torch_worker.py --lib LIB --out DIR --mode MODE --model mlp|cnn --steps S --idle-wait W
+
+LIB (hvdlite, gloo or horovod; see _launch.py) forms the job and gives the barrier; MODE says
+how gradients are combined:
+  alone  plain torch optimizer, no communication (the "single" and "nocomm" rows)
+  train  the library's data parallelism: hvdlite.torch / horovod.torch DistributedOptimizer,
+         torch DistributedDataParallel for gloo
+  fp16   hvdlite.torch DistributedOptimizer with Compression.fp16
+Every rank: one compute thread, WARMUP steps, a wait for an idle machine, then S steps, each
+after a barrier (outside the timed region). Writes DIR/rank<r>.json: {"rank", "size",
+"version", "params", "times" (seconds per step)}, rank 0's with "load" (see _machine.py).
+Imports hvdlite only for LIB=hvdlite, so it runs in Horovod's venv too.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -15,17 +21,21 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-from pytorch_digits import SmallCNN  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+from _collectives_worker import save_json  # noqa: E402
+from _comms import make_comm  # noqa: E402
+from _machine import Gate  # noqa: E402
+from digits_cnn import SmallCNN  # noqa: E402
 
 BATCH = 32
 WARMUP = 3
 
 
 def make_model(name):
-    """(model, input batch, targets) with BATCH samples."""
+    """(model, one batch of inputs, targets): BATCH samples per rank."""
     torch.manual_seed(0)
-    if name == "mlp":
+    if name == "mlp":   # 64 -> 4096 -> 4096 -> 2048 -> 10: 25.4M parameters
         model = torch.nn.Sequential(torch.nn.Linear(64, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
                                     torch.nn.ReLU(), torch.nn.Linear(4096, 2048), torch.nn.ReLU(),
                                     torch.nn.Linear(2048, 10))
@@ -33,48 +43,68 @@ def make_model(name):
     return SmallCNN(), torch.randn(BATCH, 1, 8, 8), torch.randint(0, 10, (BATCH,))
 
 
-def setup(mode, model, opt):
-    """(rank, optimizer or DDP-wrapped pieces, barrier callable, model to call)."""
-    if mode in ("single", "nocomm"):
-        return int(os.environ["RANK"]), opt, (lambda: None), model
-    if mode == "ddp":
-        import datetime
-        import torch.distributed as dist
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-        return dist.get_rank(), opt, dist.barrier, torch.nn.parallel.DistributedDataParallel(model)
-    hvd = __import__("horovod.torch" if mode == "horovod" else "hvdlite.torch", fromlist=["init"])
-    hvd.init()
+def distribute(lib, mode, model, opt):
+    """(callable model, optimizer) for this library and mode."""
+    if mode == "alone":
+        return model, opt
+    if lib == "gloo":
+        return torch.nn.parallel.DistributedDataParallel(model), opt
+    hvd = __import__("hvdlite.torch" if lib == "hvdlite" else "horovod.torch", fromlist=["init"])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    compression = hvd.Compression.fp16 if mode.endswith("fp16") else hvd.Compression.none
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
-    return hvd.rank(), opt, hvd.barrier if hasattr(hvd, "barrier") else (lambda: hvd.allreduce(torch.zeros(1))), model
+    compression = hvd.Compression.fp16 if mode == "fp16" else hvd.Compression.none
+    return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    model, x, y = make_model(args.model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    rank, opt, barrier, forward = setup(args.mode, model, opt)
-    times = []
-    for step in range(WARMUP + args.steps):
-        barrier()
-        start = time.perf_counter()
+def timed_steps(comm, gate, forward, opt, x, y, steps, idle_wait):
+    def step():
         opt.zero_grad()
         F.cross_entropy(forward(x), y).backward()
         opt.step()
-        if step >= WARMUP:
-            times.append(time.perf_counter() - start)
-    with open(os.path.join(args.out, "rank%d.json" % rank), "w") as f:
-        json.dump({"rank": rank, "params": sum(p.numel() for p in model.parameters()), "step_s": times}, f)
-    if args.mode == "ddp":
-        torch.distributed.destroy_process_group()
+
+    for _ in range(WARMUP):
+        comm.barrier()
+        step()
+    gate.wait_idle(idle_wait)
+    meter = gate.meter() if comm.rank == 0 else None
+    comm.barrier()
+    if meter:
+        meter.start()
+    times = []
+    for _ in range(steps):
+        comm.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times, (meter.stop() if meter else None)
+
+
+def measure(comm, args):
+    """This rank's result document. The model (and DDP's hold on the process group) is freed
+    when it returns, before the job is torn down."""
+    gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
+    model, x, y = make_model(args.model)
+    forward, opt = distribute(args.lib, args.mode, model, torch.optim.SGD(model.parameters(), lr=0.01))
+    times, load = timed_steps(comm, gate, forward, opt, x, y, args.steps, args.idle_wait)
+    doc = {"rank": comm.rank, "size": comm.size, "version": comm.version, "times": times,
+           "params": sum(p.numel() for p in model.parameters())}
+    if load:
+        doc["load"] = load
+    return doc
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name in ("--lib", "--out", "--mode", "--model"):
+        p.add_argument(name, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--idle-wait", type=float, required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    comm = make_comm(args.lib)
+    save_json(os.path.join(args.out, "rank%d.json" % comm.rank), measure(comm, args))
+    comm.barrier()
+    comm.close()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

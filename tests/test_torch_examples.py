@@ -35,3 +35,15 @@ def test_readme_pytorch_tour_runs_on_two_ranks(tmp_path):
     script.write_text(tour + "\nimport os; print('tour done', os.environ['HVDLITE_RANK'])\n")
     out = _launch(script)
     assert "[0]<stdout>:tour done 0" in out and "[1]<stdout>:tour done 1" in out
+
+
+def test_e2e_torch_benchmark_rows_run():
+    """benchmarks/e2e_torch.py's hvdlite rows work (a smoke run; times are not judged)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import e2e_torch
+    finally:
+        sys.path.pop(0)
+    for row in ("hvdlite", "hvdlite-fp16"):
+        result = e2e_torch.run_row(row, "cnn", 2, idle_wait=0.0)
+        assert result["median_s"] > 0 and result["params"] > 0, result
