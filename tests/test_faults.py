@@ -51,6 +51,8 @@ def _bad_local_input():
     import hvdlite as hvd
     hvd.init()
     out = {}
+    if hvd.rank() == 1:
+        time.sleep(0.5)  # keeps rank 0's first 'dup' in flight while it submits the second
     h = hvd.allreduce_async(np.ones(3), name="dup")
     try:
         hvd.allreduce_async(np.ones(3), name="dup")
@@ -76,8 +78,9 @@ def _bad_local_input():
 
 
 def test_bad_local_input_is_a_clear_error():
-    for out in run_ranks(_bad_local_input, 2, timeout=60):
-        assert "already in flight" in out["duplicate"] and "'dup'" in out["duplicate"]
+    results = run_ranks(_bad_local_input, 2, timeout=60)
+    assert "already in flight" in results[0]["duplicate"] and "'dup'" in results[0]["duplicate"]
+    for out in results:
         assert out["dtype"][0] == "NotSupportedError" and "int16" in out["dtype"][1]
         assert out["bad_root"][0] == "InvalidArgumentError" and "root rank 5" in out["bad_root"][1]
         assert out["splits"][0] == "InvalidArgumentError" and "splits" in out["splits"][1]
