@@ -12,3 +12,15 @@ def test_tensorflow_digits_learns(script):
     accuracy = float(re.search(r"\[0\]<stdout>:test accuracy ([0-9.]+) on 2 ranks", out).group(1))
     assert accuracy > 0.8, out
     assert "[1]<stdout>:" not in out   # only rank 0 prints
+
+
+def test_e2e_tf_benchmark_row_runs():
+    """benchmarks/e2e_tf.py's hvdlite row works (a smoke run; times are not judged)."""
+    import sys
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import e2e_tf
+    finally:
+        sys.path.pop(0)
+    result = e2e_tf.run_row("hvdlite", "mlp", 1, 0.0, rows=e2e_tf.ROWS, worker=e2e_tf.WORKER)
+    assert result["median_s"] > 0 and result["params"] > 25_000_000, result
