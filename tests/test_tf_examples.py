@@ -24,3 +24,13 @@ def test_e2e_tf_benchmark_row_runs():
         sys.path.pop(0)
     result = e2e_tf.run_row("hvdlite", "mlp", 1, 0.0, rows=e2e_tf.ROWS, worker=e2e_tf.WORKER)
     assert result["median_s"] > 0 and result["params"] > 25_000_000, result
+
+
+def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## API tour (TensorFlow)"):]
+    tour = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    script = tmp_path / "tf_tour.py"
+    script.write_text(tour + "\nimport os; print('tour done', os.environ['HVDLITE_RANK'])\n")
+    out = _launch(script)
+    assert "[0]<stdout>:tour done 0" in out and "[1]<stdout>:tour done 1" in out
