@@ -27,6 +27,19 @@ def is_aligned(array):
     return array.ctypes.data % _ALIGNMENT == 0
 
 
+def aligned_copy(array):
+    """A C-contiguous, writable copy of `array` whose data is 64-byte aligned, so that
+    TensorFlow can adopt it as a tensor without another copy (numpy_function outputs,
+    to_tensor)."""
+    array = np.asarray(array)
+    nbytes = array.size * array.dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGNMENT
+    out = raw[offset:offset + nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 def to_numpy(tensor):
     if isinstance(tensor, np.ndarray):
         return tensor

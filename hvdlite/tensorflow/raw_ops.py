@@ -16,7 +16,7 @@ from hvdlite import numpy_ops
 from hvdlite.common import collectives, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import resolve
-from hvdlite.tensorflow.buffers import call_numpy, check_dtype
+from hvdlite.tensorflow.buffers import aligned_copy, call_numpy, check_dtype
 
 
 def _rows_shape(tensor):
@@ -38,7 +38,7 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
     _check(tensors, "allreduce")
 
     def fn(*arrays):
-        handles = [numpy_ops.allreduce_async_(np.array(a, order="C"), name=n, op=op, prescale_factor=prescale,
+        handles = [numpy_ops.allreduce_async_(aligned_copy(a), name=n, op=op, prescale_factor=prescale,
                                               postscale_factor=postscale, process_set=process_set)
                    for a, n in zip(arrays, names)]
         return [ops.synchronize(h) for h in handles]
