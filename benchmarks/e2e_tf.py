@@ -11,7 +11,7 @@ rank (intra- and inter-op), the step a tf.function. Rows (the 2-rank ones side b
   nocomm        2 processes, each training alone (the floor for 2 ranks)
   hvdlite       hvd.DistributedGradientTape (one fused grouped allreduce per step)
   hvdlite-fp16  the same with Compression.fp16
-Timing, idle wait, table and plot as in e2e_torch.py (whose run_row / table / plot this
+Timing, idle wait, table and plot as in e2e_torch.py (whose run_row and write_report this
 reuses). Writes OUT/e2e_tf.md and .png. Nothing is asserted: speed is a benchmark, not a test.
 """
 import argparse
@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import HERE  # noqa: E402
-from e2e_torch import plot, run_row, table  # noqa: E402
+from e2e_torch import run_row, write_report  # noqa: E402
 
 WORKER = os.path.join(HERE, "_e2e_tf_worker.py")
 ROWS = {"single": ("hvdlite", 1, "alone"), "nocomm": ("hvdlite", 2, "alone"), "hvdlite": ("hvdlite", 2, "train"),
@@ -45,15 +45,7 @@ def main(argv=None):
     for row in args.rows:
         results.append(run_row(row, "mlp", steps, idle_wait, rows=ROWS, worker=WORKER))
         print("  %s" % results[-1], flush=True)
-    versions = sorted({r["version"] for r in results if "version" in r})
-    text = "\n".join(["# End-to-end TensorFlow step time", "",
-                      "One TensorFlow thread per rank, %d cores; %s." % (os.cpu_count() or 1, "; ".join(versions)),
-                      ""] + table(results))
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "e2e_tf.md"), "w") as f:
-        f.write(text + "\n")
-    plot(results, os.path.join(args.out_dir, "e2e_tf.png"))
-    print("\n" + text + "\n\nwrote %s/e2e_tf.{md,png}" % args.out_dir, flush=True)
+    write_report(results, args.out_dir, "e2e_tf", "TensorFlow", "One TensorFlow thread per rank")
     return 1 if any("error" in r for r in results) else 0
 
 

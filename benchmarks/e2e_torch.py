@@ -93,6 +93,18 @@ def plot(results, path):
     plt.close(fig)
 
 
+def write_report(results, out_dir, stem, framework, threads):
+    """Prints the table and writes OUT/<stem>.md and .png (shared with e2e_tf.py)."""
+    versions = sorted({r["version"] for r in results if "version" in r})
+    text = "\n".join(["# End-to-end %s step time" % framework, "",
+                      "%s, %d cores; %s." % (threads, os.cpu_count() or 1, "; ".join(versions)), ""] + table(results))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write(text + "\n")
+    plot(results, os.path.join(out_dir, stem + ".png"))
+    print("\n" + text + "\n\nwrote %s/%s.{md,png}" % (out_dir, stem), flush=True)
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     idle_wait = 2.0 if args.quick else args.idle_wait
@@ -102,15 +114,7 @@ def main(argv=None):
         for row in ROWS:
             results.append(run_row(row, model, steps, idle_wait))
             print("  %s" % results[-1], flush=True)
-    versions = sorted({r["version"] for r in results if "version" in r})
-    text = "\n".join(["# End-to-end PyTorch step time", "",
-                      "One compute thread per rank, %d cores; %s." % (os.cpu_count() or 1, "; ".join(versions)),
-                      ""] + table(results))
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "e2e_torch.md"), "w") as f:
-        f.write(text + "\n")
-    plot(results, os.path.join(args.out_dir, "e2e_torch.png"))
-    print("\n" + text + "\n\nwrote %s/e2e_torch.{md,png}" % args.out_dir, flush=True)
+    write_report(results, args.out_dir, "e2e_torch", "PyTorch", "One compute thread per rank")
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from test_torch_examples import REPO, _launch
+from test_torch_examples import REPO, _launch, run_readme_tour
 
 
 @pytest.mark.parametrize("script", ["tensorflow2_keras_digits.py", "tensorflow2_digits.py"])
@@ -27,10 +27,4 @@ def test_e2e_tf_benchmark_row_runs():
 
 
 def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## API tour (TensorFlow)"):]
-    tour = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    script = tmp_path / "tf_tour.py"
-    script.write_text(tour + "\nimport os; print('tour done', os.environ['HVDLITE_RANK'])\n")
-    out = _launch(script)
-    assert "[0]<stdout>:tour done 0" in out and "[1]<stdout>:tour done 1" in out
+    run_readme_tour("## API tour (TensorFlow)", tmp_path)
