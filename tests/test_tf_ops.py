@@ -142,6 +142,25 @@ def _error_checks(hvd, tf):
     return errors
 
 
+def _join_adasum_and_queries(hvd, tf):
+    """join(): rank 0 reduces once more while the others have joined (they add zeros);
+    Adasum on 1 rank is the identity and fails on 3 (not a power of two); capability queries."""
+    r, n = hvd.rank(), hvd.size()
+    if r == 0:
+        assert hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="after.join").numpy().tolist() == [1.0, 1.0]
+    assert hvd.join() == 0 or n == 1
+    if n == 1:
+        assert hvd.allreduce(tf.constant([3.0]), op=hvd.Adasum).numpy().tolist() == [3.0]
+    else:
+        try:
+            hvd.allreduce(tf.constant([3.0]), op=hvd.Adasum, name="adasum")
+            raise AssertionError("Adasum on 3 ranks did not fail")
+        except NotImplementedError:
+            pass
+    assert hvd.gloo_built() and not hvd.rocm_built() and hvd.is_initialized()
+    assert (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()) == (r, n, 0, 1)
+
+
 def _job():
     import tensorflow as tf
     import hvdlite.tensorflow as hvd
@@ -160,6 +179,7 @@ def _job():
             assert got.numpy().tolist() == [2.0]
             assert hvd.allgather(tf.constant([hvd.rank()]), process_set=ps).numpy().tolist() == [0, 2]
     out["errors"] = _error_checks(hvd, tf)
+    _join_adasum_and_queries(hvd, tf)
     hvd.shutdown()
     return out
 
