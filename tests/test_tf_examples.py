@@ -1,5 +1,7 @@
 """The TensorFlow examples run end to end under hvdliterun (short settings)."""
+import os
 import re
+import sys
 
 import pytest
 
@@ -16,7 +18,6 @@ def test_tensorflow_digits_learns(script):
 
 def test_e2e_tf_benchmark_row_runs():
     """benchmarks/e2e_tf.py's hvdlite row works (a smoke run; times are not judged)."""
-    import sys
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import e2e_tf
@@ -28,3 +29,18 @@ def test_e2e_tf_benchmark_row_runs():
 
 def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path):
     run_readme_tour("## API tour (TensorFlow)", tmp_path)
+
+
+def test_torch_and_tensorflow_in_one_process():
+    """Both adapters import together (torch 2.13 and TensorFlow 2.21) and share one runtime."""
+    import subprocess
+    code = ("import torch, tensorflow as tf\n"
+            "import hvdlite.torch as ht, hvdlite.tensorflow as hf\n"
+            "hf.init()\n"
+            "a = ht.allreduce(torch.ones(3), op=ht.Sum)\n"
+            "b = hf.allreduce(tf.ones([3]), op=hf.Sum)\n"
+            "assert a.tolist() == b.numpy().tolist() == [1.0] * 3\n"
+            "print('ok', torch.__version__, tf.__version__)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert res.returncode == 0 and "ok 2.13" in res.stdout, res.stdout + res.stderr

@@ -95,7 +95,7 @@ def broadcast(tensors, names, root_rank, process_set):
     _check(tensors, "broadcast")
 
     def fn(*arrays):
-        handles = [numpy_ops.broadcast_async(a, root_rank, name=n, process_set=process_set)
+        handles = [numpy_ops.broadcast_async_(aligned_copy(a), root_rank, name=n, process_set=process_set)
                    for a, n in zip(arrays, names)]
         return [ops.synchronize(h) for h in handles]
 
