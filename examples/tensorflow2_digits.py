@@ -10,7 +10,6 @@ created its variables) the model and optimizer variables are broadcast from rank
 trains on its shard of scikit-learn's digits; rank 0 prints per-epoch averages and the final
 test accuracy.
 """
-import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -20,20 +19,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdlite.tensorflow as hvd  # noqa: E402
-from tensorflow2_keras_digits import build_model, load_split  # noqa: E402
+from tensorflow2_keras_digits import build_model, load_split, setup  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05, help="for one rank; scaled by the number of ranks")
-    args = parser.parse_args()
-
-    hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    keras.utils.set_random_seed(hvd.rank())
+    args = setup(__doc__)
     rank, size = hvd.rank(), hvd.size()
     x_train, y_train, x_test, y_test = load_split()
     x_train, y_train = x_train[rank::size], y_train[rank::size]

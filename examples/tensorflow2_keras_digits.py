@@ -45,17 +45,23 @@ def build_model():
     ])
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def setup(doc):
+    """Parses --epochs/--batch-size/--lr, joins the job, one TensorFlow thread, a per-rank seed
+    (different on purpose: rank 0's weights are broadcast). Returns the arguments."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05, help="for one rank; scaled by the number of ranks")
     args = parser.parse_args()
-
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    keras.utils.set_random_seed(hvd.rank())   # different on purpose: the broadcast makes them equal
+    keras.utils.set_random_seed(hvd.rank())
+    return args
+
+
+def main():
+    args = setup(__doc__)
     rank, size = hvd.rank(), hvd.size()
     x_train, y_train, x_test, y_test = load_split()
 
