@@ -94,8 +94,17 @@ def _optimizer_checks(hvd, tf):
     v1 = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
     grads = v1.compute_gradients(lambda: u * (r + 1.0), var_list=[u])
     np.testing.assert_allclose(grads[0][0].numpy(), [(n + 1) / 2.0])
+    w = tf.Variable([0.0, 0.0])
+    accumulating = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=1.0), backward_passes_per_step=2)
+    step = tf.function(lambda: accumulating.apply_gradients([(tf.constant([float(r), 1.0]), w)]))
+    for call, want in ((lambda: accumulating.apply_gradients([(tf.constant([float(r), 1.0]), w)]), [0.0, 0.0]),
+                       (step, [-(n - 1.0), -2.0]),      # the sum of 2 passes, averaged over ranks
+                       (step, [-(n - 1.0), -2.0]), (step, [-2.0 * (n - 1.0), -4.0])):
+        call()
+        np.testing.assert_allclose(w.numpy(), want)
     errors = []
-    for call in (lambda: hvd.DistributedOptimizer(tf.keras.optimizers.SGD(), backward_passes_per_step=2),
+    for call in (lambda: hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                                  backward_passes_per_step=2),
                  lambda: hvd.DistributedOptimizer(opt),
                  lambda: hvd.DistributedOptimizer(object())):
         try:

@@ -36,8 +36,7 @@ def check_backward_passes(backward_passes_per_step):
     if backward_passes_per_step != 1:
         raise exceptions.NotSupportedError(
             "backward_passes_per_step=%d: local gradient accumulation is not implemented in "
-            "hvdlite.tensorflow yet; use 1 (Keras 3 optimizers' gradient_accumulation_steps accumulates "
-            "the averaged gradients instead)" % backward_passes_per_step)
+            "hvdlite.tensorflow's tf.compat.v1 optimizers yet; use 1, or a Keras optimizer" % backward_passes_per_step)
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='', device_sparse='',
@@ -46,12 +45,14 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                          num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
     """Wraps `optimizer` so that gradients are reduced (op, default Average)
     across `process_set` before being applied. name, use_locking, device_*
-    and average_aggregated_gradients are Horovod's, accepted and unused."""
+    are Horovod's, accepted and unused; backward_passes_per_step and
+    average_aggregated_gradients apply to Keras optimizers only."""
     if isinstance(optimizer, keras.optimizers.Optimizer):
         from hvdlite.tensorflow.keras import DistributedOptimizer as keras_distributed
         return keras_distributed(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
                                  gradient_predivide_factor=gradient_predivide_factor, op=op,
-                                 backward_passes_per_step=backward_passes_per_step, num_groups=num_groups,
+                                 backward_passes_per_step=backward_passes_per_step,
+                                 average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
                                  groups=groups, process_set=process_set)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError("DistributedOptimizer needs a Keras optimizer or a tf.compat.v1.train.Optimizer, got %s"
