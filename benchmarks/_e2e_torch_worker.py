@@ -16,7 +16,6 @@ Imports hvdlite only for LIB=hvdlite, so it runs in Horovod's venv too.
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 from _collectives_worker import save_json  # noqa: E402
 from _comms import make_comm  # noqa: E402
-from _machine import Gate  # noqa: E402
+from _machine import Gate, timed_steps  # noqa: E402
 from digits_cnn import SmallCNN  # noqa: E402
 
 BATCH = 32
@@ -55,36 +54,19 @@ def distribute(lib, mode, model, opt):
     return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
 
 
-def timed_steps(comm, gate, forward, opt, x, y, steps, idle_wait):
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(forward(x), y).backward()
-        opt.step()
-
-    for _ in range(WARMUP):
-        comm.barrier()
-        step()
-    gate.wait_idle(idle_wait)
-    meter = gate.meter() if comm.rank == 0 else None
-    comm.barrier()
-    if meter:
-        meter.start()
-    times = []
-    for _ in range(steps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return times, (meter.stop() if meter else None)
-
-
 def measure(comm, args):
     """This rank's result document. The model (and DDP's hold on the process group) is freed
     when it returns, before the job is torn down."""
     gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
     model, x, y = make_model(args.model)
     forward, opt = distribute(args.lib, args.mode, model, torch.optim.SGD(model.parameters(), lr=0.01))
-    times, load = timed_steps(comm, gate, forward, opt, x, y, args.steps, args.idle_wait)
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(forward(x), y).backward()
+        opt.step()
+
+    times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=WARMUP)
     doc = {"rank": comm.rank, "size": comm.size, "version": comm.version, "times": times,
            "params": sum(p.numel() for p in model.parameters())}
     if load:

@@ -126,3 +126,24 @@ class Gate:
                 break
         self._write("go", str(self._seq))
         return waited, others
+
+
+def timed_steps(comm, gate, step, steps, idle_wait, warmup=3):
+    """Runs step() `warmup` times, waits (at most idle_wait s) for an idle machine, then `steps`
+    timed calls, each after comm.barrier() (outside the timed region). Returns (seconds per
+    step, rank 0's LoadMeter result or None). Shared by the end-to-end workers of every framework."""
+    for _ in range(warmup):
+        comm.barrier()
+        step()
+    gate.wait_idle(idle_wait)
+    meter = gate.meter() if comm.rank == 0 else None
+    comm.barrier()
+    if meter:
+        meter.start()
+    times = []
+    for _ in range(steps):
+        comm.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times, (meter.stop() if meter else None)

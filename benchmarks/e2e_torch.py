@@ -45,15 +45,16 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def run_row(row, model, steps, idle_wait):
-    """One row: {'row', 'model', and 'median_s', 'min_s', 'others', 'version' | 'skipped' | 'error'}."""
-    lib, ranks, mode = ROWS[row]
+def run_row(row, model, steps, idle_wait, rows=None, worker=WORKER):
+    """One row: {'row', 'model', and 'median_s', 'min_s', 'others', 'version' | 'skipped' | 'error'}.
+    `rows` / `worker`: another framework's table and worker with the same contract (e2e_tf.py)."""
+    lib, ranks, mode = (rows or ROWS)[row]
     out = {"row": row, "model": model}
     reason = unavailable(lib)
     if reason:
         return dict(out, skipped=reason)
     args = ["--mode", mode, "--model", model, "--steps", str(steps), "--idle-wait", str(idle_wait)]
-    docs, error = run_job(lib, ranks, WORKER, args, timeout_s=600)
+    docs, error = run_job(lib, ranks, worker, args, timeout_s=600)
     if error or len(docs) != ranks:
         return dict(out, error=error or "%d of %d ranks wrote results" % (len(docs), ranks))
     per_step = sorted(max(d["times"][i] for d in docs) for i in range(steps))
@@ -92,6 +93,18 @@ def plot(results, path):
     plt.close(fig)
 
 
+def write_report(results, out_dir, stem, framework, threads):
+    """Prints the table and writes OUT/<stem>.md and .png (shared with e2e_tf.py)."""
+    versions = sorted({r["version"] for r in results if "version" in r})
+    text = "\n".join(["# End-to-end %s step time" % framework, "",
+                      "%s, %d cores; %s." % (threads, os.cpu_count() or 1, "; ".join(versions)), ""] + table(results))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write(text + "\n")
+    plot(results, os.path.join(out_dir, stem + ".png"))
+    print("\n" + text + "\n\nwrote %s/%s.{md,png}" % (out_dir, stem), flush=True)
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     idle_wait = 2.0 if args.quick else args.idle_wait
@@ -101,15 +114,7 @@ def main(argv=None):
         for row in ROWS:
             results.append(run_row(row, model, steps, idle_wait))
             print("  %s" % results[-1], flush=True)
-    versions = sorted({r["version"] for r in results if "version" in r})
-    text = "\n".join(["# End-to-end PyTorch step time", "",
-                      "One compute thread per rank, %d cores; %s." % (os.cpu_count() or 1, "; ".join(versions)),
-                      ""] + table(results))
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "e2e_torch.md"), "w") as f:
-        f.write(text + "\n")
-    plot(results, os.path.join(args.out_dir, "e2e_torch.png"))
-    print("\n" + text + "\n\nwrote %s/e2e_torch.{md,png}" % args.out_dir, flush=True)
+    write_report(results, args.out_dir, "e2e_torch", "PyTorch", "One compute thread per rank")
     return 1 if any("error" in r for r in results) else 0
 
 

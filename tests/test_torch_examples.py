@@ -27,14 +27,19 @@ def test_pytorch_synthetic_benchmark_reports_rates():
     assert re.search(r"Total img/sec on 2 rank\(s\): [0-9.]+", out), out
 
 
-def test_readme_pytorch_tour_runs_on_two_ranks(tmp_path):
+def run_readme_tour(heading, tmp_path):
+    """Runs the first python block after README's `heading` on 2 ranks; checks both finish."""
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## API tour (PyTorch)"):]
+    section = readme[readme.index(heading):]
     tour = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    script = tmp_path / "torch_tour.py"
+    script = tmp_path / "tour.py"
     script.write_text(tour + "\nimport os; print('tour done', os.environ['HVDLITE_RANK'])\n")
     out = _launch(script)
     assert "[0]<stdout>:tour done 0" in out and "[1]<stdout>:tour done 1" in out
+
+
+def test_readme_pytorch_tour_runs_on_two_ranks(tmp_path):
+    run_readme_tour("## API tour (PyTorch)", tmp_path)
 
 
 def test_e2e_torch_benchmark_rows_run():

@@ -1,0 +1,85 @@
+"""Moving values between TensorFlow tensors and the NumPy path of the core.
+
+Contracts:
+  - ``to_numpy(t)``: a NumPy view (eager CPU tensors: no copy) that callers
+    only READ; every collective writes into a fresh array or a core-owned one.
+  - ``to_tensor(a)``: a tf.Tensor with `a`'s values. Zero-copy through DLPack
+    when `a` is C-contiguous, non-empty and its data is 64-byte aligned;
+    otherwise a copy. TensorFlow (seen with tensorflow-cpu 2.21) aborts the
+    whole process on a DLPack buffer that is not 64-byte aligned, so the
+    check is mandatory, never an optimisation to drop.
+  - ``call_numpy(fn, inputs, dtypes, shapes)``: runs fn(*numpy arrays) ->
+    list of arrays. Eagerly it calls fn directly; while tracing a tf.function
+    it inserts a tf.numpy_function (stateful, so TensorFlow's automatic control
+    dependencies keep collectives in program order on every rank) and sets
+    the static output shapes.
+"""
+import numpy as np
+import tensorflow as tf
+
+_ALIGNMENT = 64
+
+# TensorFlow dtypes the core carries (hvdlite.common.dtypes).
+SUPPORTED = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool)
+
+
+def is_aligned(array):
+    return array.ctypes.data % _ALIGNMENT == 0
+
+
+def aligned_copy(array):
+    """A C-contiguous, writable copy of `array` whose data is 64-byte aligned, so that
+    TensorFlow can adopt it as a tensor without another copy (numpy_function outputs,
+    to_tensor)."""
+    array = np.asarray(array)
+    nbytes = array.size * array.dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGNMENT
+    out = raw[offset:offset + nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+def to_numpy(tensor):
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    return tensor.numpy()
+
+
+def to_tensor(array):
+    """A tf.Tensor holding `array` (shared when DLPack is safe, see module doc)."""
+    array = np.asarray(array)
+    if (array.size and array.flags.c_contiguous and array.flags.writeable and is_aligned(array)
+            and array.dtype != np.bool_):
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except Exception:  # a dtype DLPack does not carry (bfloat16 on old NumPy): copy instead
+            pass
+    return tf.convert_to_tensor(array)
+
+
+def check_dtype(tensor, what):
+    """Raises NotSupportedError for a dtype the core does not carry, naming the tensor."""
+    from hvdlite.common import exceptions
+    if tensor.dtype not in SUPPORTED:
+        raise exceptions.NotSupportedError(
+            "%s: tensor has dtype %s, which hvdlite does not support; use one of %s"
+            % (what, tensor.dtype.name, ", ".join(d.name for d in SUPPORTED)))
+
+
+def call_numpy(fn, inputs, dtypes, shapes, name="hvdlite"):
+    """fn(*arrays) -> list of arrays, as tensors of `dtypes` with static `shapes`
+    (a TensorShape / list per output; None dimensions where only the job knows)."""
+    if tf.executing_eagerly():
+        outs = fn(*[to_numpy(t) for t in inputs])
+        return [to_tensor(np.asarray(o, dtype=d.as_numpy_dtype)) for o, d in zip(outs, dtypes)]
+
+    def graph_fn(*arrays):
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(*arrays), dtypes)]
+
+    outs = tf.numpy_function(graph_fn, list(inputs), list(dtypes), stateful=True, name=name)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    for out, shape in zip(outs, shapes):
+        out.set_shape(shape)
+    return list(outs)

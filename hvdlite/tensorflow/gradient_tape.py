@@ -1,0 +1,80 @@
+"""DistributedGradientTape / PartialDistributedGradientTape: a tf.GradientTape
+whose gradient() returns gradients averaged across ranks (Horovod's API).
+
+The wrapper is an instance of a subclass of the given tape's own class that
+shares the tape's recorded state (its __dict__ is copied), so isinstance
+checks and every other tape method behave as before; only gradient() adds
+the allreduce (hvdlite.tensorflow.gradient_allreduce).
+"""
+import tensorflow as tf
+
+from hvdlite.common import dtypes
+from hvdlite.common.process_sets import global_process_set
+from hvdlite.tensorflow.compression import Compression
+from hvdlite.tensorflow.gradient_allreduce import allreduce_gradients, check_options
+
+
+class _DistributedMixin:
+    """gradient() of a distributed tape; settings live in self._hvdlite."""
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
+        grads = super().gradient(target, sources, output_gradients, **kwargs)
+        settings = self._hvdlite
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        local = settings["local_ids"]
+        shared = [i for i, s in enumerate(flat_sources) if id(s) not in local]
+        reduced = allreduce_gradients([flat_grads[i] for i in shared], [flat_sources[i] for i in shared],
+                                      settings["compression"], settings["sparse_as_dense"], settings["op"],
+                                      settings["predivide"], settings["groups"], settings["process_set"],
+                                      name="DistributedGradientTape")
+        out = list(flat_grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if local and settings["scale_local_gradients"]:
+            size = settings["process_set"].size()
+            for i, s in enumerate(flat_sources):
+                if id(s) in local and out[i] is not None:
+                    out[i] = _scale(out[i], 1.0 / size)
+        return tf.nest.pack_sequence_as(sources, out)
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='', compression=Compression.none,
+                            sparse_as_dense=False, op=dtypes.Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=global_process_set, scale_local_gradients=True,
+                            _local_vars=()):
+    """Wraps `gradtape` (after its `with` block) so that gradient() averages
+    (op=Average; or Sum, Adasum) the gradients across `process_set`.
+    device_dense / device_sparse are Horovod's, accepted and unused."""
+    groups = check_options(op, gradient_predivide_factor, num_groups, groups)
+    cls = type(gradtape.__class__.__name__, (_DistributedMixin, gradtape.__class__), {})
+    tape = object.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._hvdlite = {"compression": compression, "sparse_as_dense": sparse_as_dense, "op": op,
+                     "predivide": gradient_predivide_factor, "groups": groups, "process_set": process_set,
+                     "scale_local_gradients": scale_local_gradients, "local_ids": {id(v) for v in _local_vars}}
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='', compression=Compression.none,
+                                   sparse_as_dense=False, op=dtypes.Average, gradient_predivide_factor=1.0,
+                                   num_groups=0, groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """A DistributedGradientTape that leaves the gradients of `local_layers`'
+    trainable variables (a layer or a list of layers) un-reduced; with
+    scale_local_gradients they are divided by the process set size, as in
+    Horovod (the same scale as the averaged ones of a summed loss)."""
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    local_vars = [v for layer in local_layers for v in layer.trainable_weights]
+    return DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients, _local_vars=local_vars)

@@ -1,0 +1,128 @@
+"""Horovod's Keras callbacks, for Keras 3 on TensorFlow.
+
+  BroadcastGlobalVariablesCallback(root_rank)  model (at train begin) and
+      model + optimizer variables (after the first batch, once the optimizer
+      has created them) take root_rank's values.
+  MetricAverageCallback()  every numeric value in the epoch's logs becomes
+      its average over ranks (put it before callbacks that read metrics).
+  LearningRateScheduleCallback(initial_lr, multiplier, ...)  lr =
+      initial_lr * multiplier(epoch) for start_epoch <= epoch < end_epoch,
+      per epoch (staircase) or per batch with a fractional epoch.
+  LearningRateWarmupCallback(initial_lr, warmup_epochs, ...)  lr ramps from
+      initial_lr / size to initial_lr over warmup_epochs (Goyal et al.).
+
+momentum_correction is accepted for Horovod compatibility and has no effect:
+Keras 3 optimizers read momentum as a constant when the train step is traced.
+"""
+import keras
+import numpy as np
+
+from hvdlite import numpy_ops
+from hvdlite.common import basics
+from hvdlite.tensorflow.functions import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    def __init__(self, root_rank, device=''):
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs=None):
+        if self.model.built:
+            broadcast_variables(self.model.variables, self.root_rank)
+
+    def on_batch_end(self, batch, logs=None):
+        if self.broadcast_done:
+            return
+        broadcast_variables(self.model.variables, self.root_rank)
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            broadcast_variables(optimizer.variables, self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    def __init__(self, device=''):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        for key in sorted(logs):
+            value = logs[key]
+            if isinstance(value, (int, float, np.number, np.ndarray)) or hasattr(value, "numpy"):
+                array = np.array(value, dtype=np.float64)
+                logs[key] = float(numpy_ops.allreduce(array, name="metric_average.%s" % key).reshape(-1)[0])
+
+
+def _get_lr(optimizer):
+    return float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
+
+
+def _set_lr(optimizer, value):
+    variable = getattr(optimizer, "_learning_rate", None)
+    if not hasattr(variable, "assign"):
+        raise ValueError("the optimizer's learning rate is a schedule, which these callbacks cannot set")
+    variable.assign(value)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None, *args):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase if callable(multiplier) else True
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = None
+
+    def _adjust(self, epoch):
+        _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+    def on_train_begin(self, logs=None):
+        if self.initial_lr is None:
+            self.initial_lr = _get_lr(self.model.optimizer)
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError("steps_per_epoch is needed for a per-batch (staircase=False) schedule: pass it, "
+                                 "or call fit() with steps_per_epoch")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def on_batch_begin(self, batch, logs=None):
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._adjust(epoch)
+        else:
+            self._adjust(epoch + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = _get_lr(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+        def multiplier(epoch):
+            size = basics.size()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.warmup_epochs - 1 and self.verbose > 0:
+            print("\nEpoch %d: finished gradual learning rate warmup to %g." % (epoch + 1,
+                                                                                _get_lr(self.model.optimizer)))

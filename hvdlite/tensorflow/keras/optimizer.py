@@ -1,0 +1,114 @@
+"""DistributedOptimizer for Keras 3 optimizers, and load_model.
+
+The wrapped optimizer is an instance of a subclass of the original's class
+whose apply() (which apply_gradients() and model.fit's train step go
+through) first reduces the gradients across ranks with
+hvdlite.tensorflow.gradient_allreduce. Everything else (variables, config,
+serialization under the original class name) is the original optimizer's.
+"""
+import keras
+import tensorflow as tf
+
+from hvdlite.common import dtypes
+from hvdlite.common.process_sets import global_process_set
+from hvdlite.tensorflow.compression import Compression
+from hvdlite.tensorflow.gradient_allreduce import allreduce_gradients, check_options
+from hvdlite.tensorflow.optimizer import _settings
+
+
+class _KerasMixin:
+    """apply() of a distributed Keras optimizer; settings in self._hvdlite_settings."""
+
+    _hvdlite_distributed = True
+
+    def apply(self, grads, trainable_variables=None):
+        s = self._hvdlite_settings
+        variables = trainable_variables
+        if variables is None and self.built:
+            variables = self._trainable_variables
+        variables = list(variables) if variables is not None else None
+        if s["passes"] > 1:
+            return _accumulate(self, list(grads), variables)
+        return super().apply(_reduce(s, list(grads), variables), variables)
+
+
+def _reduce(s, grads, variables):
+    return allreduce_gradients(grads, variables, s["compression"], s["sparse_as_dense"], s["op"], s["predivide"],
+                               s["groups"], s["process_set"], name="DistributedOptimizer")
+
+
+def _accumulate(opt, grads, variables):
+    """backward_passes_per_step = N > 1 (Horovod's local aggregation): gradients are summed
+    locally over N calls; every N-th call reduces the sum (divided by N with
+    average_aggregated_gradients) across ranks and applies it. Other calls change no model
+    variable. Every rank takes the same branch (the call counter is the same everywhere)."""
+    s = opt._hvdlite_settings
+    if "accumulators" not in s:
+        with tf.init_scope():
+            s["accumulators"] = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables]
+            s["calls"] = tf.Variable(0, dtype=tf.int64, trainable=False)
+    if not opt.built:
+        opt.build(variables)
+    for acc, g in zip(s["accumulators"], grads):
+        if g is not None:
+            acc.assign_add(tf.convert_to_tensor(g))
+    s["calls"].assign_add(1)
+
+    def flush():
+        scale = 1.0 / s["passes"] if s["average_aggregated"] else 1.0
+        summed = [acc.read_value() * scale if g is not None else None for acc, g in zip(s["accumulators"], grads)]
+        super(_KerasMixin, opt).apply(_reduce(s, summed, variables), variables)
+        for acc in s["accumulators"]:
+            acc.assign(tf.zeros_like(acc))
+        return tf.constant(True)
+
+    due = tf.equal(s["calls"] % s["passes"], 0)
+    if tf.executing_eagerly():
+        return flush() if bool(due) else tf.constant(False)
+    return tf.cond(due, flush, lambda: tf.constant(False))
+
+
+def _distributed_class(base):
+    return type(base.__name__, (_KerasMixin, base), {"__module__": base.__module__})
+
+
+def _attach(optimizer, settings):
+    # object.__setattr__: Keras's attribute tracking has no business with a plain settings dict.
+    object.__setattr__(optimizer, "_hvdlite_settings", settings)
+    return optimizer
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='', compression=Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=dtypes.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
+                         groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """A new optimizer of `optimizer`'s class and config whose gradients are
+    reduced (op, default Average) across `process_set` before each update
+    (every backward_passes_per_step-th call, see _accumulate). name and
+    device_* are Horovod's, accepted and unused."""
+    groups = check_options(op, gradient_predivide_factor, num_groups, groups)
+    if int(backward_passes_per_step) < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
+    if getattr(optimizer, "_hvdlite_distributed", False):
+        raise ValueError("the optimizer is already a DistributedOptimizer")
+    config = optimizer.get_config()
+    new = _distributed_class(optimizer.__class__).from_config(config)
+    settings = _settings(compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set)
+    settings.update(passes=int(backward_passes_per_step), average_aggregated=bool(average_aggregated_gradients))
+    return _attach(new, settings)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+    """keras.models.load_model, with the model's optimizer (state included)
+    turned into a DistributedOptimizer in place. custom_optimizers: optimizer
+    classes the file may name, besides Keras's own."""
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or ():
+        objects[cls.__name__] = cls
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not getattr(opt, "_hvdlite_distributed", False):
+        opt.__class__ = _distributed_class(opt.__class__)
+        settings = _settings(compression, False, dtypes.Average, 1.0, None, global_process_set)
+        _attach(opt, dict(settings, passes=1, average_aggregated=False))
+    return model

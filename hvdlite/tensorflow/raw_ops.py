@@ -1,0 +1,102 @@
+"""Non-differentiable collectives on lists of TensorFlow tensors.
+
+Each function takes a list of tensors and already-resolved names and a registered ProcessSet (every rank
+must use the same names; see hvdlite.common.naming), submits ALL of them to
+the core before waiting for any (so the core can fuse them), and returns a
+list of tf.Tensors. They run eagerly or, inside a tf.function, as one
+tf.numpy_function per call (hvdlite.tensorflow.buffers.call_numpy). The
+submission itself is hvdlite's framework-neutral NumPy path
+(hvdlite.common.collectives with the NUMPY buffer adapter): no TensorFlow
+kernel, no policy of its own.
+"""
+import numpy as np
+import tensorflow as tf
+
+from hvdlite import numpy_ops
+from hvdlite.common import collectives, ops
+from hvdlite.common.numpy_buffers import NUMPY
+from hvdlite.common.process_sets import resolve
+from hvdlite.tensorflow.buffers import aligned_copy, call_numpy, check_dtype
+
+
+def _rows_shape(tensor):
+    """Static shape of an output whose first dimension only the job knows."""
+    return tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else tf.TensorShape(None)
+
+
+def _check(tensors, what):
+    for t in tensors:
+        check_dtype(t, what)
+
+
+def _writable(array):
+    return array if array.flags.writeable and array.flags.c_contiguous else np.array(array, order="C")
+
+
+def allreduce(tensors, names, op, prescale, postscale, process_set):
+    """Reduced copies of `tensors` (same shapes and dtypes)."""
+    _check(tensors, "allreduce")
+
+    def fn(*arrays):
+        handles = [numpy_ops.allreduce_async_(aligned_copy(a), name=n, op=op, prescale_factor=prescale,
+                                              postscale_factor=postscale, process_set=process_set)
+                   for a, n in zip(arrays, names)]
+        return [ops.synchronize(h) for h in handles]
+
+    return call_numpy(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HvdliteAllreduce")
+
+
+def _with_output(kind, op_type, tensors, names, process_set, **submit_kw):
+    """Runs an op whose output the core allocates; returns the outputs."""
+    def fn(*arrays):
+        set_id = resolve(process_set)
+        handles = [collectives.start(collectives.with_output(NUMPY, kind, op_type, _writable(a), n,
+                                                             process_set=set_id, **submit_kw))
+                   for a, n in zip(arrays, names)]
+        return [ops.synchronize(h)[0] for h in handles]
+
+    return call_numpy(fn, tensors, [t.dtype for t in tensors], [_rows_shape(t) for t in tensors],
+                      "Hvdlite" + kind.capitalize())
+
+
+def allgather(tensors, names, process_set):
+    """Every member's tensors concatenated along the first dimension."""
+    _check(tensors, "allgather")
+    return _with_output("allgather", ops.ALLGATHER, tensors, names, process_set)
+
+
+def reducescatter(tensors, names, op, prescale, postscale, process_set):
+    """This member's block of rows of each reduced tensor."""
+    _check(tensors, "reducescatter")
+    return _with_output("reducescatter", ops.REDUCESCATTER, tensors, names, process_set, reduce_op=op,
+                        prescale=prescale, postscale=postscale)
+
+
+def alltoall(tensor, splits, name, process_set):
+    """(output, rows received from each member as int32). `splits` is a list
+    of ints, or a tensor (then it is an input of the numpy function)."""
+    check_dtype(tensor, "alltoall")
+    inputs = [tensor] if splits is None else [tensor, tf.cast(tf.reshape(splits, [-1]), tf.int64)]
+
+    def fn(array, split_values=None):
+        split_list = [] if split_values is None else [int(s) for s in split_values]
+        handle = collectives.start(collectives.with_output(NUMPY, "alltoall", ops.ALLTOALL, _writable(array), name,
+                                                           splits=split_list, process_set=resolve(process_set)))
+        out, received = ops.synchronize(handle)
+        return [out, np.asarray(received, dtype=np.int32)]
+
+    out, received = call_numpy(fn, inputs, [tensor.dtype, tf.int32], [_rows_shape(tensor), tf.TensorShape([None])],
+                               "HvdliteAlltoall")
+    return out, received
+
+
+def broadcast(tensors, names, root_rank, process_set):
+    """root_rank's values of `tensors` on every member."""
+    _check(tensors, "broadcast")
+
+    def fn(*arrays):
+        handles = [numpy_ops.broadcast_async_(aligned_copy(a), root_rank, name=n, process_set=process_set)
+                   for a, n in zip(arrays, names)]
+        return [ops.synchronize(h) for h in handles]
+
+    return call_numpy(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HvdliteBroadcast")
