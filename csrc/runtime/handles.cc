@@ -30,6 +30,7 @@ void HandleTable::Complete(int64_t handle, HandleResult result) {
     }
     it->second.done = true;
     it->second.result = std::move(result);
+    completions_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -43,6 +44,7 @@ void HandleTable::FailAll(const Status& st) {
         kv.second.result.status = st;
       }
     }
+    completions_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -52,6 +54,15 @@ int HandleTable::Poll(int64_t handle) const {
   auto it = states_.find(handle);
   if (it == states_.end()) return -1;
   return it->second.done ? 1 : 0;
+}
+
+bool HandleTable::Done(int64_t handle, Status* status, bool* known) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = states_.find(handle);
+  *known = it != states_.end();
+  if (!*known || !it->second.done) return false;
+  *status = it->second.result.status;
+  return true;
 }
 
 Status HandleTable::Wait(int64_t handle, double timeout_s) const {

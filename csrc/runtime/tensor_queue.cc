@@ -22,17 +22,31 @@ Status TensorQueue::Push(TensorEntry entry) {
     }
     fresh_.push_back(entry.request);
     if (entry.request.type != OpType::kShutdown) in_flight_.emplace(key, std::move(entry));
+    pushed_.fetch_add(1, std::memory_order_seq_cst);
   }
-  uint64_t one = 1;
-  ssize_t n = write(wake_fd_, &one, sizeof(one));
-  (void)n;
+  Kick();
   return Status::OK();
+}
+
+void TensorQueue::Kick() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof(one));
+    (void)n;
+  }
 }
 
 void TensorQueue::TakeNew(std::vector<Request>* out) {
   std::lock_guard<std::mutex> lock(mu_);
+  taken_ = pushed_.load(std::memory_order_relaxed);
   out->swap(fresh_);
   fresh_.clear();
+}
+
+void TensorQueue::SetSleeping(bool sleeping) {
+  sleeping_.store(sleeping, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // before the caller's HasNew() re-check
 }
 
 bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry* out) {
