@@ -115,3 +115,21 @@ def test_rank_killed_during_shm_transfer_is_reported_promptly_and_leaves_nothing
         assert error is not None and "rank %d" % victim in error, error
         assert elapsed < 30, "the death of rank %d was noticed only after %.1f s" % (victim, elapsed)
         assert _leftovers(tag) == []
+
+
+def test_launcher_removes_segments_a_killed_init_left_behind():
+    from hvdlite.runner.launch import remove_shm_leftovers
+    secret = os.urandom(32)
+    tag = "hvdlite-" + hmac.new(secret, b"hvdlite-shm-segment", hashlib.sha256).hexdigest()[:16]
+    other = "hvdlite-0123456789abcdef-e1_r0"
+    for name in (tag + "-e1_r0", tag + "-e1_r1", other):
+        with open(os.path.join("/dev/shm", name), "wb") as f:
+            f.write(b"x")
+    try:
+        remove_shm_leftovers(secret)
+        assert _leftovers(tag) == []
+        assert os.path.exists(os.path.join("/dev/shm", other)), "another job's segment was removed"
+    finally:
+        for name in (tag + "-e1_r0", tag + "-e1_r1", other):
+            if os.path.exists(os.path.join("/dev/shm", name)):
+                os.unlink(os.path.join("/dev/shm", name))
