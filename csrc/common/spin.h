@@ -1,17 +1,25 @@
-// Spinner: the busy phase of a wait that polls memory before it sleeps.
+// Spinning before sleeping: SpinBudget (how long) and Spinner (one wait).
 //
 // A waiter that sleeps pays a wake-up (expensive on VMs whose idle vCPUs
-// halt); one that spins forever burns a core. So a wait polls for at most
-// `spin_us` after its last progress, then sleeps in the kernel. While it polls
-// it either pauses (the CPU's spin-loop hint: cheap, keeps the core) or, when
-// the host has more busy threads than cores, yields to the scheduler so that
-// the thread it waits for can run.
+// halt); one that spins burns a core, and on a busy host it may burn the very
+// core the thread it waits for needs. So a wait polls memory for at most a
+// budget after its last progress, then sleeps in the kernel, and the budget
+// adapts to how waits of that kind end (SpinBudget):
+//  * a wait whose event came while it was still polling restores the full
+//    budget (HVDLITE_SPIN_US): polling pays here;
+//  * a wait that had to sleep halves it (down to kMinSpin): the host is
+//    probably busy, the peer descheduled, and polling only delays it;
+//  * every kProbeEvery-th wait polls the full budget anyway, to notice when
+//    the host has calmed down.
+// While it polls, a Spinner either pauses (the CPU's spin-loop hint) or, when
+// the host has more busy threads than cores, yields to the scheduler.
 //
-// Threading: one Spinner per wait, used by one thread. Never blocks longer
-// than one sched_yield().
+// Threading: a SpinBudget and its Spinners belong to one thread at a time.
+// Nothing here blocks longer than one sched_yield().
 #pragma once
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace hvdlite {
@@ -24,25 +32,57 @@ inline void CpuRelax() {
 #endif
 }
 
+class SpinBudget {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::nanoseconds kMinSpin{500};
+  static constexpr int kProbeEvery = 32;
+
+  SpinBudget() : SpinBudget(0) {}
+  explicit SpinBudget(double max_us)
+      : max_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(max_us))),
+        cur_(max_) {}
+
+  // The budget of the next wait.
+  Clock::duration Next() { return ++waits_ % kProbeEvery == 0 ? max_ : cur_; }
+  // How the wait ended: its event came while it polled, or it had to sleep.
+  void Ended(bool slept) {
+    cur_ = slept ? std::max<Clock::duration>(std::min<Clock::duration>(kMinSpin, max_), cur_ / 2) : max_;
+  }
+
+ private:
+  Clock::duration max_;
+  Clock::duration cur_;
+  unsigned waits_ = 0;
+};
+
 class Spinner {
  public:
-  Spinner(double spin_us, bool yield)
-      : budget_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(spin_us))),
-        yield_(yield) {}
+  using Clock = SpinBudget::Clock;
+  Spinner(SpinBudget* budget, bool yield) : budget_(budget), yield_(yield) {}
 
-  // The wait made progress: the next idle stretch gets the full budget again.
-  void Reset() { started_ = false; }
+  // The wait made progress (or ended): tells the budget how it went; the
+  // next idle stretch is a new wait.
+  void Reset() {
+    if (started_) budget_->Ended(slept_);
+    started_ = false;
+    slept_ = false;
+  }
 
   // Called after a poll that found nothing. Returns true after pausing (or
-  // yielding) while the busy budget lasts, false once it is spent: then the
-  // caller should sleep (and call Reset() when it wakes with progress).
+  // yielding) while the budget lasts, false once it is spent: then the caller
+  // should sleep (and call Reset() once the wait is over).
   bool Spin() {
     const Clock::time_point now = Clock::now();
     if (!started_) {
       started_ = true;
       since_ = now;
+      limit_ = budget_->Next();
     }
-    if (now - since_ >= budget_) return false;
+    if (now - since_ >= limit_) {
+      slept_ = true;
+      return false;
+    }
     if (yield_) {
       sched_yield();
     } else {
@@ -53,11 +93,12 @@ class Spinner {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  Clock::duration budget_;
+  SpinBudget* budget_;
   bool yield_;
   bool started_ = false;
+  bool slept_ = false;
   Clock::time_point since_;
+  Clock::duration limit_{};
 };
 
 }  // namespace hvdlite

@@ -94,6 +94,7 @@ class Runtime {
   std::vector<Response> todo_;
   bool finished_ = false;       // every rank shut down: the background thread leaves
   bool engine_broken_ = false;  // Break() ran: nobody may run the engine again
+  SpinBudget engine_spin_;      // how long the engine holder polls for work before sleeping
   // Hand-over between a driving caller and the background thread.
   std::atomic<int> drive_requests_{0};  // callers in Wait() that want or hold the engine
   std::mutex standby_mu_;

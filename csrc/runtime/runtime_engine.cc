@@ -36,7 +36,7 @@ constexpr auto kStandByGrace = std::chrono::milliseconds(2);
 
 void Runtime::Loop() {
   std::unique_lock<std::mutex> engine(engine_mu_);
-  Spinner spin(cfg_.SPIN_US, SpinYields());
+  Spinner spin(&engine_spin_, SpinYields());
   for (;;) {
     if (engine_broken_) return;  // a driving caller already failed everything
     Status st = finished_ ? Status::OK() : Turn();
@@ -137,7 +137,7 @@ Status Runtime::Wait(int64_t handle, double timeout_s) {
 // A caller runs the engine until `handle` is done (or failed), the engine
 // can no longer run, or `until` passes.
 Status Runtime::Drive(int64_t handle, Clock::time_point until) {
-  Spinner spin(cfg_.SPIN_US, SpinYields());
+  Spinner spin(&engine_spin_, SpinYields());
   uint64_t seen = ~uint64_t{0};
   for (;;) {
     if (engine_broken_ || finished_) return Status::OK();

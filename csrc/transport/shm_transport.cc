@@ -14,7 +14,8 @@ namespace hvdlite {
 ShmTransport::ShmTransport(std::unique_ptr<TcpTransport> tcp, shm::Segment own, std::vector<shm::Segment> mapped,
                            std::vector<Link> links, const ShmOptions& opts, double io_timeout_s, bool oversubscribed)
     : tcp_(std::move(tcp)), own_(std::move(own)), mapped_(std::move(mapped)), links_(std::move(links)),
-      opts_(opts), io_timeout_s_(io_timeout_s), yield_(oversubscribed), sleeping_(&own_.header()->sleeping) {
+      opts_(opts), io_timeout_s_(io_timeout_s), yield_(oversubscribed), data_spin_(opts.spin_us),
+      sleeping_(&own_.header()->sleeping) {
   for (int r = 0; r < static_cast<int>(links_.size()); ++r) {
     if (links_[r].linked) linked_ids_.push_back(r);
   }
@@ -104,17 +105,20 @@ Status ShmTransport::Exchange(int send_peer, uint32_t send_tag, const void* send
   return st.ok() ? st : Fail(st);
 }
 
-// Progresses the transfer until done: poll without syscalls for spin_us after
-// the last progress, then sleep (Sleep) until nudged, a socket event or 50 ms;
-// fails when nothing moved for io_timeout_s.
+// Progresses the transfer until done: poll without syscalls for the spin
+// budget after the last progress, then sleep (Sleep) until nudged, a socket
+// event or 50 ms; fails when nothing moved for io_timeout_s.
 Status ShmTransport::Run(Transfer* t) {
   using Clock = std::chrono::steady_clock;
-  Spinner spin(opts_.spin_us, yield_);
+  Spinner spin(&data_spin_, yield_);
   Clock::time_point last_progress = Clock::now();
   for (;;) {
     bool progressed = false;
     HVD_RETURN_IF_ERROR(Step(t, &progressed));
-    if (t->done()) return Status::OK();
+    if (t->done()) {
+      spin.Reset();
+      return Status::OK();
+    }
     if (progressed) {
       spin.Reset();
       last_progress = Clock::now();

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spin.h"
 #include "transport/shm_channel.h"
 #include "transport/shm_segment.h"
 #include "transport/tcp_transport.h"
@@ -136,6 +137,7 @@ class ShmTransport : public Transport {
   ShmOptions opts_;
   double io_timeout_s_;
   bool yield_;  // spin by yielding: more busy ranks than cores on this host
+  SpinBudget data_spin_;  // how long transfers poll before sleeping (common/spin.h)
   std::atomic<uint32_t>* sleeping_;  // this rank's flag, in own_
   std::deque<ControlMessage> ctrl_queue_;  // complete control messages not yet returned
   std::vector<ControlMessage> tcp_ctrl_;   // scratch for TcpTransport::WaitEvents
