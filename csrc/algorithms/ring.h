@@ -33,6 +33,9 @@ char* ThreadScratch(size_t bytes);
 
 // Pipelining granularity of the ring reduce-scatter and the broadcast chain.
 constexpr int64_t kPieceBytes = 256 << 10;
+// Large allreduces run the ring on chunks of (size * this) bytes: a chunk
+// stays in cache between its reduce-scatter and its allgather.
+constexpr int64_t kRingBlockBytes = 256 << 10;
 // Allreduce messages below this many bytes use recursive doubling.
 constexpr int64_t kSmallAllreduceBytes = 64 << 10;
 // Broadcasts below this many bytes (or over <= 2 members) use a binomial tree.
