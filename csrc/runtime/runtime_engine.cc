@@ -160,9 +160,10 @@ Status Runtime::Drive(int64_t handle, Clock::time_point until) {
   }
 }
 
-// Yield while spinning when this host has more ranks than cores.
+// Yield while spinning when this host has more ranks than cores. (sysconf
+// reads sysfs: ask once.)
 bool Runtime::SpinYields() const {
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   return cpus > 0 && topo_.local_size > cpus;
 }
 
