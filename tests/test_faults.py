@@ -51,7 +51,9 @@ def _bad_local_input():
     import hvdlite as hvd
     hvd.init()
     out = {}
-    h = hvd.allreduce_async(np.ones(3), name="dup")
+    # Large enough that its allreduce is still running when the duplicate arrives
+    # microseconds later (a 3-element one can complete in between on a fast host).
+    h = hvd.allreduce_async(np.ones(16 * 1024 * 1024, np.float32), name="dup")
     try:
         hvd.allreduce_async(np.ones(3), name="dup")
     except hvd.PreconditionError as e:

@@ -67,6 +67,7 @@ Status Executor::Execute(const Response& response) {
     for (auto& e : entries) {
       HandleResult r;
       r.status = Status(response.error_code, response.error);
+      queue_->Finish(e.request.process_set, e.request.name);
       handles_->Complete(e.handle, std::move(r));
     }
     return Status::OK();
@@ -82,6 +83,9 @@ Status Executor::Execute(const Response& response) {
     HandleResult r;
     r.status = st;
     if (i == 0 && st.ok()) r = std::move(result);
+    // The name leaves flight before the handle completes: a caller woken by
+    // the completion may submit the same name again at once.
+    queue_->Finish(entries[i].request.process_set, entries[i].request.name);
     handles_->Complete(entries[i].handle, std::move(r));
   }
   if (!st.ok()) FreeOutput(result.output);
