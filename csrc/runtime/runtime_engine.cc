@@ -152,7 +152,10 @@ Status Runtime::Drive(int64_t handle, Clock::time_point until) {
     if (st.ok() && handles_.completions() != seen) continue;  // look at the handle first
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
     if (st.ok() && left <= 0) return Status::OK();
-    if (st.ok()) st = WaitForWork(&spin, static_cast<int>(std::min<long long>(left, 1000)), /*for_driver=*/true);
+    if (st.ok()) {
+      const int budget = static_cast<int>(std::min<long long>(left, WaitBudgetMs(shutdown_requested_.load())));
+      st = WaitForWork(&spin, budget, /*for_driver=*/true);
+    }
     if (!st.ok()) {
       Break(st);
       return st;

@@ -19,7 +19,8 @@ _WAIT_SLICE_S = 0.5
 def submit(op_type, name, ptr, dtype, shape, reduce_op=0, prescale=1.0, postscale=1.0, root=0,
            splits=(), process_set=0):
     """Hands one operation to the core; returns its core handle. Raises at once
-    if the core refuses it (not initialized, name in flight, broken job)."""
+    if the core refuses it (not initialized, name in flight, broken job). `ptr` is
+    the data's address, or a C-contiguous object with the buffer protocol."""
     code, message, handle = _core.enqueue(op_type, name, ptr, dtype, list(shape), int(reduce_op),
                                           float(prescale), float(postscale), int(root),
                                           [int(s) for s in splits], int(process_set))
