@@ -12,7 +12,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   SetLogRank(rt->topo_.rank);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
-  rt->engine_spin_ = SpinBudget(rt->cfg_.SPIN_US);
+  rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);
   if (rt->topo_.rank == 0) rt->coordinator_.reset(new Coordinator(rt->cfg_, &rt->sets_, rt->topo_.size));
   rt->executor_.reset(new Executor(rt->topo_.rank, rt->backend_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
                                    &rt->local_cache_));

@@ -14,7 +14,8 @@ namespace hvdlite {
 ShmTransport::ShmTransport(std::unique_ptr<TcpTransport> tcp, shm::Segment own, std::vector<shm::Segment> mapped,
                            std::vector<Link> links, const ShmOptions& opts, double io_timeout_s, bool oversubscribed)
     : tcp_(std::move(tcp)), own_(std::move(own)), mapped_(std::move(mapped)), links_(std::move(links)),
-      opts_(opts), io_timeout_s_(io_timeout_s), yield_(oversubscribed), data_spin_(opts.spin_us),
+      opts_(opts), io_timeout_s_(io_timeout_s), yield_(oversubscribed),
+      data_spin_(oversubscribed ? opts.spin_us * kYieldSpinFactor : opts.spin_us),
       sleeping_(&own_.header()->sleeping) {
   for (int r = 0; r < static_cast<int>(links_.size()); ++r) {
     if (links_[r].linked) linked_ids_.push_back(r);
