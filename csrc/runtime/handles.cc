@@ -5,14 +5,6 @@
 
 namespace hvdlite {
 
-void* AllocateOutput(int64_t bytes) {
-  size_t size = static_cast<size_t>(bytes > 0 ? bytes : 1);
-  size = (size + 63) / 64 * 64;
-  return std::aligned_alloc(64, size);
-}
-
-void FreeOutput(void* p) { std::free(p); }
-
 int64_t HandleTable::Create() {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t h = next_++;

@@ -26,7 +26,10 @@ struct HandleResult {
   int32_t value = -1;                    // add_process_set: the new set's id
 };
 
-void* AllocateOutput(int64_t bytes);  // never null for bytes == 0
+// Output buffers the core hands to callers (output_pool.cc): 64-byte aligned,
+// never null for bytes == 0 (null only when out of memory); FreeOutput takes
+// null and may be called from any thread. Large ones are recycled.
+void* AllocateOutput(int64_t bytes);
 void FreeOutput(void* p);
 
 class HandleTable {
