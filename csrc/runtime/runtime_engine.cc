@@ -3,8 +3,9 @@
 // One thread at a time runs the engine: the holder of engine_mu_.
 //  * The background thread holds it by default. Between turns it waits for
 //    work (WaitForWork): it polls the submission counter and the transport's
-//    control plane without syscalls for HVDLITE_SPIN_US, then sleeps in the
-//    transport with the queue's eventfd armed.
+//    control plane without syscalls for the spin budget (at most
+//    HVDLITE_SPIN_US, adapted: common/spin.h), then sleeps in the transport
+//    with the queue's eventfd armed.
 //  * A caller in Wait() whose operation is not done registers in
 //    drive_requests_ and kicks the eventfd (a syscall only if the background
 //    thread sleeps). The background thread notices after its current turn or

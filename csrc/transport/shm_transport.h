@@ -13,8 +13,9 @@
 // and releases the slot. Sends and receives of one call progress together,
 // so a ring step never deadlocks on full rings.
 //
-// Waiting (every wait: data, control send, WaitControl): poll the rings with
-// no syscall for up to ShmOptions::spin_us (common/spin.h), then sleep in
+// Waiting (data and control sends and receives): poll the rings with no
+// syscall for the spin budget (at most ShmOptions::spin_us, adapted to how
+// recent waits ended: common/spin.h), then sleep in
 // TcpTransport::WaitEvents: this rank's `sleeping` flag in its segment header
 // asks peers to NUDGE it over TCP after they publish or release a slot of its
 // (the flag is set, then the rings re-checked, then the sleep: so a publish is
