@@ -106,7 +106,7 @@ Status Ring(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp o
 // on in the allgather phase and when the gathered segments land: each byte of
 // the buffer then crosses the memory bus about twice (read, write back)
 // instead of about three times.
-Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op, double postscale) {
   const int p = g.size();
   const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t chunk = std::max<int64_t>(1, alg::kRingBlockBytes / es) * p;
@@ -116,6 +116,7 @@ Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, Red
     const int64_t n = std::min(chunk, count - off);
     const uint32_t base = (c * tags_per_chunk) % (0x10000u - tags_per_chunk);
     Status st = Ring(g, buf + off * es, n, dtype, op, g.tag + base);
+    if (st.ok()) st = ScaleBuffer(buf + off * es, n, dtype, postscale);  // the chunk is still in cache
     if (!st.ok()) return st.WithContext("chunk " + std::to_string(c));
   }
   return Status::OK();
@@ -123,15 +124,20 @@ Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, Red
 
 }  // namespace
 
-Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale) {
   HVD_RETURN_IF_ERROR(alg::CheckGroup(g, "Allreduce"));
   HVD_RETURN_IF_ERROR(CheckReducible(dtype, op));
   if (count < 0) return Status::InvalidArgument("Allreduce: negative count");
-  if (g.size() == 1 || count == 0) return Status::OK();
+  if (g.size() == 1 || count == 0) return ScaleBuffer(buf, count, dtype, postscale);
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   char* data = static_cast<char*>(buf);
-  Status st = bytes < alg::kSmallAllreduceBytes ? RecursiveDoubling(g, data, count, dtype, op)
-                                                : ChunkedRing(g, data, count, dtype, op);
+  Status st;
+  if (bytes < alg::kSmallAllreduceBytes) {
+    st = RecursiveDoubling(g, data, count, dtype, op);
+    if (st.ok()) st = ScaleBuffer(data, count, dtype, postscale);
+  } else {
+    st = ChunkedRing(g, data, count, dtype, op, postscale);
+  }
   return st.WithContext(std::string("Allreduce of ") + std::to_string(count) + " " +
                         DataTypeName(dtype) + " (" + ReduceOpName(op) + ")");
 }

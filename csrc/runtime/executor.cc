@@ -170,8 +170,7 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
 Status Executor::ReduceInPlace(const CollectiveContext& ctx, const Request& q, void* data, int64_t count) {
   const double post = Postscale(q, static_cast<int>(ctx.ranks.size()));
   HVD_RETURN_IF_ERROR(ScaleBuffer(data, count, q.dtype, q.prescale));
-  HVD_RETURN_IF_ERROR(backend_->Allreduce(ctx, data, count, q.dtype, WireOp(q.op)));
-  return ScaleBuffer(data, count, q.dtype, post);
+  return backend_->AllreduceAndScale(ctx, data, count, q.dtype, WireOp(q.op), post);
 }
 
 Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e,

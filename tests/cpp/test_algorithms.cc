@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
                   [&] { algtest::TestAllreduceAgreement(world, dt, op); });
         }
       }
+      RunCase(k + "allreduce_postscale" + w, [&] { algtest::TestAllreducePostscale(world); });
       RunCase(k + "allgatherv" + w, [&] { algtest::TestAllgatherv(world); });
       RunCase(k + "broadcast" + w, [&] { algtest::TestBroadcast(world); });
       RunCase(k + "alltoallv" + w, [&] { algtest::TestAlltoallv(world); });
