@@ -35,7 +35,7 @@ Status NotInitialized() {
 
 Status WaitFor(Runtime& rt, int64_t handle, HandleResult* out) {
   while (true) {
-    Status st = rt.handles().Wait(handle, 1.0);
+    Status st = rt.Wait(handle, 1.0);
     if (st.code() == StatusCode::kTimeout && rt.handles().Poll(handle) == 0) continue;
     rt.handles().Take(handle, out);
     return st;
@@ -108,7 +108,7 @@ int hvdlite_poll(int64_t handle) {
 int hvdlite_wait(int64_t handle, double timeout_s, char* err, size_t err_len) {
   auto rt = Current();
   if (!rt) return Report(NotInitialized(), err, err_len);
-  return Report(rt->handles().Wait(handle, timeout_s), err, err_len);
+  return Report(rt->Wait(handle, timeout_s), err, err_len);
 }
 
 int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len) {

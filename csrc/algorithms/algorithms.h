@@ -21,8 +21,10 @@ const char* BroadcastAlgorithm(int64_t bytes, int members);
 // In-place allreduce of `count` elements: ring reduce-scatter then ring
 // allgather, each step chunked so the next chunk is on the wire while the
 // previous one is reduced. `op` is Sum, Min, Max or Product. Works for any
-// count, including 0 and counts smaller than the group size.
-Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op);
+// count, including 0 and counts smaller than the group size. The result is
+// then multiplied by `postscale` (ScaleBuffer's rules; 1.0 = no pass), chunk
+// by chunk while each chunk is still in cache: the same bits on every member.
+Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0);
 
 // Gathers member i's `bytes[i]` bytes (from `send`) into `recv`, which holds
 // sum(bytes) bytes laid out in member order. `send` may alias recv's own slot.

@@ -1,13 +1,15 @@
 // Allreduce: ring reduce-scatter + ring allgather for large messages,
 // recursive doubling for small ones.
 //
-// Ring (bytes >= kSmallAllreduceBytes): the buffer is cut into `size`
-// segments (alg::EvenBlock: the first count % size get one extra element).
-// Reduce-scatter (size-1 steps, tags tag + s) leaves member m with segment
-// m+1 fully reduced along one fixed chain of members; allgather (size-1 steps,
-// tags tag + (size-1) + s) copies each reduced segment to everyone. Every
-// member therefore ends with the same bits. Scratch: one piece (256 KiB) of
-// thread-local memory.
+// Ring (bytes >= kSmallAllreduceBytes): the buffer is processed in chunks of
+// size * kRingBlockBytes (the last one shorter); each chunk is cut into
+// `size` segments (alg::EvenBlock: the first count % size get one extra
+// element). Reduce-scatter (size-1 steps) leaves member m with segment m+1
+// fully reduced along one fixed chain of members; allgather (size-1 steps)
+// copies each reduced segment to everyone. Every member therefore ends with
+// the same bits. Chunking keeps a chunk in cache from its reduce-scatter to
+// its allgather (see ChunkedRing). Chunk c uses tags tag + base(c) + step,
+// base(c) = c * 2(size-1) modulo (65536 - 2(size-1)).
 //
 // Recursive doubling (bytes < kSmallAllreduceBytes), log2 rounds instead of
 // 2(size-1) steps. With p2 the largest power of two <= size:
@@ -18,8 +20,9 @@
 //     so the pair holds identical bits (operand order fixed by member index);
 //  3. unfold (tag + 1 + log2(p2)): member r < size - p2 sends the result to r + p2.
 // Scratch: the message size (< 64 KiB) of thread-local memory.
-// Tags used: tag + [0, 2(size-1)) for the ring, tag + [0, 2 + log2(size)] for
+// Tags used: tag + [0, 65536) for the ring, tag + [0, 2 + log2(size)] for
 // recursive doubling.
+#include <algorithm>
 #include <cstring>
 
 #include "algorithms/algorithms.h"
@@ -84,18 +87,39 @@ Status RecursiveDoubling(const Group& g, char* buf, int64_t count, DataType dtyp
   return Status::OK();
 }
 
-Status Ring(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status Ring(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op, uint32_t tag) {
   const int p = g.size();
   const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
   std::vector<alg::Range> segs(p);
   for (int i = 0; i < p; ++i) segs[i] = alg::EvenBlock(count, p, i);
-  HVD_RETURN_IF_ERROR(alg::RingReduceScatter(g, buf, segs, dtype, op, /*shift=*/0, g.tag));
+  HVD_RETURN_IF_ERROR(alg::RingReduceScatter(g, buf, segs, dtype, op, /*shift=*/0, tag));
   for (auto& r : segs) {  // allgather works on byte ranges
     r.offset *= es;
     r.count *= es;
   }
   // Member m now holds segment m + 1.
-  return alg::RingAllgather(g, buf, segs, /*shift=*/1, g.tag + static_cast<uint32_t>(p - 1));
+  return alg::RingAllgather(g, buf, segs, /*shift=*/1, tag + static_cast<uint32_t>(p - 1));
+}
+
+// Large buffers: one ring allreduce per chunk of size * kRingBlockBytes, so
+// that a chunk is still in this core's cache when its reduced segment is sent
+// on in the allgather phase and when the gathered segments land: each byte of
+// the buffer then crosses the memory bus about twice (read, write back)
+// instead of about three times.
+Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op, double postscale) {
+  const int p = g.size();
+  const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
+  const int64_t chunk = std::max<int64_t>(1, alg::kRingBlockBytes / es) * p;
+  const uint32_t tags_per_chunk = static_cast<uint32_t>(2 * (p - 1));
+  uint32_t c = 0;
+  for (int64_t off = 0; off < count; off += chunk, ++c) {
+    const int64_t n = std::min(chunk, count - off);
+    const uint32_t base = (c * tags_per_chunk) % (0x10000u - tags_per_chunk);
+    Status st = Ring(g, buf + off * es, n, dtype, op, g.tag + base);
+    if (st.ok()) st = ScaleBuffer(buf + off * es, n, dtype, postscale);  // the chunk is still in cache
+    if (!st.ok()) return st.WithContext("chunk " + std::to_string(c));
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -104,15 +128,20 @@ const char* AllreduceAlgorithm(int64_t bytes, int members) {
   return bytes < alg::kSmallAllreduceBytes ? "recursive_doubling" : "ring";
 }
 
-Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale) {
   HVD_RETURN_IF_ERROR(alg::CheckGroup(g, "Allreduce"));
   HVD_RETURN_IF_ERROR(CheckReducible(dtype, op));
   if (count < 0) return Status::InvalidArgument("Allreduce: negative count");
-  if (g.size() == 1 || count == 0) return Status::OK();
+  if (g.size() == 1 || count == 0) return ScaleBuffer(buf, count, dtype, postscale);
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   char* data = static_cast<char*>(buf);
-  const bool small = std::string(AllreduceAlgorithm(bytes, g.size())) == "recursive_doubling";
-  Status st = small ? RecursiveDoubling(g, data, count, dtype, op) : Ring(g, data, count, dtype, op);
+  Status st;
+  if (std::string(AllreduceAlgorithm(bytes, g.size())) == "recursive_doubling") {
+    st = RecursiveDoubling(g, data, count, dtype, op);
+    if (st.ok()) st = ScaleBuffer(data, count, dtype, postscale);
+  } else {
+    st = ChunkedRing(g, data, count, dtype, op, postscale);
+  }
   return st.WithContext(std::string("Allreduce of ") + std::to_string(count) + " " +
                         DataTypeName(dtype) + " (" + ReduceOpName(op) + ")");
 }

@@ -202,8 +202,16 @@ Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor) {
       ScaleHalf<true>(static_cast<uint16_t*>(buf), count, static_cast<float>(factor));
       break;
     case DataType::kFloat32: {
-      float* p = static_cast<float*>(buf);  // one rounding: product taken in double
-      for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>(static_cast<double>(p[i]) * factor);
+      float* p = static_cast<float*>(buf);  // one rounding: product taken in double...
+      const float f = static_cast<float>(factor);
+      if (static_cast<double>(f) == factor) {
+        // ...which a float product equals when the factor is a float (0.5,
+        // 0.25, ...: Average over a power-of-two set): the exact product of
+        // two floats is rounded once either way. 4-16 lanes instead of 2.
+        for (int64_t i = 0; i < count; ++i) p[i] *= f;
+      } else {
+        for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>(static_cast<double>(p[i]) * factor);
+      }
       break;
     }
     case DataType::kFloat64: {

@@ -55,45 +55,33 @@ Status CheckGroup(const Group& g, const char* what) {
   return Status::OK();
 }
 
-namespace {
-
-// One reduce-scatter step: send block `sb`, receive and reduce block `rb`,
-// both cut into the same piece size; piece j of each goes in one SendRecv
-// (a side with no piece j left is skipped with peer -1).
-Status ReduceStep(const Group& g, char* buf, Range sb, Range rb, DataType dtype, ReduceOp op,
-                  uint32_t tag) {
-  const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
-  const int64_t piece = std::max<int64_t>(1, kPieceBytes / es);
-  const int64_t nsend = (sb.count + piece - 1) / piece;
-  const int64_t nrecv = (rb.count + piece - 1) / piece;
-  char* scratch = ThreadScratch(static_cast<size_t>(piece * es));
-  const int p = g.size();
-  const int next = g.peer(Mod(g.me + 1, p));
-  const int prev = g.peer(Mod(g.me - 1, p));
-  for (int64_t j = 0; j < std::max(nsend, nrecv); ++j) {
-    const int64_t soff = j * piece;
-    const int64_t slen = j < nsend ? std::min(piece, sb.count - soff) : 0;
-    const int64_t roff = j * piece;
-    const int64_t rlen = j < nrecv ? std::min(piece, rb.count - roff) : 0;
-    HVD_RETURN_IF_ERROR(g.transport->SendRecv(
-        j < nsend ? next : -1, tag, buf + (sb.offset + soff) * es, static_cast<size_t>(slen * es),
-        j < nrecv ? prev : -1, tag, scratch, static_cast<size_t>(rlen * es)));
-    if (rlen > 0) {
-      HVD_RETURN_IF_ERROR(ReduceInto(buf + (rb.offset + roff) * es, scratch, rlen, dtype, op));
-    }
-  }
-  return Status::OK();
+ElementReducer::ElementReducer(DataType dtype, ReduceOp op) : dtype_(dtype), op_(op) {
+  reducer_.fn = &ElementReducer::Apply;
+  reducer_.ctx = this;
+  reducer_.unit = DataTypeSize(dtype);
 }
 
-}  // namespace
+Status ElementReducer::Apply(const void* ctx, void* dst, const void* src, size_t bytes) {
+  const ElementReducer* self = static_cast<const ElementReducer*>(ctx);
+  return ReduceInto(dst, src, static_cast<int64_t>(bytes / self->reducer_.unit), self->dtype_, self->op_);
+}
 
 Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks,
                          DataType dtype, ReduceOp op, int shift, uint32_t tag) {
   const int p = g.size();
+  const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
+  const int next = g.peer(Mod(g.me + 1, p));
+  const int prev = g.peer(Mod(g.me - 1, p));
+  const ElementReducer reduce(dtype, op);
   for (int s = 0; s < p - 1; ++s) {
     const Range sb = blocks[Mod(g.me - s + shift, p)];
     const Range rb = blocks[Mod(g.me - s - 1 + shift, p)];
-    Status st = ReduceStep(g, buf, sb, rb, dtype, op, tag + static_cast<uint32_t>(s));
+    if (sb.count == 0 && rb.count == 0) continue;
+    const uint32_t t = tag + static_cast<uint32_t>(s);
+    Status st = g.transport->SendRecvReduce(sb.count > 0 ? next : -1, t, buf + sb.offset * es,
+                                            static_cast<size_t>(sb.count * es), rb.count > 0 ? prev : -1, t,
+                                            buf + rb.offset * es, static_cast<size_t>(rb.count * es),
+                                            reduce.reducer());
     if (!st.ok()) return st.WithContext("ring reduce-scatter step " + std::to_string(s));
   }
   return Status::OK();

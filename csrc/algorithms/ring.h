@@ -33,10 +33,28 @@ char* ThreadScratch(size_t bytes);
 
 // Pipelining granularity of the ring reduce-scatter and the broadcast chain.
 constexpr int64_t kPieceBytes = 256 << 10;
+// Large allreduces run the ring on chunks of (size * this) bytes: a chunk
+// stays in cache between its reduce-scatter and its allgather.
+constexpr int64_t kRingBlockBytes = 256 << 10;
 // Allreduce messages below this many bytes use recursive doubling.
 constexpr int64_t kSmallAllreduceBytes = 64 << 10;
 // Broadcasts below this many bytes (or over <= 2 members) use a binomial tree.
 constexpr int64_t kSmallBroadcastBytes = 256 << 10;
+
+// A Transport::Reducer applying `op` to elements of `dtype`
+// (dst = op(dst, src), reduce_kernels.h). Keep it alive while the transport
+// call that uses reducer() runs.
+class ElementReducer {
+ public:
+  ElementReducer(DataType dtype, ReduceOp op);
+  const Reducer& reducer() const { return reducer_; }
+
+ private:
+  static Status Apply(const void* ctx, void* dst, const void* src, size_t bytes);
+  DataType dtype_;
+  ReduceOp op_;
+  Reducer reducer_;
+};
 
 // Validates the group (transport set, me in range, ranks[me] == transport rank).
 Status CheckGroup(const Group& g, const char* what);
@@ -49,13 +67,11 @@ inline int Mod(int a, int p) { return ((a % p) + p) % p; }
 // Ring reduce-scatter over `blocks` (element ranges of `buf`, one per member).
 // Step s (0 <= s < size-1): member m sends block (m - s + shift) to m+1 and
 // receives block (m - s - 1 + shift) from m-1, which it reduces into its own
-// copy as dst = op(own, received). Each step is cut into pieces of
-// kPieceBytes, one SendRecv each: a piece is received into thread scratch and
-// reduced while still in cache, and while it is being reduced the neighbour's
-// next piece can already flow into the socket buffers (the Transport API is
-// blocking, so within this thread transfer and reduction alternate; pieces
-// keep each reduction short and the scratch small). Afterwards member m holds
-// the fully reduced block (m + 1 + shift).
+// copy as dst = op(own, received): one Transport::SendRecvReduce per step, so
+// the transport pipelines the block (TCP reduces each 256 KiB piece out of a
+// scratch buffer while the next one arrives; shared memory reduces each slot
+// straight out of the sender's ring). Afterwards member m holds the fully
+// reduced block (m + 1 + shift).
 // Block b is reduced along one fixed chain, so the result is deterministic.
 // Message tags: tag + s.
 Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks,

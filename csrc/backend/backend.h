@@ -35,6 +35,10 @@ class Backend {
   virtual std::string Describe(Collective c, int64_t bytes, int members) const = 0;
   virtual Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
+  // Allreduce, then the result times `postscale` (ScaleBuffer's rules). The
+  // default makes a separate pass; a backend can scale while data is in cache.
+  virtual Status AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
+                                   ReduceOp op, double postscale);
   virtual Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
                             const std::vector<int64_t>& bytes) = 0;
   virtual Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) = 0;

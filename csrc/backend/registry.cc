@@ -3,6 +3,7 @@
 #include <string>
 
 #include "transport/transport.h"
+#include "algorithms/reduce_kernels.h"
 
 #include "backend/backend.h"
 
@@ -31,6 +32,12 @@ std::unique_ptr<Backend> NewSplitBackend(std::unique_ptr<Backend> small, std::un
 // one host; below it the two were within run-to-run noise, the ring slightly
 // ahead for broadcast (docs/mpi_and_cuda.md, benchmarks/_mpi_path.py).
 constexpr int64_t kAutoMpiFromBytes = 64 << 10;
+
+Status Backend::AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
+                                  ReduceOp op, double postscale) {
+  HVD_RETURN_IF_ERROR(Allreduce(ctx, buf, count, dtype, op));
+  return ScaleBuffer(buf, count, dtype, postscale);
+}
 
 Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
   const std::string& want = cfg.CPU_OPERATIONS;

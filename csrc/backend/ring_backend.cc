@@ -24,6 +24,10 @@ class RingBackend : public Backend {
   Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) override {
     return hvdlite::Allreduce(ToGroup(ctx), buf, count, dtype, op);
   }
+  Status AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op,
+                           double postscale) override {
+    return hvdlite::Allreduce(ToGroup(ctx), buf, count, dtype, op, postscale);
+  }
   Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
                     const std::vector<int64_t>& bytes) override {
     return hvdlite::Allgatherv(ToGroup(ctx), send, recv, bytes);

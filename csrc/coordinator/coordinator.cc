@@ -22,6 +22,16 @@ std::string JoinRanks(const std::vector<int>& ranks) {
   return os.str();
 }
 
+// Allreduces fuse when set, dtype, op and both scales are equal: the key is
+// those fields' bytes (exact for the doubles, and cheap to build).
+std::string FusionKey(const Request& r) {
+  struct {
+    int32_t set, dtype, op, device;  // CPU and CUDA tensors never fuse together
+    double prescale, postscale;
+  } k{r.process_set, static_cast<int32_t>(r.dtype), static_cast<int32_t>(r.op), r.device, r.prescale, r.postscale};
+  return std::string(reinterpret_cast<const char*>(&k), sizeof(k));
+}
+
 bool Cacheable(OpType t) {
   return t != OpType::kAddProcessSet && t != OpType::kRemoveProcessSet && t != OpType::kShutdown;
 }
@@ -219,10 +229,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   }
   d.response.cache_ids.push_back(Cacheable(r0.type) ? cache_.Bind(p.reqs) : -1);
   if (r0.type == OpType::kAllreduce) {
-    std::ostringstream os;
-    os << r0.process_set << '/' << static_cast<int>(r0.dtype) << '/' << static_cast<int>(r0.op) << '/'
-       << r0.prescale << '/' << r0.postscale << '/' << (r0.device < 0 ? "cpu" : "cuda");
-    d.fusion_key = os.str();
+    d.fusion_key = FusionKey(r0);
     d.bytes = TensorBytes(r0);
   }
   decided_.push_back(std::move(d));

@@ -1,6 +1,7 @@
 #include "coordinator/validation.h"
 
 #include <functional>
+#include <cstdio>
 #include <map>
 #include <sstream>
 
@@ -98,9 +99,16 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
                         std::vector<int64_t>* sizes) {
   sizes->clear();
   const char* same = "Every rank must submit it with the same value under the same name.";
-  HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "operations", [](const Request& r) { return std::string(OpTypeName(r.type)); },
+  // Fast path (steady state): identical submissions agree on every key, so
+  // skip building the keys, which exist only to word a mismatch.
+  bool uniform = true;
+  for (const Request& r : reqs) uniform = uniform && r.SameSignature(reqs[0]);
+  auto agree = [&](const char* what, const std::function<std::string(const Request&)>& key, const char* fix) {
+    return uniform ? Status::OK() : CheckAgree(reqs, ranks, what, key, fix);
+  };
+  HVD_RETURN_IF_ERROR(agree("operations", [](const Request& r) { return std::string(OpTypeName(r.type)); },
                                  "A tensor name must refer to the same collective on every rank."));
-  HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "dtypes", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
+  HVD_RETURN_IF_ERROR(agree("dtypes", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
                                  "Cast the tensor to one dtype on every rank."));
   HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "devices", [](const Request& r) {
     return std::string(r.device < 0 ? "a CPU tensor" : "a CUDA tensor"); },
@@ -109,20 +117,22 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
   switch (r0.type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "reduce ops", [](const Request& r) { return std::string(ReduceOpName(r.op)); }, same));
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "scale factors", [](const Request& r) {
-        std::ostringstream os; os << "prescale " << r.prescale << " postscale " << r.postscale; return os.str(); }, same));
+      HVD_RETURN_IF_ERROR(agree("shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
+      HVD_RETURN_IF_ERROR(agree("reduce ops", [](const Request& r) { return std::string(ReduceOpName(r.op)); }, same));
+      HVD_RETURN_IF_ERROR(agree("scale factors", [](const Request& r) {
+        char buf[96];  // %.17g: distinct doubles never print alike
+        std::snprintf(buf, sizeof(buf), "prescale %.17g postscale %.17g", r.prescale, r.postscale);
+        return std::string(buf); }, same));
       HVD_RETURN_IF_ERROR(CheckReduction(r0));
       break;
     case OpType::kAllgather:
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", TailShape,
+      HVD_RETURN_IF_ERROR(agree("shapes", TailShape,
                                      "Allgather tensors may differ only in their first dimension."));
       for (const auto& r : reqs) sizes->push_back(r.shape.empty() ? 1 : r.shape[0]);
       break;
     case OpType::kBroadcast: {
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "root ranks", [](const Request& r) { return std::to_string(r.root); }, same));
+      HVD_RETURN_IF_ERROR(agree("shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
+      HVD_RETURN_IF_ERROR(agree("root ranks", [](const Request& r) { return std::to_string(r.root); }, same));
       bool member = false;
       for (int rk : ranks) member |= (rk == r0.root);
       if (!member) {
@@ -132,16 +142,16 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
       break;
     }
     case OpType::kAlltoall:
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "shapes", TailShape,
+      HVD_RETURN_IF_ERROR(agree("shapes", TailShape,
                                      "Alltoall tensors may differ only in their first dimension."));
       HVD_RETURN_IF_ERROR(CheckAlltoallSplits(reqs, ranks, sizes));
       break;
     case OpType::kAddProcessSet:
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "process set ranks", [](const Request& r) { return ShapeStr(r.splits); },
+      HVD_RETURN_IF_ERROR(agree("process set ranks", [](const Request& r) { return ShapeStr(r.splits); },
                                      "Every rank must call add_process_set with the same ranks, in the same order of calls."));
       break;
     case OpType::kRemoveProcessSet:
-      HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "process set ids", [](const Request& r) { return std::to_string(r.root); },
+      HVD_RETURN_IF_ERROR(agree("process set ids", [](const Request& r) { return std::to_string(r.root); },
                                      "Every rank must remove the same process sets in the same order."));
       break;
     case OpType::kBarrier:

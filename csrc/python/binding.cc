@@ -58,14 +58,28 @@ py::tuple Shutdown() {
   return Result(code, err);
 }
 
-// Returns (code, message, handle).
-py::tuple Enqueue(int type, const std::string& name, uintptr_t data, int dtype, const std::vector<int64_t>& shape,
+// The address of `data`: an integer (a framework's data_ptr()), or an object
+// with the buffer protocol whose memory is contiguous (a NumPy array: cheaper
+// than array.ctypes.data). Throws TypeError for anything else.
+void* DataAddress(const py::handle& data) {
+  if (PyLong_Check(data.ptr())) return reinterpret_cast<void*>(data.cast<uintptr_t>());
+  Py_buffer view;
+  if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+  void* address = view.buf;
+  PyBuffer_Release(&view);
+  return address;
+}
+
+// Returns (code, message, handle). The error buffers of this and Wait are not
+// zeroed: the C ABI always writes a terminated message (8 KiB of memset per
+// call showed up in the latency of small operations).
+py::tuple Enqueue(int type, const std::string& name, py::handle data, int dtype, const std::vector<int64_t>& shape,
                   int reduce_op, double prescale, double postscale, int root, const std::vector<int64_t>& splits,
                   int process_set, int device, uintptr_t stream) {
   hvdlite_op op{};
   op.type = type;
   op.name = name.c_str();
-  op.data = reinterpret_cast<void*>(data);
+  op.data = DataAddress(data);
   op.dtype = dtype;
   op.shape = shape.data();
   op.ndim = static_cast<int32_t>(shape.size());
@@ -79,13 +93,15 @@ py::tuple Enqueue(int type, const std::string& name, uintptr_t data, int dtype, 
   op.device = device;
   op.stream = reinterpret_cast<void*>(stream);
   int64_t handle = 0;
-  char err[kErrLen] = {0};
+  char err[kErrLen];
+  err[0] = '\0';
   int code = hvdlite_enqueue(&op, &handle, err, kErrLen);
   return py::make_tuple(code, std::string(code ? err : ""), handle);
 }
 
 py::tuple Wait(int64_t handle, double timeout_s) {
-  char err[kErrLen] = {0};
+  char err[kErrLen];
+  err[0] = '\0';
   int code;
   {
     py::gil_scoped_release nogil;

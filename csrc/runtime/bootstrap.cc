@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <vector>
@@ -148,8 +149,12 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
     topo->local_rank = static_cast<int>(cfg.mpi_launch.local_rank);  // the launcher's word
     topo->local_size = static_cast<int>(cfg.mpi_launch.local_size);
   }
-  return CreateTcpTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret, cfg.START_TIMEOUT,
-                            cfg.TIMEOUT_SECONDS, transport);
+  ShmOptions shm;
+  shm.disable = cfg.SHM_DISABLE;
+  shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(cfg.SHM_CHANNEL_BYTES, 0));
+  shm.spin_us = cfg.SPIN_US;
+  return CreateShmTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret, cfg.START_TIMEOUT,
+                            cfg.TIMEOUT_SECONDS, hosts, shm, transport);
 }
 
 }  // namespace hvdlite

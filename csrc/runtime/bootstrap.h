@@ -1,5 +1,6 @@
 // Bootstrap: from the Config (launcher environment) to a connected job:
-// rank/size, the local/cross topology, and the transport mesh.
+// rank/size, the local/cross topology, and the transport mesh (shared memory
+// between ranks on the same host unless HVDLITE_SHM_DISABLE, TCP otherwise).
 // Blocking, bounded by HVDLITE_START_TIMEOUT.
 //
 // Three ways in: HVDLITE_RANK/SIZE/STORE_ADDR/SECRET (hvdliterun or any

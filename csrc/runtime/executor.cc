@@ -149,6 +149,7 @@ Status Executor::Execute(const Response& response) {
     for (auto& e : entries) {
       HandleResult r;
       r.status = Status(response.error_code, response.error);
+      queue_->Finish(e.request.process_set, e.request.name);
       handles_->Complete(e.handle, std::move(r));
     }
     return Status::OK();
@@ -174,6 +175,9 @@ Status Executor::Execute(const Response& response) {
       r = std::move(result);
       result_taken = true;
     }
+    // The name leaves flight before the handle completes: a caller woken by
+    // the completion may submit the same name again at once.
+    queue_->Finish(entries[i].request.process_set, entries[i].request.name);
     handles_->Complete(entries[i].handle, std::move(r));
   }
   if (!result_taken) FreeOutput(result.output);
@@ -211,43 +215,65 @@ Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, Handl
   }
 }
 
-// One tensor reduces in place in the caller's buffer; several are packed into
-// the fusion buffer, reduced together, and unpacked.
+// Tensors of at least kDirectBytes reduce in place in the caller's buffer,
+// one collective each (copying them into a fusion buffer and back would cost
+// more than a collective's fixed overhead); the smaller ones of a fused
+// response are packed into the fusion buffer, reduced together, and unpacked.
+// Every rank sees the same names and shapes, so every rank makes the same calls.
 Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries) {
+  constexpr int64_t kDirectBytes = 128 << 10;
   const Request& q = entries[0].request;
-  const size_t esize = DataTypeSize(q.dtype);
+  const int64_t esize = static_cast<int64_t>(DataTypeSize(q.dtype));
   ++allreduce_responses_;
-  for (auto& e : entries) allreduce_bytes_ += NumElements(e.request.shape) * static_cast<int64_t>(esize);
-  const double post = Postscale(q, static_cast<int>(ctx.ranks.size()));
-  if (entries.size() == 1) {
-    int64_t count = NumElements(q.shape);
-    HVD_RETURN_IF_ERROR(ScaleBuffer(entries[0].data, count, q.dtype, q.prescale));
-    HVD_RETURN_IF_ERROR(backend_->Allreduce(ctx, entries[0].data, count, q.dtype, WireOp(q.op)));
-    return ScaleBuffer(entries[0].data, count, q.dtype, post);
+  for (auto& e : entries) allreduce_bytes_ += NumElements(e.request.shape) * esize;
+  std::vector<TensorEntry*> packed;
+  bool first = true;  // the first collective uses ctx; later ones get their own tags
+  auto next_ctx = [&] {
+    CollectiveContext c = first ? ctx : Context(ctx.process_set);
+    first = false;
+    return c;
+  };
+  for (auto& e : entries) {
+    const int64_t count = NumElements(e.request.shape);
+    if (entries.size() > 1 && count * esize < kDirectBytes) {
+      packed.push_back(&e);
+      continue;
+    }
+    HVD_RETURN_IF_ERROR(ReduceInPlace(next_ctx(), q, e.data, count));
+  }
+  if (packed.empty()) return Status::OK();
+  if (packed.size() == 1) {
+    return ReduceInPlace(next_ctx(), q, packed[0]->data, NumElements(packed[0]->request.shape));
   }
   int64_t total = 0;
-  for (auto& e : entries) total += NumElements(e.request.shape);
-  char* fused = static_cast<char*>(Scratch(total * static_cast<int64_t>(esize)));
+  for (auto* e : packed) total += NumElements(e->request.shape);
+  char* fused = static_cast<char*>(Scratch(total * esize));
   int64_t offset = 0;
   TraceBegin(entries, "MEMCPY_IN_FUSION_BUFFER");
-  for (auto& e : entries) {
-    size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
-    if (bytes) std::memcpy(fused + offset, e.data, bytes);
+  for (auto* e : packed) {
+    const size_t bytes = static_cast<size_t>(NumElements(e->request.shape) * esize);
+    if (bytes) std::memcpy(fused + offset, e->data, bytes);
     offset += static_cast<int64_t>(bytes);
   }
   TraceEnd(entries, "MEMCPY_IN_FUSION_BUFFER");
-  HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, q.prescale));
-  HVD_RETURN_IF_ERROR(backend_->Allreduce(ctx, fused, total, q.dtype, WireOp(q.op)));
-  HVD_RETURN_IF_ERROR(ScaleBuffer(fused, total, q.dtype, post));
+  HVD_RETURN_IF_ERROR(ReduceInPlace(next_ctx(), q, fused, total));
   offset = 0;
   TraceBegin(entries, "MEMCPY_OUT_FUSION_BUFFER");
-  for (auto& e : entries) {
-    size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * esize;
-    if (bytes) std::memcpy(e.data, fused + offset, bytes);
+  for (auto* e : packed) {
+    const size_t bytes = static_cast<size_t>(NumElements(e->request.shape) * esize);
+    if (bytes) std::memcpy(e->data, fused + offset, bytes);
     offset += static_cast<int64_t>(bytes);
   }
   TraceEnd(entries, "MEMCPY_OUT_FUSION_BUFFER");
   return Status::OK();
+}
+
+// prescale, allreduce, postscale of `count` elements at `data` (the fused
+// tensors share q's dtype, op and scales: they have one fusion key).
+Status Executor::ReduceInPlace(const CollectiveContext& ctx, const Request& q, void* data, int64_t count) {
+  const double post = Postscale(q, static_cast<int>(ctx.ranks.size()));
+  HVD_RETURN_IF_ERROR(ScaleBuffer(data, count, q.dtype, q.prescale));
+  return backend_->AllreduceAndScale(ctx, data, count, q.dtype, WireOp(q.op), post);
 }
 
 Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e,

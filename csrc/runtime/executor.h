@@ -42,6 +42,7 @@ class Executor : public GpuHost {
  private:
   Status Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result);
   Status RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries);
+  Status ReduceInPlace(const CollectiveContext& ctx, const Request& q, void* data, int64_t count);
   Status RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
   Status RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
   Status RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, HandleResult* out);

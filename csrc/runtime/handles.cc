@@ -5,14 +5,6 @@
 
 namespace hvdlite {
 
-void* AllocateOutput(int64_t bytes) {
-  size_t size = static_cast<size_t>(bytes > 0 ? bytes : 1);
-  size = (size + 63) / 64 * 64;
-  return std::aligned_alloc(64, size);
-}
-
-void FreeOutput(void* p) { std::free(p); }
-
 int64_t HandleTable::Create() {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t h = next_++;
@@ -30,6 +22,7 @@ void HandleTable::Complete(int64_t handle, HandleResult result) {
     }
     it->second.done = true;
     it->second.result = std::move(result);
+    completions_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -43,6 +36,7 @@ void HandleTable::FailAll(const Status& st) {
         kv.second.result.status = st;
       }
     }
+    completions_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -52,6 +46,15 @@ int HandleTable::Poll(int64_t handle) const {
   auto it = states_.find(handle);
   if (it == states_.end()) return -1;
   return it->second.done ? 1 : 0;
+}
+
+bool HandleTable::Done(int64_t handle, Status* status, bool* known) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = states_.find(handle);
+  *known = it != states_.end();
+  if (!*known || !it->second.done) return false;
+  *status = it->second.result.status;
+  return true;
 }
 
 Status HandleTable::Wait(int64_t handle, double timeout_s) const {

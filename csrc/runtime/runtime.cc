@@ -14,6 +14,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   SetLogRank(rt->topo_.rank);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
+  rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);
   Timeline* timeline = rt->topo_.rank == 0 ? &rt->timeline_ : nullptr;
   if (timeline && !rt->cfg_.TIMELINE.empty()) {
     HVD_RETURN_IF_ERROR(rt->timeline_.Start(rt->cfg_.TIMELINE, rt->cfg_.TIMELINE_MARK_CYCLES));
@@ -89,6 +90,10 @@ Status Runtime::Shutdown() {
       shutdown_requested_ = true;
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(standby_mu_);
+    standby_cv_.notify_all();
+  }
   if (thread_.joinable()) thread_.join();
   return Status::OK();
 }
@@ -118,9 +123,8 @@ Status Runtime::SendNewRequests() {
   return transport_->SendControl(0, Serialize(list));
 }
 
-Status Runtime::HandleIncoming(std::vector<ControlMessage>& incoming, std::vector<Response>* todo,
-                               bool* finished) {
-  for (auto& msg : incoming) {
+Status Runtime::HandleIncoming() {
+  for (auto& msg : incoming_) {
     if (PeekControlKind(msg.payload) == ControlKind::kRequests && coordinator_) {
       RequestList list;
       HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &list).WithContext("from rank " + std::to_string(msg.peer)));
@@ -128,19 +132,19 @@ Status Runtime::HandleIncoming(std::vector<ControlMessage>& incoming, std::vecto
     } else if (PeekControlKind(msg.payload) == ControlKind::kResponses && msg.peer == 0) {
       ResponseList list;
       HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &list).WithContext("from rank 0"));
-      for (auto& r : list.responses) todo->push_back(std::move(r));
-      *finished |= list.shutdown;
+      for (auto& r : list.responses) todo_.push_back(std::move(r));
+      finished_ |= list.shutdown;
     } else {
       return Status::Internal("unexpected control message from rank " + std::to_string(msg.peer));
     }
   }
-  incoming.clear();
+  incoming_.clear();
   return Status::OK();
 }
 
 // Rank 0: turn what every rank has submitted into responses, send each rank
 // its share, and keep this rank's own share to execute.
-Status Runtime::Coordinate(std::vector<Response>* todo) {
+Status Runtime::Coordinate() {
   std::vector<ResponseList> per_rank;
   coordinator_->CheckStalls();
   if (!coordinator_->Drain(&per_rank)) return Status::OK();
@@ -149,7 +153,7 @@ Status Runtime::Coordinate(std::vector<Response>* todo) {
     if (transport_->PeerDeparted(r)) continue;
     HVD_RETURN_IF_ERROR(transport_->SendControl(r, Serialize(per_rank[r])));
   }
-  for (auto& resp : per_rank[0].responses) todo->push_back(std::move(resp));
+  for (auto& resp : per_rank[0].responses) todo_.push_back(std::move(resp));
   return Status::OK();
 }
 
@@ -164,44 +168,11 @@ int Runtime::WaitBudgetMs(bool shutting_down) {
   return budget;
 }
 
-void Runtime::Loop() {
-  std::vector<ControlMessage> incoming;
-  std::vector<Response> todo;
-  bool finished = false;
-  while (true) {
-    Status st = SendNewRequests();
-    if (st.ok()) st = HandleIncoming(incoming, &todo, &finished);
-    if (st.ok() && coordinator_) {
-      st = Coordinate(&todo);
-      finished |= coordinator_->AllRanksShutDown();
-    }
-    const int64_t bytes_before = executor_->allreduce_bytes();
-    const int responses_before = executor_->allreduce_responses();
-    for (size_t i = 0; st.ok() && i < todo.size(); ++i) st = executor_->Execute(todo[i]);
-    todo.clear();
-    if (autotuner_ && autotuner_->tuning()) {
-      autotuner_->Record(executor_->allreduce_bytes() - bytes_before,
-                         executor_->allreduce_responses() - responses_before);
-      coordinator_->SetFusionThreshold(autotuner_->fusion_threshold());
-      coordinator_->SetCycleTimeMs(autotuner_->cycle_time_ms());
-    }
-    if (!st.ok()) return Break(st);
-    if (finished) return Leave();
-    bool shutting_down = shutdown_requested_.load();
-    if (shutting_down && std::chrono::steady_clock::now() >= shutdown_deadline_) {
-      HVD_LOG(kWarning, "shutdown: not every rank called shutdown() within "
-                            << cfg_.SHUTDOWN_TIMEOUT_SECONDS << " s; leaving anyway");
-      return Leave();
-    }
-    st = transport_->WaitControl(queue_.wake_fd(), WaitBudgetMs(shutting_down), &incoming);
-    queue_.ClearWake();
-    if (!st.ok()) return Break(st);
-  }
-}
-
-// Fatal error: fail everything, close every connection so the other ranks
-// learn of it at once, and accept no more work.
+// Fatal error (engine holder): fail everything, close every connection so
+// the other ranks learn of it at once, and accept no more work.
 void Runtime::Break(const Status& st) {
+  if (engine_broken_) return;
+  engine_broken_ = true;
   timeline_.Stop();
   HVD_LOG(kError, "hvdlite stopped: " << st.message());
   const std::string advice = ". The job can no longer run collectives: restart it (every rank).";

@@ -2,13 +2,20 @@
 // and shutdown(): config, topology, transport, backend, coordinator (rank 0),
 // tensor queue, handles, and the background thread that drives them.
 //
-// Threading: Enqueue/handles/queries may be called from any thread; the
-// background thread alone touches the transport, coordinator and executor.
+// Threading: Enqueue/Wait/handles/queries may be called from any thread. The
+// "engine" (transport, coordinator, executor, and the loop state below) is
+// run by one thread at a time, the holder of engine_mu_ (runtime_engine.cc):
+// the background thread by default, or a caller blocked in Wait(), which
+// drives the engine itself until its handle completes while the background
+// thread stands by. So on a small host a rank has one busy thread, and a
+// short collective needs no thread wake-up at all.
 // Failure: when the data or control plane fails (a peer died or hung), the
 // runtime is "broken": every pending and later operation fails with that
 // first error, naming the rank; shutdown() still works.
 #pragma once
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -18,6 +25,7 @@
 #include "backend/gpu_backend.h"
 #include "common/config.h"
 #include "coordinator/autotuner.h"
+#include "common/spin.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -47,6 +55,10 @@ class Runtime {
   // name is already in flight. CUDA data (request.device >= 0) is read once
   // the work queued so far on `stream` is done (null = the legacy default stream).
   Status Enqueue(const Request& request, void* data, int64_t* handle, void* stream = nullptr);
+  // Waits up to timeout_s for the handle's operation, driving the engine
+  // meanwhile when it can take it over; the result is the operation's status,
+  // Timeout when still pending, InvalidArgument for an unknown handle.
+  Status Wait(int64_t handle, double timeout_s);
   // Blocks until every rank has called Shutdown (bounded by
   // HVDLITE_SHUTDOWN_TIMEOUT_SECONDS), then closes connections. Idempotent.
   Status Shutdown();
@@ -55,11 +67,19 @@ class Runtime {
   void StopTimeline();
 
  private:
+  using Clock = std::chrono::steady_clock;
   Runtime() = default;
+  // Engine (runtime_engine.cc); every function below needs engine_mu_.
   void Loop();
+  Status Turn();
+  Status WaitForWork(Spinner* spin, int budget_ms, bool for_driver);
+  Status Drive(int64_t handle, Clock::time_point until);
+  void StandBy(std::unique_lock<std::mutex>* engine);
+  bool SpinYields() const;
+  // Runtime (runtime.cc).
   Status SendNewRequests();
-  Status HandleIncoming(std::vector<ControlMessage>& incoming, std::vector<Response>* todo, bool* finished);
-  Status Coordinate(std::vector<Response>* todo);
+  Status HandleIncoming();
+  Status Coordinate();
   int WaitBudgetMs(bool shutting_down);
   void Break(const Status& st);
   Status AdmitCudaTensor(const Request& request);
@@ -81,6 +101,19 @@ class Runtime {
   TensorQueue queue_;
   LocalRequestCache local_cache_;
   Timeline timeline_;  // rank 0 only
+
+  // Engine state (guarded by engine_mu_).
+  std::mutex engine_mu_;
+  std::vector<ControlMessage> incoming_;
+  std::vector<Response> todo_;
+  bool finished_ = false;       // every rank shut down: the background thread leaves
+  bool engine_broken_ = false;  // Break() ran: nobody may run the engine again
+  SpinBudget engine_spin_;      // how long the engine holder polls for work before sleeping
+  // Hand-over between a driving caller and the background thread.
+  std::atomic<int> drive_requests_{0};  // callers in Wait() that want or hold the engine
+  std::mutex standby_mu_;
+  std::condition_variable standby_cv_;
+  Clock::time_point last_drive_end_;  // guarded by standby_mu_
 
   std::thread thread_;
   std::mutex state_mu_;

@@ -21,33 +21,55 @@ Status TensorQueue::Push(TensorEntry entry) {
                                   "concurrent operation a unique name");
     }
     fresh_.push_back(entry.request);
-    if (entry.request.type != OpType::kShutdown) in_flight_.emplace(key, std::move(entry));
+    if (entry.request.type != OpType::kShutdown) in_flight_.emplace(key, Slot{std::move(entry), false});
+    pushed_.fetch_add(1, std::memory_order_seq_cst);
   }
-  uint64_t one = 1;
-  ssize_t n = write(wake_fd_, &one, sizeof(one));
-  (void)n;
+  Kick();
   return Status::OK();
+}
+
+void TensorQueue::Kick() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof(one));
+    (void)n;
+  }
 }
 
 void TensorQueue::TakeNew(std::vector<Request>* out) {
   std::lock_guard<std::mutex> lock(mu_);
+  taken_ = pushed_.load(std::memory_order_relaxed);
   out->swap(fresh_);
   fresh_.clear();
+}
+
+void TensorQueue::SetSleeping(bool sleeping) {
+  sleeping_.store(sleeping, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // before the caller's HasNew() re-check
 }
 
 bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = in_flight_.find({process_set, name});
-  if (it == in_flight_.end()) return false;
-  *out = std::move(it->second);
-  in_flight_.erase(it);
+  if (it == in_flight_.end() || it->second.executing) return false;
+  *out = std::move(it->second.entry);
+  it->second.executing = true;
   return true;
+}
+
+void TensorQueue::Finish(int32_t process_set, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = in_flight_.find({process_set, name});
+  if (it != in_flight_.end() && it->second.executing) in_flight_.erase(it);
 }
 
 std::vector<TensorEntry> TensorQueue::TakeAll() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<TensorEntry> all;
-  for (auto& kv : in_flight_) all.push_back(std::move(kv.second));
+  for (auto& kv : in_flight_) {
+    if (!kv.second.executing) all.push_back(std::move(kv.second.entry));
+  }
   in_flight_.clear();
   fresh_.clear();
   return all;

@@ -65,7 +65,8 @@ Status TcpTransport::OnHeader(int peer) {
     return Status::OK();
   }
   bool ok_len = (h.kind == kControl && h.length <= kMaxControlLen) ||
-                (h.kind == kAbort && h.length <= kMaxAbortLen) || (h.kind == kDepart && h.length == 0);
+                (h.kind == kAbort && h.length <= kMaxAbortLen) || (h.kind == kDepart && h.length == 0) ||
+                (h.kind == kNudge && h.length == 0);
   if (!ok_len) {
     std::ostringstream os;
     os << "rank " << rank_ << " received a corrupt frame from rank " << peer << " (kind 0x" << std::hex << h.kind
@@ -73,6 +74,10 @@ Status TcpTransport::OnHeader(int peer) {
     return Status::Internal(os.str());
   }
   p.hdr_got = 0;
+  if (h.kind == kNudge) {
+    nudged_ = true;
+    return Status::OK();
+  }
   if (h.kind == kDepart) {
     p.departed = true;
     return Status::OK();
@@ -145,6 +150,19 @@ Status TcpTransport::SendControl(int peer, const std::string& payload) {
 }
 
 Status TcpTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) {
+  bool woken = false;
+  return WaitImpl(wake_fd, timeout_ms, -1, false, out, &woken);
+}
+
+Status TcpTransport::WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out,
+                                bool* woken) {
+  return WaitImpl(wake_fd, timeout_ms, writable_peer, true, out, woken);
+}
+
+// The poll loop behind WaitControl and WaitEvents. any_progress: return once
+// a byte arrived from any peer, a NUDGE came, or writable_peer can be written.
+Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bool any_progress,
+                              std::vector<ControlMessage>* out, bool* woken) {
   if (!broken_.ok()) return broken_;
   if (timeout_ms < 0) return Status::InvalidArgument("WaitControl needs a bounded timeout_ms");
   Deadline deadline = Deadline::After(timeout_ms / 1000.0);
@@ -153,26 +171,31 @@ Status TcpTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
   int wait_ms = have ? 0 : timeout_ms;
   std::vector<pollfd>& pfds = poll_fds_;
   std::vector<int>& owners = poll_owners_;
+  if (any_progress) nudged_ = false;
   for (;;) {
     pfds.clear();
     owners.clear();
     for (int q = 0; q < size_; ++q) {
       const Peer& p = peers_[q];
-      if (p.fd < 0 || p.closed || p.data_pending) continue;
-      pfds.push_back(pollfd{p.fd, POLLIN, 0});
+      if (p.fd < 0 || p.closed) continue;
+      short events = p.data_pending ? 0 : POLLIN;
+      if (q == writable_peer) events |= POLLOUT;
+      if (events == 0) continue;
+      pfds.push_back(pollfd{p.fd, events, 0});
       owners.push_back(q);
     }
     if (wake_fd >= 0) pfds.push_back(pollfd{wake_fd, POLLIN, 0});
     int n = ::poll(pfds.data(), pfds.size(), wait_ms);
     if (n < 0 && errno != EINTR) return Fail(Status::Internal("poll failed: " + net::ErrnoString(errno)));
-    bool woken = false;
+    bool progressed = false;
     for (size_t i = 0; n > 0 && i < pfds.size(); ++i) {
       if (pfds[i].revents == 0) continue;
       if (i == owners.size()) {
-        woken = true;
+        *woken = true;
         continue;
       }
-      bool progressed = false;
+      if (owners[i] == writable_peer && (pfds[i].revents & (POLLOUT | POLLERR | POLLHUP))) progressed = true;
+      if (peers_[owners[i]].data_pending) continue;
       Status st = Pump(owners[i], &progressed);
       if (!st.ok()) return Fail(st);
     }
@@ -184,8 +207,26 @@ Status TcpTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
         have = true;
       }
     }
-    if (have || woken || deadline.expired()) return Status::OK();
+    if (have || *woken || deadline.expired() || (any_progress && (progressed || nudged_))) return Status::OK();
     wait_ms = deadline.RemainingMs();
+  }
+}
+
+// Best effort and never blocking: a sleeping peer also wakes on its own
+// timeout, so a NUDGE that does not fit the socket buffer is simply dropped.
+void TcpTransport::Nudge(int peer) {
+  Peer& p = peers_[peer];
+  if (closed_ || p.fd < 0 || p.closed || p.send_mid_frame) return;
+  FrameHeader h{kNudge, 0, 0};
+  ssize_t n;
+  do {
+    n = ::send(p.fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  // A partial header would corrupt the stream: finish it (16 bytes, bounded).
+  if (n > 0 && size_t(n) < sizeof(h)) {
+    Status st = net::WriteExact(p.fd, reinterpret_cast<const char*>(&h) + n, sizeof(h) - size_t(n),
+                                Deadline::After(io_timeout_s_));
+    if (!st.ok()) Fail(st);
   }
 }
 
@@ -221,9 +262,9 @@ void TcpTransport::Close() {
   }
 }
 
-Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int size,
-                          const std::string& advertise_host, const std::string& secret,
-                          double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out) {
+Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
+                       const std::string& secret, double connect_timeout_s, double io_timeout_s,
+                       std::unique_ptr<TcpTransport>* out) {
   if (size < 1 || rank < 0 || rank >= size) {
     return Status::InvalidArgument("CreateTcpTransport: rank " + std::to_string(rank) + " is outside size " +
                                    std::to_string(size));
@@ -235,6 +276,16 @@ Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int
   std::vector<int> fds;
   HVD_RETURN_IF_ERROR(BuildTcpMesh(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, &fds));
   out->reset(new TcpTransport(rank, size, std::move(fds), io_timeout_s));
+  return Status::OK();
+}
+
+Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int size,
+                          const std::string& advertise_host, const std::string& secret,
+                          double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out) {
+  std::unique_ptr<TcpTransport> tcp;
+  HVD_RETURN_IF_ERROR(
+      NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, io_timeout_s, &tcp));
+  *out = std::move(tcp);
   return Status::OK();
 }
 

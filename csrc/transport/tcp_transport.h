@@ -10,6 +10,7 @@
 #include <poll.h>
 
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,12 +34,62 @@ class TcpTransport : public Transport {
   Status SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
                   uint32_t recv_tag, void* recv_data, size_t recv_len) override;
 
+  Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
+                        uint32_t recv_tag, void* recv_dst, size_t recv_len, const Reducer& reducer) override;
+
   Status SendControl(int peer, const std::string& payload) override;
   Status WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) override;
 
   void Depart() override;
   bool PeerDeparted(int peer) const override;
   void Close() override;
+
+  // ---- Used by ShmTransport, which keeps this transport as its liveness
+  // channel and for peers on other hosts. Same thread as every other call.
+
+  // Sends `peer` a NUDGE frame if that can be done without blocking (best
+  // effort: a peer that sleeps also wakes on its own timeout).
+  void Nudge(int peer);
+  // Like WaitControl, but also returns as soon as anything arrives from any
+  // peer (a NUDGE, a DATA header) or, when writable_peer >= 0, that peer's
+  // socket can take more bytes. *woken is set when wake_fd fired.
+  Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out, bool* woken);
+  // True once a departed peer's connection has reached EOF.
+  bool PeerClosed(int peer) const { return peers_[peer].closed; }
+  // Marks the transport broken with `st` (unless already broken), tells the
+  // peers (ABORT), and returns the first error.
+  Status Abort(const Status& st) { return Fail(st); }
+  const Status& broken() const { return broken_; }
+
+  // One direction of a SendRecv (public only so that ShmTransport can run
+  // a TCP side next to a shared-memory side).
+  struct SendOp {
+    int peer = -1;
+    tcp_wire::FrameHeader hdr{};
+    const char* data = nullptr;
+    size_t len = 0;
+    size_t sent = 0;  // over header + payload
+    bool done = true;
+  };
+  struct RecvOp {
+    int peer = -1;
+    uint32_t tag = 0;
+    char* data = nullptr;
+    size_t len = 0;
+    size_t got = 0;
+    bool checked = false;             // the pending header matched tag and length
+    bool done = true;
+    const Reducer* reducer = nullptr;  // reduce into data (through scratch) instead of copying
+    size_t reduced = 0;               // bytes of data already reduced
+  };
+  // Fills the ops for a SendRecv(Reduce) without moving a byte.
+  Status PrepareOps(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
+                    uint32_t recv_tag, void* recv_data, size_t recv_len, const Reducer* reducer, SendOp* s,
+                    RecvOp* r);
+  // Moves what can move without blocking. Errors are returned unrecorded
+  // (the caller decides, usually through Abort).
+  Status StepOps(SendOp* s, RecvOp* r, bool* progressed);
+  Status TimeoutError(const SendOp& s, const RecvOp& r) const;
 
  private:
   struct Peer {
@@ -55,25 +106,6 @@ class TcpTransport : public Transport {
     bool send_mid_frame = false;      // a frame to this peer is partially written
   };
 
-  // One direction of a SendRecv.
-  struct SendOp {
-    int peer = -1;
-    tcp_wire::FrameHeader hdr{};
-    const char* data = nullptr;
-    size_t len = 0;
-    size_t sent = 0;  // over header + payload
-    bool done = true;
-  };
-  struct RecvOp {
-    int peer = -1;
-    uint32_t tag = 0;
-    char* data = nullptr;
-    size_t len = 0;
-    size_t got = 0;
-    bool checked = false;  // the pending header matched tag and length
-    bool done = true;
-  };
-
   Status CheckPeer(int peer, const char* what) const;
   Status SelfCopy(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag, void* recv_data,
                   size_t recv_len);
@@ -81,7 +113,9 @@ class TcpTransport : public Transport {
   Status RunOps(SendOp* s, RecvOp* r);
   Status ProgressSend(SendOp* s, bool* progressed);
   Status ProgressRecv(RecvOp* r, bool* progressed);
-  Status TimeoutError(const SendOp& s, const RecvOp& r) const;
+  Status ReceiveReducing(RecvOp* r, bool* progressed);
+  Status WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bool any_progress,
+                  std::vector<ControlMessage>* out, bool* woken);
 
   // Reads frames from `peer` without blocking until EAGAIN, until a DATA
   // header is parsed, or until EOF of a departed peer. Control messages go to
@@ -103,6 +137,13 @@ class TcpTransport : public Transport {
   bool departed_ = false;
   std::vector<pollfd> poll_fds_;  // WaitControl scratch, reused to avoid allocating
   std::vector<int> poll_owners_;
+  std::vector<char> reduce_scratch_;  // ReceiveReducing: one piece of an incoming message
+  bool nudged_ = false;               // a NUDGE arrived since the last WaitEvents
 };
+
+// CreateTcpTransport's work, returning the concrete type (for ShmTransport).
+Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
+                       const std::string& secret, double connect_timeout_s, double io_timeout_s,
+                       std::unique_ptr<TcpTransport>* out);
 
 }  // namespace hvdlite

@@ -8,6 +8,8 @@
 //   CONTROL  tag = 0, payload = one control message
 //   DEPART   length 0: the sender is shutting down on purpose
 //   ABORT    payload = the sender's first error; it is broken and going away
+//   NUDGE    length 0: wakes a peer sleeping in a shared-memory wait (the
+//            shared-memory transport's doorbell); otherwise ignored
 #pragma once
 #include <cstdint>
 
@@ -22,6 +24,7 @@ enum Kind : uint32_t {
   kControl = 0x02445648u,
   kDepart = 0x03445648u,
   kAbort = 0x04445648u,
+  kNudge = 0x05445648u,
 };
 
 struct FrameHeader {

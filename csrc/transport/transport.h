@@ -32,6 +32,18 @@ struct ControlMessage {
   std::string payload;
 };
 
+// How a receiver combines an incoming message with what its buffer holds:
+// fn(ctx, dst, src, bytes) sets dst[i] = op(dst[i], src[i]) over `bytes`
+// bytes. Every call covers whole elements (a multiple of `unit` bytes, at an
+// offset that is a multiple of `unit` from the start of the message). `src`
+// may point into memory another process is allowed to read but never writes
+// while the call runs (a shared-memory slot). Must not block.
+struct Reducer {
+  Status (*fn)(const void* ctx, void* dst, const void* src, size_t bytes) = nullptr;
+  const void* ctx = nullptr;
+  size_t unit = 1;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -45,6 +57,15 @@ class Transport {
   // -1 to skip that side; a zero length still exchanges an empty message.
   virtual Status SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
                           int recv_peer, uint32_t recv_tag, void* recv_data, size_t recv_len) = 0;
+
+  // SendRecv whose received message is reduced into recv_dst (through
+  // `reducer`) instead of copied; the message on the wire is an ordinary one,
+  // so the sender may use Send/SendRecv. recv_dst must not overlap send_data.
+  // A shared-memory transport reduces straight out of the sender's slots (no
+  // copy on the receiving side); the default receives into a temporary buffer.
+  virtual Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
+                                int recv_peer, uint32_t recv_tag, void* recv_dst, size_t recv_len,
+                                const Reducer& reducer);
 
   virtual Status SendControl(int peer, const std::string& payload) = 0;
   // Returns when control messages are available (appends all of them to `out`),
@@ -73,5 +94,27 @@ Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int
                           const std::string& advertise_host, const std::string& secret,
                           double connect_timeout_s, double io_timeout_s,
                           std::unique_ptr<Transport>* out);
+
+// Options of the shared-memory transport (HVDLITE_SHM_* settings).
+struct ShmOptions {
+  bool disable = false;             // TCP only
+  size_t channel_bytes = 1 << 20;   // data ring per ordered pair of ranks on a host
+  double spin_us = 50;              // a wait busy-polls this long before it sleeps
+};
+
+// CreateTcpTransport, plus shared memory between the ranks that share a host
+// (equal hosts[r]): data and control to those peers move through
+// single-producer/single-consumer rings in segments the ranks map from each
+// other; the TCP connections stay open as the liveness channel (a peer's death
+// is its socket closing, and a sleeping waiter is woken by a small TCP frame)
+// and carry everything to ranks on other hosts. Segments are named from the
+// secret and prefix, created 0600 and unlinked as soon as every peer has mapped
+// them (or given up), so nothing is left in /dev/shm once this returns. A pair
+// of ranks that cannot both map each other's segment falls back to TCP; with
+// opts.disable, or no peer on this host, the result is the plain TCP transport.
+Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int size,
+                          const std::string& advertise_host, const std::string& secret,
+                          double connect_timeout_s, double io_timeout_s, const std::vector<std::string>& hosts,
+                          const ShmOptions& opts, std::unique_ptr<Transport>* out);
 
 }  // namespace hvdlite

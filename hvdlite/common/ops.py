@@ -20,7 +20,8 @@ _WAIT_SLICE_S = 0.5
 def submit(op_type, name, ptr, dtype, shape, reduce_op=0, prescale=1.0, postscale=1.0, root=0,
            splits=(), process_set=0, device=-1, stream=0):
     """Hands one operation to the core; returns its core handle. Raises at once
-    if the core refuses it (not initialized, name in flight, broken job).
+    if the core refuses it (not initialized, name in flight, broken job). `ptr` is
+    the data's address, or a C-contiguous object with the buffer protocol.
     CUDA tensors: `device` is the tensor's CUDA device, `stream` the framework's
     current cudaStream_t as an int (see hvdlite_op in csrc/include/hvdlite/c_api.h)."""
     code, message, handle = _core.enqueue(op_type, name, ptr, dtype, list(shape), int(reduce_op),

@@ -10,6 +10,8 @@ their output with the rank, and stops the whole job as soon as one rank fails (s
 Any other launcher works too if it sets the same variables (rank_env() lists them).
 """
 import argparse
+import hashlib
+import hmac
 import os
 import sys
 
@@ -84,6 +86,24 @@ def start_store(secret):
     return _core.TcpStoreServer(STORE_HOST, 0, secret)
 
 
+def remove_shm_leftovers(secret):
+    """Unlinks this job's shared-memory segments that a rank killed in the middle of init()
+    may have left in /dev/shm. Normally there are none: each rank unlinks its segment as
+    soon as its peers have mapped it. Names start with a tag derived from the job secret
+    (csrc/transport/shm_setup.cc), so other jobs' segments are never touched."""
+    tag = "hvdlite-%s-" % hmac.new(secret, b"hvdlite-shm-segment", hashlib.sha256).hexdigest()[:16]
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(tag):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.check_build:
@@ -111,6 +131,7 @@ def main(argv=None):
         return LocalJob(args.command, envs).run()
     finally:
         server.stop()
+        remove_shm_leftovers(secret)
 
 
 if __name__ == "__main__":

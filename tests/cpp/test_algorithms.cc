@@ -1,13 +1,18 @@
 // Tests of the collective algorithms layer (csrc/algorithms): reduction
 // kernels and conversions, then every collective with ranks as threads of
-// this process over the real TCP transport on 127.0.0.1, world sizes 1-4.
+// this process over the real transports (TCP on 127.0.0.1, then the
+// shared-memory transport), world sizes 1-4. Case names start with the
+// transport ("tcp/", "shm/").
 //
 //   test_algorithms            run every case; prints "N passed, M failed" last,
 //                              exit status 0 only when nothing failed
 //   test_algorithms FILTER     only cases whose name contains FILTER
-//   test_algorithms --bench    allreduce busbw, 2 thread-ranks (information only)
+//   test_algorithms --bench [WORLD [tcp|shm [CHANNEL_BYTES]]]
+//                              allreduce busbw, WORLD (2) thread-ranks over
+//                              shm (default) or tcp (information only)
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -46,7 +51,11 @@ void RunCase(const std::string& name, const std::function<void()>& body) {
 int main(int argc, char** argv) {
   using hvdlite::DataType;
   using hvdlite::ReduceOp;
-  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) return algtest::RunBench(2);
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
+    algtest::UseTransport(argc > 3 ? argv[3] : "shm");
+    algtest::ShmChannelBytes() = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : hvdlite::ShmOptions().channel_bytes;
+    return algtest::RunBench(argc > 2 ? std::atoi(argv[2]) : 2);
+  }
   if (argc > 1) g_filter = argv[1];
 
   std::printf("float16 block conversions: %s\n", hvdlite::halfblock::HalfImplName());
@@ -54,25 +63,30 @@ int main(int argc, char** argv) {
   RunCase("kernels/block_conversions", algtest::TestBlockConversions);
   RunCase("kernels/reduce_into", algtest::TestReduceInto);
   RunCase("kernels/scalar_cases", algtest::TestScalarCases);
-  for (int world = 1; world <= 4; ++world) {
-    const std::string w = "/world" + std::to_string(world);
-    for (DataType dt : algtest::ReducibleTypes()) {
-      RunCase(std::string("allreduce_exact/") + hvdlite::DataTypeName(dt) + w,
-              [&] { algtest::TestAllreduceExact(world, dt); });
-    }
-    for (DataType dt : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64}) {
-      for (ReduceOp op : algtest::ReduceOps()) {
-        RunCase(std::string("allreduce_agreement/") + hvdlite::DataTypeName(dt) + "/" + hvdlite::ReduceOpName(op) + w,
-                [&] { algtest::TestAllreduceAgreement(world, dt, op); });
+  for (const char* kind : {"tcp", "shm"}) {
+    algtest::UseTransport(kind);
+    const std::string k = std::string(kind) + "/";
+    for (int world = 1; world <= 4; ++world) {
+      const std::string w = "/world" + std::to_string(world);
+      for (DataType dt : algtest::ReducibleTypes()) {
+        RunCase(k + "allreduce_exact/" + hvdlite::DataTypeName(dt) + w,
+                [&] { algtest::TestAllreduceExact(world, dt); });
       }
+      for (DataType dt : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64}) {
+        for (ReduceOp op : algtest::ReduceOps()) {
+          RunCase(k + "allreduce_agreement/" + hvdlite::DataTypeName(dt) + "/" + hvdlite::ReduceOpName(op) + w,
+                  [&] { algtest::TestAllreduceAgreement(world, dt, op); });
+        }
+      }
+      RunCase(k + "allreduce_postscale" + w, [&] { algtest::TestAllreducePostscale(world); });
+      RunCase(k + "allgatherv" + w, [&] { algtest::TestAllgatherv(world); });
+      RunCase(k + "broadcast" + w, [&] { algtest::TestBroadcast(world); });
+      RunCase(k + "alltoallv" + w, [&] { algtest::TestAlltoallv(world); });
+      RunCase(k + "reducescatter" + w, [&] { algtest::TestReduceScatter(world); });
     }
-    RunCase("allgatherv" + w, [&] { algtest::TestAllgatherv(world); });
-    RunCase("broadcast" + w, [&] { algtest::TestBroadcast(world); });
-    RunCase("alltoallv" + w, [&] { algtest::TestAlltoallv(world); });
-    RunCase("reducescatter" + w, [&] { algtest::TestReduceScatter(world); });
+    RunCase(k + "subgroups/world4", algtest::TestSubgroups);
+    RunCase(k + "argument_errors/world2", algtest::TestArgumentErrors);
   }
-  RunCase("subgroups/world4", algtest::TestSubgroups);
-  RunCase("argument_errors/world2", algtest::TestArgumentErrors);
 
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "algorithms/reduce_kernels.h"
 #include "kernels.h"
 #include "util.h"
 #include "values.h"
@@ -87,6 +88,34 @@ inline void TestAllreduceAgreement(int world, DataType dt, ReduceOp op) {
         Check().Fail("float64 sum off at " + std::to_string(i));
         break;
       }
+    }
+  }
+}
+
+// Allreduce with a postscale (applied chunk by chunk inside the algorithm)
+// gives the same bits as an unscaled Allreduce followed by ScaleBuffer, for
+// a factor that is a float (0.5) and one that is not (1/3).
+inline void TestAllreducePostscale(int world) {
+  const std::vector<int64_t> counts = {7, 100003, 1000003};
+  for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kBFloat16}) {
+    const size_t es = hvdlite::DataTypeSize(dt);
+    for (double factor : {0.5, 1.0 / 3.0}) {
+      RunRanks(world, "postscale", [&](int rank, Transport* t, SpinBarrier*) {
+        uint32_t tag = 64;
+        for (int64_t count : counts) {
+          std::vector<char> a(count * es + 1), b;
+          FillRandom(dt, &a, count, 7 + rank);
+          b = a;
+          const std::string where = Where("Allreduce postscale", world, rank, dt, ReduceOp::kSum, count);
+          Group g = MakeGroup(t, Iota(world), rank, tag += 64);
+          if (!Check().ExpectOk(hvdlite::Allreduce(g, a.data(), count, dt, ReduceOp::kSum, factor), where)) return;
+          g.tag = tag += 64;
+          if (!Check().ExpectOk(hvdlite::Allreduce(g, b.data(), count, dt, ReduceOp::kSum), where)) return;
+          Check().ExpectOk(hvdlite::ScaleBuffer(b.data(), count, dt, factor), where);
+          const int64_t d = FirstDiff(a.data(), b.data(), count * es);
+          Check().Expect(d < 0, where + " factor " + std::to_string(factor) + " differs at byte " + std::to_string(d));
+        }
+      });
     }
   }
 }

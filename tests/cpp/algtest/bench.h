@@ -1,5 +1,6 @@
-// `test_algorithms --bench`: allreduce busbw of 2 thread-ranks over TCP on
-// 127.0.0.1, float32 Sum, in place. Information only, never asserted.
+// `test_algorithms --bench [WORLD [tcp|shm]]`: allreduce busbw of WORLD
+// thread-ranks over the chosen transport, float32 Sum, in place. Information
+// only, never asserted.
 // Conventions (BENCHMARKING.md): busbw = bytes / time * 2(n-1)/n; every
 // repetition starts after a barrier, its time is the max over ranks; the
 // median (and min) over repetitions is reported; small sizes time K calls.
@@ -22,7 +23,8 @@ struct BenchSize {
 
 inline int RunBench(int world) {
   const std::vector<BenchSize> sizes = {
-      {4 << 10, 30, 50}, {1 << 20, 30, 10}, {16 << 20, 15, 1}, {64 << 20, 8, 1}};
+      {4 << 10, 30, 200}, {64 << 10, 30, 50}, {1 << 20, 30, 10}, {16 << 20, 15, 1}, {64 << 20, 8, 1},
+      {256 << 20, 5, 1}};
   std::vector<std::vector<double>> secs(sizes.size());  // per repetition, max over ranks
   std::vector<double> rank_time(world);
   int wrong = 0;
@@ -50,7 +52,8 @@ inline int RunBench(int world) {
       }
     }
   });
-  std::printf("allreduce float32 sum, %d thread-ranks over TCP 127.0.0.1 (in place); #wrong=%d\n", world, wrong);
+  std::printf("allreduce float32 sum, %d thread-ranks over %s (in place); #wrong=%d\n", world,
+              TransportKind() == "shm" ? "shared memory" : "TCP 127.0.0.1", wrong);
   std::printf("%12s %12s %12s %14s %14s\n", "bytes", "median_us", "min_us", "busbw_GB/s", "best_busbw");
   for (size_t s = 0; s < sizes.size(); ++s) {
     std::vector<double> v = secs[s];

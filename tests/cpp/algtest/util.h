@@ -1,6 +1,7 @@
 // Test harness for test_algorithms: ranks are threads of this process, each
-// with its own real TCP transport on 127.0.0.1, rendezvousing through one
-// shared MemoryStore (a distinct key prefix per test case).
+// with its own real transport (TCP on 127.0.0.1, or the shared-memory
+// transport over it: see UseTransport), rendezvousing through one shared
+// MemoryStore (a distinct key prefix per test case).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -87,11 +88,35 @@ inline hvdlite::Store* SharedStore() {
   return store.get();
 }
 
+// Which transport RunRanks builds: "tcp" or "shm" (every rank on one host).
+inline std::string& TransportKind() {
+  static std::string kind = "tcp";
+  return kind;
+}
+inline void UseTransport(const std::string& kind) { TransportKind() = kind; }
+// Data ring per pair of the shm transport: small by default, so that test
+// messages span many slots and wrap the ring.
+inline size_t& ShmChannelBytes() {
+  static size_t bytes = 256 << 10;
+  return bytes;
+}
+
+inline Status CreateTestTransport(const std::string& prefix, int rank, int world, std::unique_ptr<Transport>* t) {
+  if (TransportKind() == "shm") {
+    hvdlite::ShmOptions opts;
+    opts.channel_bytes = ShmChannelBytes();
+    return hvdlite::CreateShmTransport(SharedStore(), prefix, rank, world, "127.0.0.1", "algtest-secret", 30.0,
+                                       30.0, std::vector<std::string>(world, "host"), opts, t);
+  }
+  return hvdlite::CreateTcpTransport(SharedStore(), prefix, rank, world, "127.0.0.1", "algtest-secret", 30.0, 30.0,
+                                     t);
+}
+
 // Body of one rank: `t` is its transport (world rank `rank` of `world`).
 using RankFn = std::function<void(int rank, Transport* t, SpinBarrier* barrier)>;
 
-// Runs `fn` on `world` threads, each with a full TCP mesh under a fresh store
-// prefix. Transports are torn down only after every rank has finished.
+// Runs `fn` on `world` threads, each with a transport of TransportKind()
+// under a fresh store prefix. Transports are torn down only after every rank has finished.
 inline void RunRanks(int world, const std::string& name, const RankFn& fn) {
   static std::atomic<int> serial{0};
   const std::string prefix = "alg/" + name + "/" + std::to_string(serial.fetch_add(1)) + "/";
@@ -100,9 +125,10 @@ inline void RunRanks(int world, const std::string& name, const RankFn& fn) {
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<Transport> t;
-      Status st = hvdlite::CreateTcpTransport(SharedStore(), prefix, r, world, "127.0.0.1",
-                                              "algtest-secret", 30.0, 30.0, &t);
-      if (Check().ExpectOk(st, "rank " + std::to_string(r) + " CreateTcpTransport")) fn(r, t.get(), &barrier);
+      Status st = CreateTestTransport(prefix, r, world, &t);
+      if (Check().ExpectOk(st, "rank " + std::to_string(r) + " create " + TransportKind() + " transport")) {
+        fn(r, t.get(), &barrier);
+      }
       barrier.Wait();
       if (t) t->Depart();
       barrier.Wait();

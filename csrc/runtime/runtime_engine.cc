@@ -1,0 +1,182 @@
+// The engine: the background loop, and callers that drive it from Wait().
+//
+// One thread at a time runs the engine: the holder of engine_mu_.
+//  * The background thread holds it by default. Between turns it waits for
+//    work (WaitForWork): it polls the submission counter and the transport's
+//    control plane without syscalls for the spin budget (at most
+//    HVDLITE_SPIN_US, adapted: common/spin.h), then sleeps in the transport
+//    with the queue's eventfd armed.
+//  * A caller in Wait() whose operation is not done registers in
+//    drive_requests_ and kicks the eventfd (a syscall only if the background
+//    thread sleeps). The background thread notices after its current turn or
+//    at once while it waits, and stands by (StandBy): it releases engine_mu_
+//    and parks. The caller then runs the same turns and waits itself (Drive)
+//    until its handle is done or its time slice ends.
+//  * A parked background thread takes the engine back once no caller has
+//    driven for kStandByGrace (checked every grace period; at shutdown, as
+//    soon as no caller drives).
+//    Callers that wait once tend to wait again soon (a training loop, a
+//    benchmark); keeping the background thread parked in between means the
+//    hand-over costs nothing on the next operation. The price: work that
+//    arrives while nobody drives (another rank's request to this rank's
+//    coordinator, asynchronous submissions nobody waits for) may sit for up
+//    to the grace period.
+//  * Whoever holds the engine when it fails calls Break() (engine_broken_);
+//    the background thread alone leaves the loop (Leave) when the job ends.
+#include <unistd.h>
+
+#include "common/logging.h"
+#include "runtime/runtime.h"
+
+namespace hvdlite {
+namespace {
+
+constexpr auto kStandByGrace = std::chrono::milliseconds(2);
+
+}  // namespace
+
+void Runtime::Loop() {
+  std::unique_lock<std::mutex> engine(engine_mu_);
+  Spinner spin(&engine_spin_, SpinYields());
+  for (;;) {
+    if (engine_broken_) return;  // a driving caller already failed everything
+    Status st = finished_ ? Status::OK() : Turn();
+    if (!st.ok()) return Break(st);
+    if (finished_) return Leave();
+    const bool shutting_down = shutdown_requested_.load();
+    if (shutting_down && Clock::now() >= shutdown_deadline_) {
+      HVD_LOG(kWarning, "shutdown: not every rank called shutdown() within "
+                            << cfg_.SHUTDOWN_TIMEOUT_SECONDS << " s; leaving anyway");
+      return Leave();
+    }
+    if (drive_requests_.load() > 0) {
+      StandBy(&engine);
+      spin.Reset();
+      continue;
+    }
+    st = WaitForWork(&spin, WaitBudgetMs(shutting_down), /*for_driver=*/false);
+    if (!st.ok()) return Break(st);
+  }
+}
+
+// One pass: send new requests, take in control messages, coordinate (rank
+// 0), and execute every response decided so far.
+Status Runtime::Turn() {
+  HVD_RETURN_IF_ERROR(SendNewRequests());
+  HVD_RETURN_IF_ERROR(HandleIncoming());
+  if (coordinator_) {
+    HVD_RETURN_IF_ERROR(Coordinate());
+    finished_ |= coordinator_->AllRanksShutDown();
+  }
+  Status st;
+  const int64_t bytes_before = executor_->allreduce_bytes();
+  const int responses_before = executor_->allreduce_responses();
+  for (size_t i = 0; st.ok() && i < todo_.size(); ++i) st = executor_->Execute(todo_[i]);
+  todo_.clear();
+  if (autotuner_ && autotuner_->tuning()) {
+    autotuner_->Record(executor_->allreduce_bytes() - bytes_before,
+                       executor_->allreduce_responses() - responses_before);
+    coordinator_->SetFusionThreshold(autotuner_->fusion_threshold());
+    coordinator_->SetCycleTimeMs(autotuner_->cycle_time_ms());
+  }
+  return st;
+}
+
+// Returns when there may be something to do: new submissions, control
+// messages, (background thread) a caller asking for the engine, or after at
+// most budget_ms. Polls for the spin budget, then sleeps in the transport.
+Status Runtime::WaitForWork(Spinner* spin, int budget_ms, bool for_driver) {
+  auto wanted = [&] { return queue_.HasNew() || (!for_driver && drive_requests_.load() > 0); };
+  for (;;) {
+    if (wanted()) break;
+    HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));
+    if (!incoming_.empty()) break;
+    if (spin->Spin()) continue;
+    queue_.SetSleeping(true);
+    Status st;
+    if (!wanted()) {
+      st = transport_->WaitControl(queue_.wake_fd(), budget_ms, &incoming_);
+      queue_.ClearWake();
+    }
+    queue_.SetSleeping(false);
+    spin->Reset();
+    return st;
+  }
+  spin->Reset();
+  return Status::OK();
+}
+
+// Background thread: lets callers drive (see the top of this file).
+void Runtime::StandBy(std::unique_lock<std::mutex>* engine) {
+  engine->unlock();
+  {
+    std::unique_lock<std::mutex> lock(standby_mu_);
+    for (;;) {
+      const Clock::time_point now = Clock::now();
+      const bool grace_over = shutdown_requested_.load() || now >= last_drive_end_ + kStandByGrace;
+      if (drive_requests_.load() == 0 && grace_over) break;
+      standby_cv_.wait_until(lock, std::max(now, last_drive_end_) + kStandByGrace);
+    }
+  }
+  engine->lock();
+}
+
+Status Runtime::Wait(int64_t handle, double timeout_s) {
+  const Clock::time_point until =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  Status result;
+  bool known = false;
+  if (handles_.Done(handle, &result, &known)) return result;
+  if (!known) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
+  drive_requests_.fetch_add(1);
+  queue_.Kick();
+  {
+    std::unique_lock<std::mutex> engine(engine_mu_);
+    Drive(handle, until);
+  }
+  drive_requests_.fetch_sub(1);
+  {
+    std::lock_guard<std::mutex> lock(standby_mu_);
+    last_drive_end_ = Clock::now();
+  }
+  const double left = std::chrono::duration<double>(until - Clock::now()).count();
+  return handles_.Wait(handle, std::max(0.0, left));
+}
+
+// A caller runs the engine until `handle` is done (or failed), the engine
+// can no longer run, or `until` passes.
+Status Runtime::Drive(int64_t handle, Clock::time_point until) {
+  Spinner spin(&engine_spin_, SpinYields());
+  uint64_t seen = ~uint64_t{0};
+  for (;;) {
+    if (engine_broken_ || finished_) return Status::OK();
+    const uint64_t completions = handles_.completions();
+    if (completions != seen) {
+      seen = completions;
+      Status result;
+      bool known = false;
+      if (handles_.Done(handle, &result, &known) || !known) return Status::OK();
+    }
+    Status st = Turn();
+    if (st.ok() && handles_.completions() != seen) continue;  // look at the handle first
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (st.ok() && left <= 0) return Status::OK();
+    if (st.ok()) {
+      const int budget = static_cast<int>(std::min<long long>(left, WaitBudgetMs(shutdown_requested_.load())));
+      st = WaitForWork(&spin, budget, /*for_driver=*/true);
+    }
+    if (!st.ok()) {
+      Break(st);
+      return st;
+    }
+  }
+}
+
+// Yield while spinning when this host has more ranks than cores. (sysconf
+// reads sysfs: ask once.)
+bool Runtime::SpinYields() const {
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus > 0 && topo_.local_size > cpus;
+}
+
+}  // namespace hvdlite

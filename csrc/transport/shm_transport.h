@@ -1,0 +1,149 @@
+// ShmTransport: the Transport for a job with several ranks on one host.
+//
+// Private to csrc/transport (others use CreateShmTransport in transport.h).
+// It owns a TcpTransport (the full mesh) and, for each peer on the same host
+// with which the segment exchange succeeded (a "linked" peer), four channels
+// (shm_channel.h): control and data out (in this rank's segment), control and
+// data in (in the peer's segment). Traffic to a linked peer goes through the
+// channels; traffic to other peers goes through TCP; a SendRecv may mix both.
+//
+// Data: a message is cut into slot-sized pieces; the sender copies each piece
+// into a free slot and publishes it; the receiver copies it out (Recv) or
+// reduces it straight into its buffer (SendRecvReduce: no copy on that side)
+// and releases the slot. Sends and receives of one call progress together,
+// so a ring step never deadlocks on full rings.
+//
+// Waiting (data and control sends and receives): poll the rings with no
+// syscall for the spin budget (at most ShmOptions::spin_us, adapted to how
+// recent waits ended: common/spin.h), then sleep in
+// TcpTransport::WaitEvents: this rank's `sleeping` flag in its segment header
+// asks peers to NUDGE it over TCP after they publish or release a slot of its
+// (the flag is set, then the rings re-checked, then the sleep: so a publish is
+// never missed). Sleeping on the TCP sockets also watches liveness: a peer
+// that dies closes its socket, which ends the wait with Aborted naming it; a
+// peer that is alive but silent for io_timeout_s is a Timeout. While a data
+// transfer waits, incoming control pieces are drained into a queue, so a
+// control sender never waits on a receiver busy with data.
+//
+// Threading and failure: as Transport (one thread at a time; the first error
+// breaks the transport, and is sent to the peers as an ABORT over TCP).
+#pragma once
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/spin.h"
+#include "transport/shm_channel.h"
+#include "transport/shm_segment.h"
+#include "transport/tcp_transport.h"
+#include "transport/transport.h"
+
+namespace hvdlite {
+
+class ShmTransport : public Transport {
+ public:
+  // One peer's channels; `linked` is false for peers reached over TCP.
+  struct Link {
+    bool linked = false;
+    shm::Producer ctrl_out, data_out;
+    shm::Consumer ctrl_in, data_in;
+    std::atomic<uint32_t>* peer_sleeping = nullptr;  // in the peer's segment header
+    std::string ctrl_partial;                        // control message being assembled
+  };
+
+  // `own` is this rank's segment (its `sleeping` flag is this rank's);
+  // `mapped` keeps the peers' segments mapped; links[r] for every rank.
+  ShmTransport(std::unique_ptr<TcpTransport> tcp, shm::Segment own, std::vector<shm::Segment> mapped,
+               std::vector<Link> links, const ShmOptions& opts, double io_timeout_s, bool oversubscribed);
+  ~ShmTransport() override;
+
+  int rank() const override { return tcp_->rank(); }
+  int size() const override { return tcp_->size(); }
+
+  Status Send(int peer, uint32_t tag, const void* data, size_t len) override;
+  Status Recv(int peer, uint32_t tag, void* data, size_t len) override;
+  Status SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
+                  uint32_t recv_tag, void* recv_data, size_t recv_len) override;
+  Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
+                        uint32_t recv_tag, void* recv_dst, size_t recv_len, const Reducer& reducer) override;
+
+  Status SendControl(int peer, const std::string& payload) override;
+  Status WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) override;
+
+  void Depart() override { tcp_->Depart(); }
+  bool PeerDeparted(int peer) const override { return tcp_->PeerDeparted(peer); }
+  void Close() override;
+
+  // Number of peers reached through shared memory (for tests and logs).
+  int linked_peers() const;
+
+ private:
+  // A message going out through a linked peer's control or data channel.
+  struct ShmSend {
+    int peer = -1;
+    uint32_t kind = shm::kDataPiece;
+    uint32_t tag = 0;
+    const char* data = nullptr;
+    size_t len = 0;
+    size_t sent = 0;  // an empty message still takes one slot
+    bool done = true;
+  };
+  // A data message coming in from a linked peer.
+  struct ShmRecv {
+    int peer = -1;
+    uint32_t tag = 0;
+    char* data = nullptr;
+    size_t len = 0;
+    size_t got = 0;
+    bool done = true;
+    const Reducer* reducer = nullptr;
+  };
+  // Everything one call moves: at most one send and one receive, each
+  // either through shared memory or through TCP.
+  struct Transfer {
+    ShmSend ss;
+    ShmRecv sr;
+    TcpTransport::SendOp ts;
+    TcpTransport::RecvOp tr;
+    bool done() const { return ss.done && sr.done && ts.done && tr.done; }
+  };
+
+  bool Linked(int peer) const { return peer >= 0 && peer < size() && links_[peer].linked; }
+  Status CheckPeer(int peer, const char* what) const;
+  Status Exchange(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
+                  uint32_t recv_tag, void* recv_data, size_t recv_len, const Reducer* reducer);
+  Status SelfExchange(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag,
+                      void* recv_data, size_t recv_len, const Reducer* reducer);
+  Status Run(Transfer* t);
+  Status Step(Transfer* t, bool* progressed);
+  bool Push(ShmSend* s);
+  Status Pull(ShmRecv* r, bool* progressed);
+  Status Sleep(Transfer* t);
+  Status PeersAlive(const Transfer& t) const;
+  Status TimeoutError(const Transfer& t) const;
+
+  // Moves complete control messages from every linked peer into ctrl_queue_.
+  Status DrainControl();
+  Status OnControlPiece(int peer, const shm::SlotHeader& h, const char* payload);
+  void NudgeIfSleeping(int peer);
+  Status Fail(const Status& st) { return tcp_->Abort(st); }
+
+  std::unique_ptr<TcpTransport> tcp_;
+  shm::Segment own_;
+  std::vector<shm::Segment> mapped_;
+  std::vector<Link> links_;
+  std::vector<int> linked_ids_;  // ranks of the linked peers
+  ShmOptions opts_;
+  double io_timeout_s_;
+  bool yield_;  // spin by yielding: more busy ranks than cores on this host
+  SpinBudget data_spin_;  // how long transfers poll before sleeping (common/spin.h)
+  std::atomic<uint32_t>* sleeping_;  // this rank's flag, in own_
+  std::deque<ControlMessage> ctrl_queue_;  // complete control messages not yet returned
+  std::vector<ControlMessage> tcp_ctrl_;   // scratch for TcpTransport::WaitEvents
+  std::chrono::steady_clock::time_point last_socket_check_{};  // WaitControl(timeout 0)
+  bool closed_ = false;
+};
+
+}  // namespace hvdlite

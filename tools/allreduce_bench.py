@@ -1,0 +1,80 @@
+"""Allreduce busbw through the full runtime (processes, negotiation included).
+
+    hvdliterun -np N .venv/bin/python tools/allreduce_bench.py [--sizes 1M,16M,64M,256M]
+
+float32 Sum, in place (allreduce_), buffers touched first and kept at zero while timed.
+Per size: a correctness pass with rank-dependent data (#wrong), warm-up, then repetitions;
+each repetition starts after a small allreduce (a barrier) and its time is the max over
+ranks; prints the median and best busbw (nccl-tests: algbw * 2(n-1)/n) and how many cores
+processes other than the ranks used meanwhile ("others"). Information only.
+"""
+import argparse
+import resource
+import time
+
+import numpy as np
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def cpu_busy_seconds():
+    """CPU seconds the whole machine has been busy (from /proc/stat; USER_HZ = 100)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / 100.0
+
+
+def own_cpu_seconds():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="4K,1M,16M,64M,256M")
+    p.add_argument("--reps", type=int, default=9)
+    a = p.parse_args()
+    import hvdlite as hvd
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    rows = []
+    for size in [parse_size(s) for s in a.sizes.split(",")]:
+        count = size // 4
+        buf = np.full(count, float(r + 1), np.float32)
+        hvd.allreduce_(buf, op=hvd.Sum, name="check")
+        wrong = int(np.count_nonzero(buf != n * (n + 1) / 2))
+        buf[:] = 0
+        calls = max(1, min(1000, (1 << 22) // max(size, 1)))
+        for _ in range(2):
+            hvd.allreduce_(buf, op=hvd.Sum, name="t")
+        times = []
+        busy0, own0, wall0 = cpu_busy_seconds(), own_cpu_seconds(), time.monotonic()
+        for _ in range(a.reps):
+            hvd.allreduce_(np.zeros(1, np.float32), op=hvd.Sum, name="barrier")
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                hvd.allreduce_(buf, op=hvd.Sum, name="t")
+            dt = (time.perf_counter() - t0) / calls
+            times.append(hvd.allreduce(np.array([dt]), op=hvd.Max, name="tmax")[0])
+        wall = time.monotonic() - wall0
+        ranks_cpu = hvd.allreduce(np.array([own_cpu_seconds() - own0]), op=hvd.Sum, name="cpu")[0]
+        others = max(0.0, cpu_busy_seconds() - busy0 - ranks_cpu) / wall
+        times.sort()
+        factor = 2.0 * (n - 1) / n
+        rows.append((size, times[len(times) // 2], times[0], wrong, factor, others))
+    if r == 0:
+        print("allreduce float32 sum through the runtime, %d ranks (in place)" % n)
+        print("%12s %12s %12s %12s %12s %7s %7s" % ("bytes", "median_us", "min_us", "busbw_GB/s", "best_busbw",
+                                                   "#wrong", "others"))
+        for size, med, best, wrong, factor, others in rows:
+            print("%12d %12.1f %12.1f %12.3f %12.3f %7d %7.2f" % (size, med * 1e6, best * 1e6,
+                                                                size / med * factor / 1e9,
+                                                                size / best * factor / 1e9, wrong, others))
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
