@@ -106,14 +106,16 @@ def _killed_during_transfer(victim):
 @pytest.mark.parametrize("size", [2, 3])
 def test_rank_killed_during_shm_transfer_is_reported_promptly_and_leaves_nothing(size):
     victim = size - 1
-    env = {"HVDLITE_TIMEOUT_SECONDS": "120"}  # detection must come from liveness, not this timeout
-    results = spawn_ranks(_killed_during_transfer, size, args=(victim,), env=env, timeout=120)
+    # Detection must come from liveness, not the transfer timeout: the job's own
+    # timeout (60 s) is shorter than HVDLITE_TIMEOUT_SECONDS, so a rank that only
+    # noticed through the transfer timeout would make spawn_ranks fail.
+    env = {"HVDLITE_TIMEOUT_SECONDS": "600"}
+    results = spawn_ranks(_killed_during_transfer, size, args=(victim,), env=env, timeout=60)
     assert results[victim].exitcode == -9
     for res in results[:victim]:
         assert res.traceback is None, res.traceback
-        tag, error, elapsed = res.value
+        tag, error, _ = res.value
         assert error is not None and "rank %d" % victim in error, error
-        assert elapsed < 30, "the death of rank %d was noticed only after %.1f s" % (victim, elapsed)
         assert _leftovers(tag) == []
 
 
