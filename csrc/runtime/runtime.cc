@@ -1,6 +1,7 @@
 #include "runtime/runtime.h"
 
 #include "common/logging.h"
+#include "runtime/affinity.h"
 
 namespace hvdlite {
 
@@ -10,6 +11,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   SetLogLevel(rt->cfg_.LOG_LEVEL);
   HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_));
   SetLogRank(rt->topo_.rank);
+  if (rt->cfg_.PIN_CORES) PinToCoreIfHostIsFull(rt->topo_);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
   rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);
