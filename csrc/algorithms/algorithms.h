@@ -39,10 +39,10 @@ Status Broadcast(const Group& g, void* buf, int64_t len, int root);
 Status Alltoallv(const Group& g, const void* send, const std::vector<int64_t>& send_bytes,
                  void* recv, const std::vector<int64_t>& recv_bytes);
 
-// Reduces `buf` (sum(counts) elements, member-ordered blocks of counts[i]
+// Reduces `in` (sum(counts) elements, member-ordered blocks of counts[i]
 // elements) across members; member i ends with the reduced block i in `out`
-// (counts[me] elements). `buf` is used as scratch and is clobbered.
-Status ReduceScatter(const Group& g, void* buf, const std::vector<int64_t>& counts, void* out,
+// (counts[me] elements, not overlapping `in`). `in` is only read.
+Status ReduceScatter(const Group& g, const void* in, const std::vector<int64_t>& counts, void* out,
                      DataType dtype, ReduceOp op);
 
 }  // namespace hvdlite

@@ -325,16 +325,19 @@ Status Executor::RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, 
   std::vector<int64_t> counts(n);
   for (int64_t i = 0; i < n; ++i) counts[i] = (rows / n + (i < rows % n ? 1 : 0)) * row;
   const int64_t total = NumElements(q.shape);
-  void* scratch = Scratch(total * static_cast<int64_t>(esize));
-  if (total) std::memcpy(scratch, e.data, static_cast<size_t>(total) * esize);
+  void* input = e.data;  // the backend only reads it; a prescale needs a scaled copy
+  if (q.prescale != 1.0) {
+    input = Scratch(total * static_cast<int64_t>(esize));
+    if (total) std::memcpy(input, e.data, static_cast<size_t>(total) * esize);
+    HVD_RETURN_IF_ERROR(ScaleBuffer(input, total, q.dtype, q.prescale));
+  }
   out->output_bytes = counts[ctx.me] * static_cast<int64_t>(esize);
   out->output = AllocateOutput(out->output_bytes);
   out->output_shape = q.shape;
   out->output_shape[0] = counts[ctx.me] / (row ? row : 1);
   if (row == 0) out->output_shape[0] = rows / n + (ctx.me < rows % n ? 1 : 0);
   if (out->output == nullptr) return Status::Internal("out of memory allocating reducescatter output");
-  HVD_RETURN_IF_ERROR(ScaleBuffer(scratch, total, q.dtype, q.prescale));
-  HVD_RETURN_IF_ERROR(backend_->ReduceScatter(ctx, scratch, counts, out->output, q.dtype, WireOp(q.op)));
+  HVD_RETURN_IF_ERROR(backend_->ReduceScatter(ctx, input, counts, out->output, q.dtype, WireOp(q.op)));
   return ScaleBuffer(out->output, counts[ctx.me], q.dtype, Postscale(q, static_cast<int>(n)));
 }
 

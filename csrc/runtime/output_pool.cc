@@ -4,11 +4,12 @@
 //
 // Fresh memory is expensive to fill: the kernel faults it in page by page
 // (64 MiB of new 4 KiB pages took ~20 ms here, as long as the collective that
-// fills it). A training loop gathers the same sizes step after step, so
-// buffers of kPooledMin bytes or more go back to a small process-wide pool
-// when freed and are handed out again for an output of a size between half
-// their capacity and their capacity. The pool keeps at most kPoolBytes;
-// beyond that, freed buffers go back to the system.
+// fills it; malloc trims and re-faults even 512 KiB blocks on every call). A
+// training loop gathers the same sizes step after step, so buffers of
+// kPooledMin bytes or more go back to a small process-wide pool when freed
+// and are handed out again for an output of a size between half their
+// capacity and their capacity. The pool keeps at most kPoolBytes; beyond
+// that, freed buffers go back to the system.
 //
 // Every buffer carries a 64-byte header in front (its capacity), so the
 // pointer handed out stays 64-byte aligned and FreeOutput knows the size.
@@ -24,7 +25,7 @@ namespace hvdlite {
 namespace {
 
 constexpr size_t kHeader = 64;
-constexpr size_t kPooledMin = 1 << 20;
+constexpr size_t kPooledMin = 64 << 10;
 constexpr size_t kPoolBytes = 256 << 20;
 
 struct Pool {

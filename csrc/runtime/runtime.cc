@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "runtime/affinity.h"
 
 namespace hvdlite {
 
@@ -12,6 +13,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   SetLogLevel(rt->cfg_.LOG_LEVEL);
   HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_, &rt->bootstrap_keepalive_));
   SetLogRank(rt->topo_.rank);
+  if (rt->cfg_.PIN_CORES) PinToCoreIfHostIsFull(rt->topo_);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
   rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);

@@ -38,6 +38,7 @@ SETTINGS = (
     Setting("TIMEOUT_SECONDS", "float", 120.0, "seconds a transfer may make no progress before it fails (a hung peer)"),
     Setting("SHM_DISABLE", "bool", False, "use TCP even between ranks on the same host (no shared memory)"),
     Setting("SHM_CHANNEL_BYTES", "int", 1 << 20, "bytes of the shared-memory data ring per ordered pair of ranks on a host"),
+    Setting("PIN_CORES", "bool", True, "when the ranks on a host exactly fill the CPUs they may use, pin each to its own core (as Open MPI does)"),
     Setting("SPIN_US", "float", 50.0, "microseconds a waiting thread polls memory before it sleeps (transfers, idle background loop, synchronize): the most, lowered while waits keep ending in sleep (a busy host); 0 = sleep at once"),
     Setting("SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"),
     Setting("TIMELINE", "str", "", "write a Chrome trace of every tensor's life to this file (rank 0 writes it)"),

@@ -126,7 +126,8 @@ inline void TestAlltoallv(int world) {
   });
 }
 
-// Every dtype and op, uneven block counts with zeros, small and large.
+// Every dtype and op, uneven block counts with zeros, small and large; the
+// input must come back unmodified.
 inline void TestReduceScatter(int world) {
   std::vector<std::vector<int64_t>> patterns(2, std::vector<int64_t>(world));
   for (int i = 0; i < world; ++i) {
@@ -149,6 +150,7 @@ inline void TestReduceScatter(int world) {
           if (!Check().ExpectOk(hvdlite::ReduceScatter(g, buf.data(), counts, out.data(), dt, op), where)) return;
           const int64_t d = FirstDiff(out.data(), ref.data(), counts[rank] * es);
           Check().Expect(d < 0, where + ": wrong byte " + std::to_string(d));
+          Check().Expect(buf == MakeInput(dt, op, rank, total), where + ": the input was modified");
         }
       }
     }
