@@ -207,11 +207,23 @@ Status TcpTransport::ProgressRecv(RecvOp* r, bool* progressed) {
       *progressed = true;
       continue;
     }
-    if (n == 0) return PeerLost(r->peer, 0);
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
-    return PeerLost(r->peer, errno);
+    if (n < 0 && errno == EINTR) continue;
+    return RecvStalled(r->peer, n);
   }
+  return FinishReceive(r);
+}
+
+// A recv() that returned `n` <= 0 (not EINTR): OK when the socket is merely
+// drained (try again after poll), PeerLost for EOF or a real error.
+Status TcpTransport::RecvStalled(int peer, ssize_t n) const {
+  if (n == 0) return PeerLost(peer, 0);
+  if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
+  return PeerLost(peer, errno);
+}
+
+// The whole payload has arrived: the peer's next frame header may be read.
+Status TcpTransport::FinishReceive(RecvOp* r) {
+  Peer& p = peers_[r->peer];
   p.data_pending = false;
   p.hdr_got = 0;
   r->done = true;
@@ -239,15 +251,10 @@ Status TcpTransport::ReceiveReducing(RecvOp* r, bool* progressed) {
       }
       continue;
     }
-    if (n == 0) return PeerLost(r->peer, 0);
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
-    return PeerLost(r->peer, errno);
+    if (n < 0 && errno == EINTR) continue;
+    return RecvStalled(r->peer, n);
   }
-  p.data_pending = false;
-  p.hdr_got = 0;
-  r->done = true;
-  return Status::OK();
+  return FinishReceive(r);
 }
 
 Status TcpTransport::TimeoutError(const SendOp& s, const RecvOp& r) const {

@@ -114,6 +114,8 @@ class TcpTransport : public Transport {
   Status ProgressSend(SendOp* s, bool* progressed);
   Status ProgressRecv(RecvOp* r, bool* progressed);
   Status ReceiveReducing(RecvOp* r, bool* progressed);
+  Status RecvStalled(int peer, ssize_t n) const;
+  Status FinishReceive(RecvOp* r);
   Status WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bool any_progress,
                   std::vector<ControlMessage>* out, bool* woken);
 
