@@ -7,6 +7,8 @@
 #   make test      install, then the whole test suite
 #   make bench     install, then every benchmarks/*.py (after `make horovod`)
 #   make horovod   Horovod 0.28.1 (gloo + PyTorch) in .venv-horovod/, the benchmarks' Horovod peer
+#   make lint      ruff check + ruff format --check (Python), mypy (hvdlite/), clang-format (csrc/)
+#   make format    apply ruff format, ruff's safe fixes and clang-format
 #   make build     incremental rebuild of the C++ core only (what install runs last)
 #   make clean     remove build outputs (build/, hvdlite/_core*.so); distclean also removes .venv/
 #
@@ -41,7 +43,7 @@ ifneq ($(NVCC),)
 export CUDACXX ?= $(NVCC)
 endif
 
-.PHONY: install apt build demo test bench horovod clean distclean
+.PHONY: install apt build demo test lint format bench horovod clean distclean
 
 install: build
 
@@ -84,6 +86,21 @@ demo: install
 # pytest's exit code 5 (no test collected) fails the target like any other non-zero code.
 test: install
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
+
+# Static checks; the tools are pinned in requirements-dev.txt, configured in pyproject.toml (ruff),
+# mypy.ini and .clang-format. Needs only the venv, not a build of the core.
+PY_LINT_DIRS := hvdlite tests benchmarks examples tools
+CXX_SOURCES = $(shell git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu' 'tests/cpp/*.cc' 'tests/cpp/*.h')
+lint: $(VENV)/.pip-stamp
+	$(VENV)/bin/ruff check $(PY_LINT_DIRS)
+	$(VENV)/bin/ruff format --check $(PY_LINT_DIRS)
+	$(VENV)/bin/mypy
+	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
+
+format: $(VENV)/.pip-stamp
+	$(VENV)/bin/ruff check --fix $(PY_LINT_DIRS)
+	$(VENV)/bin/ruff format $(PY_LINT_DIRS)
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 # Cached after the first build (about 6 minutes on 2 cores), failures too: the benchmarks then
 # skip Horovod and print why; `benchmarks/_horovod_env.sh --retry` builds again.

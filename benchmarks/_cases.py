@@ -7,6 +7,7 @@ reducescatter. busbw = algbw x BUS_FACTOR[op](n).
 Data: every value is a small integer, so float32 sums are exact and a result either matches
 the NumPy expectation bit for bit or counts as wrong (per element, as nccl-tests' #wrong).
 """
+
 import numpy as np
 
 OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
@@ -17,7 +18,7 @@ BUS_FACTOR = {
     "alltoall": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
-_SPLIT_OPS = ("allgather", "alltoall", "reducescatter")   # need count divisible by n
+_SPLIT_OPS = ("allgather", "alltoall", "reducescatter")  # need count divisible by n
 F32 = np.float32
 
 
@@ -74,16 +75,16 @@ class Case:
             self.inp[:] = _base(self.block) + 10 * r
         else:  # alltoall: block j goes to rank j
             for j in range(n):
-                self.inp[j * self.block:(j + 1) * self.block] = _base(self.block) + 10 * (r * n + j)
+                self.inp[j * self.block : (j + 1) * self.block] = _base(self.block) + 10 * (r * n + j)
         if self.out is not None:
-            self.out.fill(-3)          # a value no correct result holds
+            self.out.fill(-3)  # a value no correct result holds
 
     def _expected(self):
         r, n, op = self.comm.rank, self.comm.size, self.op
         if op == "allreduce":
             return _base(self.count) * n + n * (n + 1) / 2
         if op == "reducescatter":
-            return (_base(self.count) * n + n * (n + 1) / 2)[r * self.block:(r + 1) * self.block]
+            return (_base(self.count) * n + n * (n + 1) / 2)[r * self.block : (r + 1) * self.block]
         if op == "broadcast":
             return _base(self.count) + 1
         if op == "allgather":

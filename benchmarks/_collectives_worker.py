@@ -12,6 +12,7 @@ measured: {"lib", "version", "rank", "size", "entries": [{"op", "bytes", "count"
 "times" (seconds per call, one per repetition), "wrong", "error"}]};
 rank 0's entries also carry "load" (LoadMeter.stop() over the repetitions) and "idle_wait_s".
 """
+
 import argparse
 import json
 import os
@@ -22,8 +23,8 @@ from _cases import OPS, Case, element_count
 from _comms import make_comm
 from _machine import Gate
 
-SMALL = 1 << 20          # messages up to this size are timed K calls at a time
-WARMUP_REPS = 2          # untimed repetitions; they also estimate a repetition's length
+SMALL = 1 << 20  # messages up to this size are timed K calls at a time
+WARMUP_REPS = 2  # untimed repetitions; they also estimate a repetition's length
 MAX_REPS = 5000
 
 
@@ -103,17 +104,26 @@ def main():
     args = p.parse_args()
     comm = make_comm(args.lib)
     gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
-    doc = {"lib": args.lib, "version": comm.version, "rank": comm.rank, "size": comm.size,
-           "pid": os.getpid(), "entries": []}
+    doc = {
+        "lib": args.lib,
+        "version": comm.version,
+        "rank": comm.rank,
+        "size": comm.size,
+        "pid": os.getpid(),
+        "entries": [],
+    }
     path = os.path.join(args.out, "rank%d.json" % comm.rank)
     for op in args.ops.split(","):
         assert op in OPS, op
         for nbytes in (int(s) for s in args.sizes.split(",")):
             try:
                 entry = measure(comm, gate, op, nbytes, args.reps, args.idle_wait, args.min_window)
-            except Exception as e:      # e.g. an op the library lacks: skip its other sizes
-                entry = {"op": op, "bytes": nbytes, "error": "%s: %s" % (type(e).__name__,
-                                                                         (str(e).splitlines() or [""])[0][:200])}
+            except Exception as e:  # e.g. an op the library lacks: skip its other sizes
+                entry = {
+                    "op": op,
+                    "bytes": nbytes,
+                    "error": "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:200]),
+                }
             doc["entries"].append(entry)
             save_json(path, doc)
             if comm.rank == 0:

@@ -17,6 +17,7 @@ sets one compute thread per rank (torch.set_num_threads(1); OMP_NUM_THREADS come
 driver). Importing this module imports no library: each is imported by its adapter only, so a
 rank in Horovod's venv never needs hvdlite and the other way round.
 """
+
 import os
 
 
@@ -25,6 +26,7 @@ class HvdliteComm:
 
     def __init__(self):
         import hvdlite as hvd
+
         self.hvd = hvd
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -66,11 +68,13 @@ class GlooComm:
     def __init__(self):
         import torch
         import torch.distributed as dist
+
         torch.set_num_threads(1)
         self.torch, self.dist = torch, dist
         self.rank, self.size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group("gloo", init_method=os.environ["BENCH_GLOO_INIT"],
-                                rank=self.rank, world_size=self.size)
+        dist.init_process_group(
+            "gloo", init_method=os.environ["BENCH_GLOO_INIT"], rank=self.rank, world_size=self.size
+        )
         self.version = "torch %s gloo" % torch.__version__
 
     def _t(self, array):
@@ -116,9 +120,11 @@ class MpiComm:
 
     def __init__(self, blocking=False):
         from mpi4py import MPI
+
         self.MPI, self.comm, self.blocking = MPI, MPI.COMM_WORLD, blocking
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         import mpi4py
+
         self.version = "mpi4py %s, %s" % (mpi4py.__version__, MPI.Get_library_version().split(",")[0].strip())
 
     def barrier(self):
@@ -155,7 +161,7 @@ class MpiComm:
             self.MPI.Request.Waitall(handles)
 
     def close(self):
-        pass   # mpi4py finalizes at exit
+        pass  # mpi4py finalizes at exit
 
 
 class HorovodComm:
@@ -163,9 +169,10 @@ class HorovodComm:
     horovodrun --gloo."""
 
     def __init__(self):
-        import torch
         import horovod
         import horovod.torch as hvd
+        import torch
+
         torch.set_num_threads(1)
         self.torch, self.hvd = torch, hvd
         hvd.init()
@@ -193,8 +200,9 @@ class HorovodComm:
         return self.hvd.alltoall(self._t(inp), name="bench.alltoall.%d" % inp.size).numpy()
 
     def reducescatter(self, inp, out):
-        return self.hvd.reducescatter(self._t(inp), op=self.hvd.Sum,
-                                      name="bench.reducescatter.%d" % inp.size).numpy()
+        return self.hvd.reducescatter(
+            self._t(inp), op=self.hvd.Sum, name="bench.reducescatter.%d" % inp.size
+        ).numpy()
 
     def allreduce_async(self, buf, index):
         return self.hvd.allreduce_async_(self._t(buf), op=self.hvd.Sum, name="bench.fusion.%d" % index)
@@ -210,6 +218,7 @@ class HorovodComm:
 def _agree_max(comm, value):
     """Max of `value` over the ranks of `comm`, through the library's own allgather."""
     import numpy as np
+
     mine = np.full(1, value, dtype=np.float32)
     return float(np.max(comm.allgather(mine, np.empty(comm.size, dtype=np.float32))))
 

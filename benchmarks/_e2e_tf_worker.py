@@ -7,13 +7,14 @@ DistributedGradientTape), fp16 (the same with Compression.fp16). One TensorFlow 
 rank; the step is a tf.function. Same warmup, idle gate, barriers and output document
 (DIR/rank<r>.json) as _e2e_torch_worker.py (the loop is _machine.timed_steps).
 """
+
 import argparse
 import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -28,10 +29,17 @@ WARMUP = 3
 def make_step(mode):
     """(step callable, parameter count) for the mlp, batch BATCH."""
     import keras
+
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(4096, activation="relu"),
-                              keras.layers.Dense(4096, activation="relu"), keras.layers.Dense(2048, activation="relu"),
-                              keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(4096, activation="relu"),
+            keras.layers.Dense(4096, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
     opt = keras.optimizers.SGD(learning_rate=0.01)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x = tf.random.normal([BATCH, 64])
@@ -39,6 +47,7 @@ def make_step(mode):
     hvd = None
     if mode != "alone":
         import hvdlite.tensorflow as hvd
+
         hvd.broadcast_variables(model.variables, root_rank=0)
     compression = hvd.Compression.fp16 if mode == "fp16" else (hvd.Compression.none if hvd else None)
 
@@ -68,8 +77,13 @@ def main():
     gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
     step, params = make_step(args.mode)
     times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=WARMUP)
-    doc = {"rank": comm.rank, "size": comm.size, "version": comm.version + ", tensorflow " + tf.__version__,
-           "times": times, "params": params}
+    doc = {
+        "rank": comm.rank,
+        "size": comm.size,
+        "version": comm.version + ", tensorflow " + tf.__version__,
+        "times": times,
+        "params": params,
+    }
     if load:
         doc["load"] = load
     save_json(os.path.join(args.out, "rank%d.json" % comm.rank), doc)

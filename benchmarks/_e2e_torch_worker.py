@@ -13,6 +13,7 @@ after a barrier (outside the timed region). Writes DIR/rank<r>.json: {"rank", "s
 "version", "params", "times" (seconds per step)}, rank 0's with "load" (see _machine.py).
 Imports hvdlite only for LIB=hvdlite, so it runs in Horovod's venv too.
 """
+
 import argparse
 import os
 import sys
@@ -34,10 +35,16 @@ WARMUP = 3
 def make_model(name):
     """(model, one batch of inputs, targets): BATCH samples per rank."""
     torch.manual_seed(0)
-    if name == "mlp":   # 64 -> 4096 -> 4096 -> 2048 -> 10: 25.4M parameters
-        model = torch.nn.Sequential(torch.nn.Linear(64, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
-                                    torch.nn.ReLU(), torch.nn.Linear(4096, 2048), torch.nn.ReLU(),
-                                    torch.nn.Linear(2048, 10))
+    if name == "mlp":  # 64 -> 4096 -> 4096 -> 2048 -> 10: 25.4M parameters
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 4096),
+            torch.nn.ReLU(),
+            torch.nn.Linear(4096, 4096),
+            torch.nn.ReLU(),
+            torch.nn.Linear(4096, 2048),
+            torch.nn.ReLU(),
+            torch.nn.Linear(2048, 10),
+        )
         return model, torch.randn(BATCH, 64), torch.randint(0, 10, (BATCH,))
     return SmallCNN(), torch.randn(BATCH, 1, 8, 8), torch.randint(0, 10, (BATCH,))
 
@@ -51,7 +58,9 @@ def distribute(lib, mode, model, opt):
     hvd = __import__("hvdlite.torch" if lib == "hvdlite" else "horovod.torch", fromlist=["init"])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = hvd.Compression.fp16 if mode == "fp16" else hvd.Compression.none
-    return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
+    return model, hvd.DistributedOptimizer(
+        opt, named_parameters=model.named_parameters(), compression=compression
+    )
 
 
 def measure(comm, args):
@@ -67,8 +76,13 @@ def measure(comm, args):
         opt.step()
 
     times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=WARMUP)
-    doc = {"rank": comm.rank, "size": comm.size, "version": comm.version, "times": times,
-           "params": sum(p.numel() for p in model.parameters())}
+    doc = {
+        "rank": comm.rank,
+        "size": comm.size,
+        "version": comm.version,
+        "times": times,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
     if load:
         doc["load"] = load
     return doc

@@ -11,13 +11,13 @@ Writes DIR/rank<r>.json: {"lib", "version", "rank", "size", "entries": [{"op": "
 "bytes", "count", "k": 1, "reps", "times" (seconds per step), "wrong"}]}, rank 0's entry with
 "load" as in _collectives_worker.py, so _report.combine reads both.
 """
+
 import argparse
 import os
 import sys
 import time
 
 import numpy as np
-
 from _collectives_worker import save_json
 from _comms import make_comm
 from _machine import Gate
@@ -77,13 +77,22 @@ def main():
     comm = make_comm(args.lib)
     gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
     entry = measure(comm, gate, args.reps, args.idle_wait)
-    doc = {"lib": args.lib, "version": comm.version, "rank": comm.rank, "size": comm.size,
-           "pid": os.getpid(), "entries": [entry]}
+    doc = {
+        "lib": args.lib,
+        "version": comm.version,
+        "rank": comm.rank,
+        "size": comm.size,
+        "pid": os.getpid(),
+        "entries": [entry],
+    }
     save_json(os.path.join(args.out, "rank%d.json" % comm.rank), doc)
     if comm.rank == 0:
         med = sorted(entry["times"])[len(entry["times"]) // 2]
-        print("  %s x%d resnet50: %.1f ms per step, #wrong %d, others %.0f%%"
-              % (args.lib, comm.size, med * 1e3, entry["wrong"], 100 * entry["load"]["others"]), flush=True)
+        print(
+            "  %s x%d resnet50: %.1f ms per step, #wrong %d, others %.0f%%"
+            % (args.lib, comm.size, med * 1e3, entry["wrong"], 100 * entry["load"]["others"]),
+            flush=True,
+        )
     comm.barrier()
     comm.close()
 

@@ -15,6 +15,7 @@ Contract of run_job: returns ([rank doc, ...] read from DIR/rank<r>.json, in ran
 that wrote nothing left out) and None, or an error string when the job exited non-zero or ran
 past timeout_s (then its whole process group is killed). The temporary DIR is always removed.
 """
+
 import glob
 import json
 import os
@@ -30,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HOROVOD_ENV = os.path.join(ROOT, ".venv-horovod")
 LIBS = ("hvdlite", "gloo", "mpi", "horovod")
-_GRACE_S = 10.0          # after one rank fails, how long the others may take to exit
+_GRACE_S = 10.0  # after one rank fails, how long the others may take to exit
 
 
 def unavailable(lib):
@@ -43,9 +44,11 @@ def unavailable(lib):
             with open(failed) as f:
                 return "its build failed: " + f.readline().strip()
         return "not built (run `make horovod` or benchmarks/_horovod_env.sh; it takes long)"
-    probe = {"hvdlite": "import hvdlite._core",
-             "gloo": "import torch.distributed as d; assert d.is_gloo_available(), 'no gloo'",
-             "mpi": "import mpi4py.MPI"}[lib]
+    probe = {
+        "hvdlite": "import hvdlite._core",
+        "gloo": "import torch.distributed as d; assert d.is_gloo_available(), 'no gloo'",
+        "mpi": "import mpi4py.MPI",
+    }[lib]
     if lib == "mpi" and not shutil.which("mpirun"):
         return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
@@ -55,8 +58,9 @@ def unavailable(lib):
 
 
 def _env():
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1")
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"
+    )
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
@@ -75,15 +79,33 @@ def _commands(lib, n, rank_cmd):
         return [([py, "-m", "hvdlite.runner.launch", "-np", str(n), py] + rank_cmd, {})]
     if lib == "gloo":
         init = "tcp://127.0.0.1:%d" % _free_port()
-        return [([py] + rank_cmd, {"RANK": str(r), "WORLD_SIZE": str(n), "BENCH_GLOO_INIT": init,
-                                   "GLOO_SOCKET_IFNAME": "lo"}) for r in range(n)]
+        return [
+            (
+                [py] + rank_cmd,
+                {"RANK": str(r), "WORLD_SIZE": str(n), "BENCH_GLOO_INIT": init, "GLOO_SOCKET_IFNAME": "lo"},
+            )
+            for r in range(n)
+        ]
     if lib.startswith("mpi"):
         extra = ["--oversubscribe"] if n > (os.cpu_count() or 1) else []
         return [(["mpirun", "-n", str(n)] + extra + [py] + rank_cmd, {})]
     if lib == "horovod":
         bin_dir = os.path.join(HOROVOD_ENV, "bin")
-        return [([os.path.join(bin_dir, "horovodrun"), "--gloo", "-np", str(n), "-H", "localhost:%d" % n,
-                  os.path.join(bin_dir, "python")] + rank_cmd, {})]
+        return [
+            (
+                [
+                    os.path.join(bin_dir, "horovodrun"),
+                    "--gloo",
+                    "-np",
+                    str(n),
+                    "-H",
+                    "localhost:%d" % n,
+                    os.path.join(bin_dir, "python"),
+                ]
+                + rank_cmd,
+                {},
+            )
+        ]
     raise ValueError("unknown library %r" % lib)
 
 
@@ -129,11 +151,13 @@ def run_job(lib, n, script, args, timeout_s):
         os.mkdir(os.path.join(out, "gate"))
         rank_cmd = [script, "--lib", lib, "--out", out] + list(args)
         base = _env()
-        procs = [subprocess.Popen(argv, env=dict(base, **extra), start_new_session=True)
-                 for argv, extra in _commands(lib, n, rank_cmd)]
+        procs = [
+            subprocess.Popen(argv, env=dict(base, **extra), start_new_session=True)
+            for argv, extra in _commands(lib, n, rank_cmd)
+        ]
         try:
             error = _wait(procs, timeout_s)
-        except BaseException:      # Ctrl-C: take the ranks down with us
+        except BaseException:  # Ctrl-C: take the ranks down with us
             _stop(procs)
             raise
         docs = []

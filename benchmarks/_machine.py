@@ -15,22 +15,23 @@ Contracts:
   - While rank 0 waits for an idle machine the other ranks sleep-poll a file (a few wake-ups per
     10 ms), so a rank whose library spins in barrier() does not make the machine look busy.
 """
+
 import os
 import time
 
-BUSY_LIMIT = 0.10            # others' share of the machine above which a measurement is flagged
+BUSY_LIMIT = 0.10  # others' share of the machine above which a measurement is flagged
 _TICK = os.sysconf("SC_CLK_TCK")
 _NCPU = os.cpu_count() or 1
-_POLL_S = 0.002              # non-zero ranks' sleep between looks at the go file
-_SAMPLE_S = 0.3              # idle check window
+_POLL_S = 0.002  # non-zero ranks' sleep between looks at the go file
+_SAMPLE_S = 0.3  # idle check window
 
 
 def _machine_times():
     """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
-    total = sum(fields[:8])                                     # guest time is inside user
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is inside user
     return (total - idle) / _TICK, total / _TICK
 
 
@@ -41,7 +42,7 @@ def _process_cpu(pid):
             rest = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(rest[11]) + int(rest[12])) / _TICK      # utime, stime (fields 14, 15)
+    return (int(rest[11]) + int(rest[12])) / _TICK  # utime, stime (fields 14, 15)
 
 
 class LoadMeter:
@@ -65,8 +66,12 @@ class LoadMeter:
         t0, busy0, ranks0 = self._start
         wall = max(t1 - t0, 1e-9)
         others = max(0.0, (busy1 - busy0) - (ranks1 - ranks0))
-        return {"wall_s": wall, "ranks_cpu_s": ranks1 - ranks0, "others_cpu_s": others,
-                "others": min(1.0, others / (wall * _NCPU))}
+        return {
+            "wall_s": wall,
+            "ranks_cpu_s": ranks1 - ranks0,
+            "others_cpu_s": others,
+            "others": min(1.0, others / (wall * _NCPU)),
+        }
 
 
 class Gate:
@@ -99,8 +104,10 @@ class Gate:
             if all(found):
                 return [int(p) for p in found]
             if time.monotonic() > deadline:
-                raise RuntimeError("ranks %s never wrote their pid to %s"
-                                   % ([r for r, p in enumerate(found) if not p], self.path))
+                raise RuntimeError(
+                    "ranks %s never wrote their pid to %s"
+                    % ([r for r, p in enumerate(found) if not p], self.path)
+                )
             time.sleep(0.01)
 
     def meter(self):

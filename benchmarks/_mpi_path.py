@@ -16,6 +16,7 @@ float32, touched before timing and zero while timed, reduced in place. `others_c
 share of the machine's CPU that processes other than the ranks used during the run (re-run
 when it is above ~10%). Nothing here asserts a time.
 """
+
 import argparse
 import json
 import os
@@ -28,8 +29,11 @@ import time
 
 OPS = ("allreduce", "allgather", "broadcast")
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 16 << 20, 64 << 20)
-_BUSBW = {"allreduce": lambda n: 2.0 * (n - 1) / n, "allgather": lambda n: (n - 1.0) / n,
-          "broadcast": lambda n: 1.0}
+_BUSBW = {
+    "allreduce": lambda n: 2.0 * (n - 1) / n,
+    "allgather": lambda n: (n - 1.0) / n,
+    "broadcast": lambda n: 1.0,
+}
 
 
 def _cpu_jiffies():
@@ -51,9 +55,25 @@ def measure(np_ranks, path, ops=OPS, sizes=DEFAULT_SIZES, reps=20, timeout=600):
             env.pop("HVDLITE_" + name, None)
         if os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        argv = [mpirun, "-n", str(np_ranks), "--oversubscribe", "--bind-to", "none", sys.executable,
-                os.path.abspath(__file__), "--worker", "--out", out, "--ops", ",".join(ops),
-                "--sizes", ",".join(str(s) for s in sizes), "--reps", str(reps)]
+        argv = [
+            mpirun,
+            "-n",
+            str(np_ranks),
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--out",
+            out,
+            "--ops",
+            ",".join(ops),
+            "--sizes",
+            ",".join(str(s) for s in sizes),
+            "--reps",
+            str(reps),
+        ]
         busy0, total0 = _cpu_jiffies()
         own0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run(argv, env=env, check=True, timeout=timeout)
@@ -71,8 +91,10 @@ def measure(np_ranks, path, ops=OPS, sizes=DEFAULT_SIZES, reps=20, timeout=600):
 
 # ---- worker (runs on every rank under mpirun) ----
 
+
 def _expected(op, count, n, root=0):
     import numpy as np
+
     if op == "allreduce":
         return np.full(count, sum(r + 1 for r in range(n)), np.float32)
     if op == "allgather":
@@ -91,6 +113,7 @@ def _call(hvd, op, buf, name):
 def _time_one(hvd, op, nbytes, reps):
     """(wrong, [seconds per call, max over ranks, one per repetition])."""
     import numpy as np
+
     n, me = hvd.size(), hvd.rank()
     count = max(1, nbytes // 4 // (n if op == "allgather" else 1))
     got = _call(hvd, op, np.full(count, me + 1, np.float32), "%s.check.%d" % (op, nbytes))
@@ -98,13 +121,13 @@ def _time_one(hvd, op, nbytes, reps):
     wrong = int(hvd.allreduce(np.array([wrong], np.int64), op=hvd.Sum, name="wrong.%s.%d" % (op, nbytes))[0])
     buf = np.zeros(count, np.float32)
     inner = 20 if nbytes <= (1 << 20) else 1
-    for i in range(3):
+    for _i in range(3):
         _call(hvd, op, buf, "%s.warm.%d" % (op, nbytes))
     times = []
-    for rep in range(reps):
+    for _rep in range(reps):
         hvd.barrier()
         start = time.perf_counter()
-        for i in range(inner):
+        for _i in range(inner):
             _call(hvd, op, buf, "%s.%d" % (op, nbytes))
         mine = (time.perf_counter() - start) / inner
         times.append(float(hvd.allreduce(np.array([mine]), op=hvd.Max, name="t.%s.%d" % (op, nbytes))[0]))
@@ -113,16 +136,27 @@ def _time_one(hvd, op, nbytes, reps):
 
 def _worker(args):
     import numpy as np
+
     import hvdlite as hvd
+
     hvd.init()
     rows = []
     for op in args.ops.split(","):
         for nbytes in (int(s) for s in args.sizes.split(",")):
             wrong, times = _time_one(hvd, op, nbytes, args.reps)
             med = float(np.median(times))
-            rows.append(dict(op=op, bytes=nbytes, median_s=med, min_s=min(times), wrong=wrong,
-                             algbw=nbytes / med / 1e9, busbw=nbytes / med / 1e9 * _BUSBW[op](hvd.size()),
-                             np=hvd.size()))
+            rows.append(
+                dict(
+                    op=op,
+                    bytes=nbytes,
+                    median_s=med,
+                    min_s=min(times),
+                    wrong=wrong,
+                    algbw=nbytes / med / 1e9,
+                    busbw=nbytes / med / 1e9 * _BUSBW[op](hvd.size()),
+                    np=hvd.size(),
+                )
+            )
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
             json.dump(rows, f)
@@ -135,12 +169,17 @@ def _fmt_size(b):
 
 def _report(by_path):
     paths = list(by_path)
-    print("%-10s %-8s" % ("op", "size") + "".join("%14s" % p for p in paths) +
-          "".join("%12s" % (p + " busbw") for p in paths) + "%10s %6s" % ("ring/mpi", "#wrong"))
+    print(
+        "%-10s %-8s" % ("op", "size")
+        + "".join("%14s" % p for p in paths)
+        + "".join("%12s" % (p + " busbw") for p in paths)
+        + "%10s %6s" % ("ring/mpi", "#wrong")
+    )
 
     def t(row):
         s = row["median_s"]
         return "%.1f us" % (s * 1e6) if s < 1e-3 else "%.2f ms" % (s * 1e3)
+
     for rows in zip(*(by_path[p] for p in paths)):
         first = rows[0]
         line = "%-10s %-8s" % (first["op"], _fmt_size(first["bytes"]))
@@ -148,8 +187,10 @@ def _report(by_path):
         ring, mpi = rows[paths.index("ring")], rows[paths.index("mpi")]
         line += "%9.2fx %6d" % (ring["median_s"] / mpi["median_s"], sum(r["wrong"] for r in rows))
         print(line)
-    print("others' CPU during the runs: " + ", ".join("%s %.0f%%" % (p, 100 * by_path[p][0]["others_cpu"])
-                                                      for p in paths))
+    print(
+        "others' CPU during the runs: "
+        + ", ".join("%s %.0f%%" % (p, 100 * by_path[p][0]["others_cpu"]) for p in paths)
+    )
 
 
 def main(argv=None):
@@ -158,17 +199,24 @@ def main(argv=None):
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES))
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--paths", default="ring,mpi,auto", help="HVDLITE_CPU_OPERATIONS values to compare "
-                   "(ring and mpi are required)")
+    p.add_argument(
+        "--paths",
+        default="ring,mpi,auto",
+        help="HVDLITE_CPU_OPERATIONS values to compare (ring and mpi are required)",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return _worker(args)
     sizes = [int(s) for s in args.sizes.split(",")]
-    by_path = {path: measure(args.np, path, args.ops.split(","), sizes, args.reps) for path in args.paths.split(",")}
-    print("hvdlite CPU data paths under mpirun -n %d (one compute thread per rank), float32, median of %d"
-          % (args.np, args.reps))
+    by_path = {
+        path: measure(args.np, path, args.ops.split(","), sizes, args.reps) for path in args.paths.split(",")
+    }
+    print(
+        "hvdlite CPU data paths under mpirun -n %d (one compute thread per rank), float32, median of %d"
+        % (args.np, args.reps)
+    )
     _report(by_path)
 
 

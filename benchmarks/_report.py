@@ -9,6 +9,7 @@ of each repetition, then median / min over repetitions), "algbw", "busbw" (GB/s,
 "wrong" (summed over ranks), "others" (share of the machine other processes used while the
 repetitions ran), "error"}.
 """
+
 import statistics
 
 from _cases import BUS_FACTOR
@@ -62,8 +63,14 @@ def fmt_others(share):
 def _cells(row):
     if row.get("error"):
         return ["error: %s" % row["error"].replace("|", "/"), "", "", "", "", ""]
-    return [fmt_time(row["median"]), fmt_time(row["min"]), "%.3f" % row["algbw"], "%.3f" % row["busbw"],
-            str(row["wrong"]), fmt_others(row["others"])]
+    return [
+        fmt_time(row["median"]),
+        fmt_time(row["min"]),
+        "%.3f" % row["algbw"],
+        "%.3f" % row["busbw"],
+        str(row["wrong"]),
+        fmt_others(row["others"]),
+    ]
 
 
 def _table(rows, libs, peers, n, op):
@@ -71,8 +78,16 @@ def _table(rows, libs, peers, n, op):
     (hvdlite busbw / peer busbw) are filled on hvdlite's row."""
     index = {(r["lib"], r["bytes"]): r for r in rows if r["ranks"] == n and r["op"] == op}
     sizes = sorted({b for (_, b) in index})
-    head = ["size", "library", "time median", "time min", "algbw GB/s", "busbw GB/s", "#wrong",
-            "others CPU"] + ["hvdlite/%s" % p for p in peers]
+    head = [
+        "size",
+        "library",
+        "time median",
+        "time min",
+        "algbw GB/s",
+        "busbw GB/s",
+        "#wrong",
+        "others CPU",
+    ] + ["hvdlite/%s" % p for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for nbytes in sizes:
         for lib in libs:
@@ -88,8 +103,13 @@ def _table(rows, libs, peers, n, op):
     return lines
 
 
-_FACTOR_TEXT = {"allreduce": "2(n−1)/n", "allgather": "(n−1)/n", "reducescatter": "(n−1)/n",
-                "alltoall": "(n−1)/n", "broadcast": "1"}
+_FACTOR_TEXT = {
+    "allreduce": "2(n−1)/n",
+    "allgather": "(n−1)/n",
+    "reducescatter": "(n−1)/n",
+    "alltoall": "(n−1)/n",
+    "broadcast": "1",
+}
 
 
 def markdown(rows, libs, ranks, ops, notes):
@@ -113,22 +133,41 @@ _COLORS = {"hvdlite": "C0", "gloo": "C1", "mpi": "C2", "horovod": "C3"}
 def plot(rows, libs, ranks, ops, path):
     """PNG of busbw against size: a panel per (ranks, op), a line per library."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(ranks), len(ops), figsize=(4.2 * len(ops), 3.6 * len(ranks)),
-                             squeeze=False, sharex=True)
+
+    fig, axes = plt.subplots(
+        len(ranks), len(ops), figsize=(4.2 * len(ops), 3.6 * len(ranks)), squeeze=False, sharex=True
+    )
     for i, n in enumerate(ranks):
         for j, op in enumerate(ops):
             ax = axes[i][j]
             for lib in libs:
-                pts = sorted((r["bytes"], r["busbw"], r["others"]) for r in rows if r["lib"] == lib
-                             and r["ranks"] == n and r["op"] == op and not r.get("error") and r["busbw"] > 0)
+                pts = sorted(
+                    (r["bytes"], r["busbw"], r["others"])
+                    for r in rows
+                    if r["lib"] == lib
+                    and r["ranks"] == n
+                    and r["op"] == op
+                    and not r.get("error")
+                    and r["busbw"] > 0
+                )
                 if pts:
                     color = _COLORS.get(lib, "k")
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=lib, color=color)
+                    ax.plot(
+                        [p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=lib, color=color
+                    )
                     busy = [p for p in pts if p[2] > BUSY_LIMIT]
-                    ax.plot([p[0] for p in busy], [p[1] for p in busy], ls="", marker="o", ms=7,
-                            mfc="none", color=color)
+                    ax.plot(
+                        [p[0] for p in busy],
+                        [p[1] for p in busy],
+                        ls="",
+                        marker="o",
+                        ms=7,
+                        mfc="none",
+                        color=color,
+                    )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title("%s, %d ranks" % (op, n), fontsize=10)
@@ -141,8 +180,10 @@ def plot(rows, libs, ranks, ops, path):
                 ax.set_ylabel("busbw (GB/s)")
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-    fig.suptitle("busbw against size (circled: others used > %.0f%% of the machine meanwhile)"
-                 % (100 * BUSY_LIMIT), fontsize=10)
+    fig.suptitle(
+        "busbw against size (circled: others used > %.0f%% of the machine meanwhile)" % (100 * BUSY_LIMIT),
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -8,12 +8,12 @@ no bias. 25,557,032 float32 values, 97.5 MiB.
 """
 
 EXPANSION = 4
-LAYERS = ((64, 3), (128, 4), (256, 6), (512, 3))     # (planes, blocks) of layer1..layer4
+LAYERS = ((64, 3), (128, 4), (256, 6), (512, 3))  # (planes, blocks) of layer1..layer4
 NUM_CLASSES = 1000
 
 
 def _bn(channels):
-    return [(channels,), (channels,)]                 # weight, bias
+    return [(channels,), (channels,)]  # weight, bias
 
 
 def _bottleneck(inplanes, planes, downsample):

@@ -11,6 +11,7 @@ for the per-size protocol). Writes OUT/collectives.md (the printed tables), OUT/
 A peer that cannot run here (say Horovod did not build) is skipped with the reason printed.
 Exit status: 0 when every job ran (even when #wrong is not 0: the table shows it), 1 otherwise.
 """
+
 import argparse
 import datetime
 import json
@@ -19,14 +20,19 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cases import OPS  # noqa: E402
-from _launch import HERE, LIBS, run_job, unavailable  # noqa: E402
-from _machine import BUSY_LIMIT  # noqa: E402
-import _report  # noqa: E402
+import _report
+from _cases import OPS
+from _launch import HERE, LIBS, run_job, unavailable
+from _machine import BUSY_LIMIT
 
 WORKER = os.path.join(HERE, "_collectives_worker.py")
-FULL = {"sizes": "4K,16K,64K,256K,1M,4M,16M,64M,256M", "ranks": "2,4", "reps": 20, "idle_wait": 20.0,
-        "min_window": 0.5}
+FULL = {
+    "sizes": "4K,16K,64K,256K,1M,4M,16M,64M,256M",
+    "ranks": "2,4",
+    "reps": 20,
+    "idle_wait": 20.0,
+    "min_window": 0.5,
+}
 QUICK = {"sizes": "4K,64K,1M", "ranks": "2", "reps": 5, "idle_wait": 2.0, "min_window": 0.05}
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -44,12 +50,20 @@ def parse_args(argv):
     p.add_argument("--sizes", help="comma-separated sizes, e.g. 4K,1M,256M (default %s)" % FULL["sizes"])
     p.add_argument("--ranks", help="comma-separated rank counts (default %s)" % FULL["ranks"])
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of %s" % ",".join(OPS))
-    p.add_argument("--reps", type=int, help="timed repetitions per size, at least (default %d; more when "
-                   "they take under %.1f s)" % (FULL["reps"], FULL["min_window"]))
+    p.add_argument(
+        "--reps",
+        type=int,
+        help="timed repetitions per size, at least (default %d; more when "
+        "they take under %.1f s)" % (FULL["reps"], FULL["min_window"]),
+    )
     p.add_argument("--peers", default="gloo,mpi,horovod", help="comma-separated peers, or 'none'")
     p.add_argument("--quick", action="store_true", help="short smoke run: %s" % QUICK)
-    p.add_argument("--idle-wait", type=float, help="max seconds to wait for an idle machine before "
-                   "each measurement (default %.0f)" % FULL["idle_wait"])
+    p.add_argument(
+        "--idle-wait",
+        type=float,
+        help="max seconds to wait for an idle machine before "
+        "each measurement (default %.0f)" % FULL["idle_wait"],
+    )
     p.add_argument("--job-timeout", type=float, default=3600.0, help="seconds one library's job may run")
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--no-plot", action="store_true")
@@ -71,21 +85,28 @@ def parse_args(argv):
 
 
 def _notes(args, libs, versions, skipped):
-    notes = ["# Collectives: hvdlite vs %s" % (", ".join(libs[1:]) or "(no peers)"), "",
-             "- %s, host %s, %d CPUs, Python %s" % (datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-                                                   platform.node(), os.cpu_count() or 1, platform.python_version()),
-             "- libraries: " + "; ".join(versions.get(lib, lib) for lib in libs),
-             "- float32; one compute thread per rank (OMP/MKL/OpenBLAS_NUM_THREADS=1, torch.set_num_threads(1)); "
-             "allreduce and reducescatter sum; broadcast from rank 0; allreduce and broadcast in place",
-             "- per size: correctness pass (#wrong: wrong elements, all ranks), warm-up, >= %d repetitions "
-             "(more for short messages, to fill >= %.2f s) each after a barrier; time = max over ranks per "
-             "repetition, median and min over repetitions; messages <= 1 MiB time 4-64 back-to-back calls "
-             "per repetition"
-             % (args.reps, QUICK["min_window"] if args.quick else FULL["min_window"]),
-             "- bytes = per-rank buffer (allgather, reducescatter: the whole array); algbw = bytes / time, "
-             "1 GB/s = 1e9 B/s; hvdlite/X = hvdlite busbw / X busbw (> 1: hvdlite faster)",
-             "- others CPU: share of the machine (all cores) used by processes other than the ranks "
-             "during the repetitions; '!' marks > %.0f%%: rerun on an idle machine" % (100 * BUSY_LIMIT)]
+    notes = [
+        "# Collectives: hvdlite vs %s" % (", ".join(libs[1:]) or "(no peers)"),
+        "",
+        "- %s, host %s, %d CPUs, Python %s"
+        % (
+            datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            platform.node(),
+            os.cpu_count() or 1,
+            platform.python_version(),
+        ),
+        "- libraries: " + "; ".join(versions.get(lib, lib) for lib in libs),
+        "- float32; one compute thread per rank (OMP/MKL/OpenBLAS_NUM_THREADS=1, torch.set_num_threads(1)); "
+        "allreduce and reducescatter sum; broadcast from rank 0; allreduce and broadcast in place",
+        "- per size: correctness pass (#wrong: wrong elements, all ranks), warm-up, >= %d repetitions "
+        "(more for short messages, to fill >= %.2f s) each after a barrier; time = max over ranks per "
+        "repetition, median and min over repetitions; messages <= 1 MiB time 4-64 back-to-back calls "
+        "per repetition" % (args.reps, QUICK["min_window"] if args.quick else FULL["min_window"]),
+        "- bytes = per-rank buffer (allgather, reducescatter: the whole array); algbw = bytes / time, "
+        "1 GB/s = 1e9 B/s; hvdlite/X = hvdlite busbw / X busbw (> 1: hvdlite faster)",
+        "- others CPU: share of the machine (all cores) used by processes other than the ranks "
+        "during the repetitions; '!' marks > %.0f%%: rerun on an idle machine" % (100 * BUSY_LIMIT),
+    ]
     for lib, reason in skipped.items():
         notes.append("- **%s skipped**: %s" % (lib, reason))
     return notes
@@ -104,9 +125,18 @@ def run_all(args):
             print("skipping %s: %s" % (lib, reason), flush=True)
         else:
             libs.append(lib)
-    worker_args = ["--ops", ",".join(args.ops), "--sizes", ",".join(map(str, args.sizes)),
-                   "--reps", str(args.reps), "--idle-wait", str(args.idle_wait),
-                   "--min-window", str(QUICK["min_window"] if args.quick else FULL["min_window"])]
+    worker_args = [
+        "--ops",
+        ",".join(args.ops),
+        "--sizes",
+        ",".join(map(str, args.sizes)),
+        "--reps",
+        str(args.reps),
+        "--idle-wait",
+        str(args.idle_wait),
+        "--min-window",
+        str(QUICK["min_window"] if args.quick else FULL["min_window"]),
+    ]
     for n in args.ranks:
         for lib in libs:
             print("== %s, %d ranks" % (lib, n), flush=True)

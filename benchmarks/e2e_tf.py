@@ -14,17 +14,22 @@ rank (intra- and inter-op), the step a tf.function. Rows (the 2-rank ones side b
 Timing, idle wait, table and plot as in e2e_torch.py (whose run_row and write_report this
 reuses). Writes OUT/e2e_tf.md and .png. Nothing is asserted: speed is a benchmark, not a test.
 """
+
 import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import HERE  # noqa: E402
-from e2e_torch import run_row, write_report  # noqa: E402
+from _launch import HERE
+from e2e_torch import run_row, write_report
 
 WORKER = os.path.join(HERE, "_e2e_tf_worker.py")
-ROWS = {"single": ("hvdlite", 1, "alone"), "nocomm": ("hvdlite", 2, "alone"), "hvdlite": ("hvdlite", 2, "train"),
-        "hvdlite-fp16": ("hvdlite", 2, "fp16")}
+ROWS = {
+    "single": ("hvdlite", 1, "alone"),
+    "nocomm": ("hvdlite", 2, "alone"),
+    "hvdlite": ("hvdlite", 2, "train"),
+    "hvdlite-fp16": ("hvdlite", 2, "fp16"),
+}
 
 
 def parse_args(argv):

@@ -20,18 +20,25 @@ median and min over steps and the ratio to nocomm. Before timing, the ranks wait
 above 10%: re-run). Writes OUT/e2e_torch.md and .png (OUT = --out-dir, benchmarks/results).
 Nothing is asserted: speed is a benchmark, not a test.
 """
+
 import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import HERE, run_job, unavailable  # noqa: E402
-from _report import fmt_others  # noqa: E402
+from _launch import HERE, run_job, unavailable
+from _report import fmt_others
 
 WORKER = os.path.join(HERE, "_e2e_torch_worker.py")
 # Row -> (library that launches it, ranks, worker mode).
-ROWS = {"single": ("hvdlite", 1, "alone"), "nocomm": ("hvdlite", 2, "alone"), "hvdlite": ("hvdlite", 2, "train"),
-        "hvdlite-fp16": ("hvdlite", 2, "fp16"), "ddp": ("gloo", 2, "train"), "horovod": ("horovod", 2, "train")}
+ROWS = {
+    "single": ("hvdlite", 1, "alone"),
+    "nocomm": ("hvdlite", 2, "alone"),
+    "hvdlite": ("hvdlite", 2, "train"),
+    "hvdlite-fp16": ("hvdlite", 2, "fp16"),
+    "ddp": ("gloo", 2, "train"),
+    "horovod": ("horovod", 2, "train"),
+}
 STEPS = {"mlp": 20, "cnn": 100}
 
 
@@ -58,8 +65,14 @@ def run_row(row, model, steps, idle_wait, rows=None, worker=WORKER):
     if error or len(docs) != ranks:
         return dict(out, error=error or "%d of %d ranks wrote results" % (len(docs), ranks))
     per_step = sorted(max(d["times"][i] for d in docs) for i in range(steps))
-    return dict(out, median_s=per_step[len(per_step) // 2], min_s=per_step[0], others=docs[0]["load"]["others"],
-                version=docs[0]["version"], params=docs[0]["params"])
+    return dict(
+        out,
+        median_s=per_step[len(per_step) // 2],
+        min_s=per_step[0],
+        others=docs[0]["load"]["others"],
+        version=docs[0]["version"],
+        params=docs[0]["params"],
+    )
 
 
 def table(results):
@@ -71,15 +84,19 @@ def table(results):
             lines.append("| %s | %s | %s | | | |" % (r["model"], r["row"], what.replace("|", "/")))
             continue
         ratio = "%.2fx" % (r["median_s"] / floor[r["model"]]) if r["model"] in floor else ""
-        lines.append("| %s | %s | %.1f ms | %.1f ms | %s | %s |" % (
-            r["model"], r["row"], r["median_s"] * 1e3, r["min_s"] * 1e3, ratio, fmt_others(r["others"])))
+        lines.append(
+            "| %s | %s | %.1f ms | %.1f ms | %s | %s |"
+            % (r["model"], r["row"], r["median_s"] * 1e3, r["min_s"] * 1e3, ratio, fmt_others(r["others"]))
+        )
     return lines
 
 
 def plot(results, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     models = sorted({r["model"] for r in results})
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.5), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -96,8 +113,15 @@ def plot(results, path):
 def write_report(results, out_dir, stem, framework, threads):
     """Prints the table and writes OUT/<stem>.md and .png (shared with e2e_tf.py)."""
     versions = sorted({r["version"] for r in results if "version" in r})
-    text = "\n".join(["# End-to-end %s step time" % framework, "",
-                      "%s, %d cores; %s." % (threads, os.cpu_count() or 1, "; ".join(versions)), ""] + table(results))
+    text = "\n".join(
+        [
+            "# End-to-end %s step time" % framework,
+            "",
+            "%s, %d cores; %s." % (threads, os.cpu_count() or 1, "; ".join(versions)),
+            "",
+        ]
+        + table(results)
+    )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, stem + ".md"), "w") as f:
         f.write(text + "\n")

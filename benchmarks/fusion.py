@@ -9,6 +9,7 @@ Each step submits every tensor asynchronously in reverse order, then waits for a
 _fusion_worker.py). Libraries run with their default fusion settings. Writes OUT/fusion.md
 and OUT/fusion.json, OUT = --out-dir (benchmarks/results). Exit status 1 when a job failed.
 """
+
 import argparse
 import datetime
 import json
@@ -17,22 +18,29 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cases import BUS_FACTOR  # noqa: E402
-from _launch import HERE, run_job, unavailable  # noqa: E402
-from _machine import BUSY_LIMIT  # noqa: E402
-import _report  # noqa: E402
+import _report
+from _cases import BUS_FACTOR
+from _launch import HERE, run_job, unavailable
+from _machine import BUSY_LIMIT
 
 WORKER = os.path.join(HERE, "_fusion_worker.py")
 # Job name -> (library it needs, what the table calls it).
-JOBS = {"hvdlite": ("hvdlite", "hvdlite (async, fused by the runtime)"),
-        "gloo": ("gloo", "gloo (all_reduce async_op=True per tensor)"),
-        "mpi-blocking": ("mpi", "Open MPI (blocking Allreduce per tensor)"),
-        "mpi": ("mpi", "Open MPI (Iallreduce per tensor, Waitall)"),
-        "horovod": ("horovod", "Horovod (allreduce_async_ per tensor, fused)")}
+JOBS = {
+    "hvdlite": ("hvdlite", "hvdlite (async, fused by the runtime)"),
+    "gloo": ("gloo", "gloo (all_reduce async_op=True per tensor)"),
+    "mpi-blocking": ("mpi", "Open MPI (blocking Allreduce per tensor)"),
+    "mpi": ("mpi", "Open MPI (Iallreduce per tensor, Waitall)"),
+    "horovod": ("horovod", "Horovod (allreduce_async_ per tensor, fused)"),
+}
 PEERS = {"gloo": ["gloo"], "mpi": ["mpi-blocking", "mpi"], "horovod": ["horovod"]}
 FULL = {"ranks": "2,4", "reps": 20, "idle_wait": 20.0}
 QUICK = {"ranks": "2", "reps": 5, "idle_wait": 2.0}
-_SETTINGS = ("HVDLITE_FUSION_THRESHOLD", "HVDLITE_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+_SETTINGS = (
+    "HVDLITE_FUSION_THRESHOLD",
+    "HVDLITE_CYCLE_TIME",
+    "HOROVOD_FUSION_THRESHOLD",
+    "HOROVOD_CYCLE_TIME",
+)
 
 
 def parse_args(argv):
@@ -41,8 +49,11 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, help="timed steps (default %d)" % FULL["reps"])
     p.add_argument("--peers", default="gloo,mpi,horovod", help="comma-separated peers, or 'none'")
     p.add_argument("--quick", action="store_true", help="short smoke run: %s" % QUICK)
-    p.add_argument("--idle-wait", type=float, help="max seconds to wait for an idle machine (default %.0f)"
-                   % FULL["idle_wait"])
+    p.add_argument(
+        "--idle-wait",
+        type=float,
+        help="max seconds to wait for an idle machine (default %.0f)" % FULL["idle_wait"],
+    )
     p.add_argument("--job-timeout", type=float, default=1800.0, help="seconds one library's job may run")
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
@@ -85,8 +96,16 @@ def run_all(args):
 
 def table(rows, ranks):
     """Markdown lines: a row per (ranks, job); peers' rows carry peer time / hvdlite time."""
-    head = ["ranks", "library", "step median", "step min", "busbw GB/s", "#wrong", "others CPU",
-            "peer time / hvdlite time"]
+    head = [
+        "ranks",
+        "library",
+        "step median",
+        "step min",
+        "busbw GB/s",
+        "#wrong",
+        "others CPU",
+        "peer time / hvdlite time",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n in ranks:
         mine = next((r for r in rows if r["ranks"] == n and r["lib"] == "hvdlite" and not r["error"]), None)
@@ -96,32 +115,50 @@ def table(rows, ranks):
                 lines.append("| %d | %s | error: %s |  |  |  |  |  |" % (n, label, r["error"]))
                 continue
             ratio = "%.2f×" % (r["median"] / mine["median"]) if mine and r["lib"] != "hvdlite" else ""
-            lines.append("| %d | %s | %s | %s | %.3f | %d | %s | %s |" % (
-                n, label, _report.fmt_time(r["median"]), _report.fmt_time(r["min"]), r["busbw"],
-                r["wrong"], _report.fmt_others(r["others"]), ratio))
+            lines.append(
+                "| %d | %s | %s | %s | %.3f | %d | %s | %s |"
+                % (
+                    n,
+                    label,
+                    _report.fmt_time(r["median"]),
+                    _report.fmt_time(r["min"]),
+                    r["busbw"],
+                    r["wrong"],
+                    _report.fmt_others(r["others"]),
+                    ratio,
+                )
+            )
     return lines
 
 
 def notes(args, versions, skipped):
     settings = ", ".join("%s=%s" % (k, os.environ[k]) for k in _SETTINGS if k in os.environ) or "none set"
-    out = ["# ResNet-50 gradient set: 161 tensors, 25,557,032 float32 (97.5 MiB), one step", "",
-           "- %s, host %s, %d CPUs, Python %s" % (datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-                                                 platform.node(), os.cpu_count() or 1, platform.python_version()),
-           "- libraries: " + "; ".join(v for v in versions.values() if v),
-           "- a step submits every tensor asynchronously in reverse order, then waits for all; Sum, in place; "
-           "one compute thread per rank; fusion settings: library defaults (%s)" % settings,
-           "- correctness step on rank-dependent data (#wrong), 3 warm-up steps, %d timed steps each after "
-           "a barrier; time = max over ranks per step, median and min over steps; busbw = 97.5 MiB / time "
-           "× 2(n−1)/n" % args.reps,
-           "- others CPU: share of the machine used by other processes during the timed steps; "
-           "'!' marks > %.0f%%: rerun on an idle machine" % (100 * BUSY_LIMIT)]
+    out = [
+        "# ResNet-50 gradient set: 161 tensors, 25,557,032 float32 (97.5 MiB), one step",
+        "",
+        "- %s, host %s, %d CPUs, Python %s"
+        % (
+            datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            platform.node(),
+            os.cpu_count() or 1,
+            platform.python_version(),
+        ),
+        "- libraries: " + "; ".join(v for v in versions.values() if v),
+        "- a step submits every tensor asynchronously in reverse order, then waits for all; Sum, in place; "
+        "one compute thread per rank; fusion settings: library defaults (%s)" % settings,
+        "- correctness step on rank-dependent data (#wrong), 3 warm-up steps, %d timed steps each after "
+        "a barrier; time = max over ranks per step, median and min over steps; busbw = 97.5 MiB / time "
+        "× 2(n−1)/n" % args.reps,
+        "- others CPU: share of the machine used by other processes during the timed steps; "
+        "'!' marks > %.0f%%: rerun on an idle machine" % (100 * BUSY_LIMIT),
+    ]
     out += ["- **%s skipped**: %s" % (k, v) for k, v in skipped.items()]
     return out + [""]
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    rows, ran, versions, skipped, failed = run_all(args)
+    rows, _ran, versions, skipped, failed = run_all(args)
     text = "\n".join(notes(args, versions, dict(skipped, **failed)) + table(rows, args.ranks))
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "fusion.md"), "w") as f:

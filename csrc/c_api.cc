@@ -13,8 +13,8 @@ using namespace hvdlite;
 
 namespace {
 
-std::mutex g_mu;                       // guards g_runtime's lifetime (init/shutdown)
-std::shared_ptr<Runtime> g_runtime;    // the process's runtime; null when not initialized
+std::mutex g_mu;                     // guards g_runtime's lifetime (init/shutdown)
+std::shared_ptr<Runtime> g_runtime;  // the process's runtime; null when not initialized
 
 std::shared_ptr<Runtime> Current() {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -29,9 +29,7 @@ int Report(const Status& st, char* err, size_t err_len) {
   return static_cast<int>(st.code());
 }
 
-Status NotInitialized() {
-  return Status::Precondition("hvdlite is not initialized; call hvd.init() first");
-}
+Status NotInitialized() { return Status::Precondition("hvdlite is not initialized; call hvd.init() first"); }
 
 Status WaitFor(Runtime& rt, int64_t handle, HandleResult* out) {
   while (true) {
@@ -79,12 +77,18 @@ int hvdlite_topology(int which) {
 int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err_len) {
   auto rt = Current();
   if (!rt) return Report(NotInitialized(), err, err_len);
-  if (!IsValidDataType(op->dtype)) return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err, err_len);
-  if (!IsValidReduceOp(op->reduce_op)) return Report(Status::InvalidArgument("unknown reduce op " + std::to_string(op->reduce_op)), err, err_len);
+  if (!IsValidDataType(op->dtype))
+    return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err,
+                  err_len);
+  if (!IsValidReduceOp(op->reduce_op))
+    return Report(Status::InvalidArgument("unknown reduce op " + std::to_string(op->reduce_op)), err,
+                  err_len);
   const bool user_op = (op->type >= 0 && op->type <= static_cast<int32_t>(OpType::kBarrier)) ||
                        op->type == static_cast<int32_t>(OpType::kJoin);
-  if (!user_op) return Report(Status::InvalidArgument("unknown op type " + std::to_string(op->type)), err, err_len);
-  if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS) return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
+  if (!user_op)
+    return Report(Status::InvalidArgument("unknown op type " + std::to_string(op->type)), err, err_len);
+  if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS)
+    return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
   Request r;
   r.type = static_cast<OpType>(op->type);
   r.name = op->name ? op->name : "";
@@ -115,7 +119,8 @@ int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t e
   auto rt = Current();
   if (!rt) return Report(NotInitialized(), err, err_len);
   HandleResult res;
-  if (!rt->handles().Take(handle, &res)) return Report(Status::InvalidArgument("handle is unknown or still pending"), err, err_len);
+  if (!rt->handles().Take(handle, &res))
+    return Report(Status::InvalidArgument("handle is unknown or still pending"), err, err_len);
   std::memset(out, 0, sizeof(*out));
   out->data = res.output;
   out->nbytes = res.output_bytes;
@@ -191,8 +196,8 @@ int hvdlite_stop_timeline(char* err, size_t err_len) {
   return 0;
 }
 
-void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len, int* bound_port,
-                                 char* err, size_t err_len) {
+void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len,
+                                 int* bound_port, char* err, size_t err_len) {
   std::unique_ptr<TcpStoreServer> server;
   Status st = StartTcpStoreServer(host, port, std::string(secret, secret_len), &server);
   if (!st.ok()) {

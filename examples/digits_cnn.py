@@ -1,5 +1,6 @@
 """The small CNN of examples/pytorch_digits.py (torch only, so benchmarks can build it in any
 environment, Horovod's included)."""
+
 import torch
 import torch.nn.functional as F
 

@@ -9,6 +9,7 @@ initial parameters are broadcast to all, gradients and the loss are averaged wit
 hvd.allreduce, so every rank holds the same parameters after every step. Rank 0 prints the
 loss per epoch and the final test accuracy.
 """
+
 import argparse
 
 import numpy as np
@@ -34,8 +35,13 @@ def load_split(seed=0):
 def init_params(rng):
     def dense(n_in, n_out):
         return rng.normal(0.0, np.sqrt(2.0 / n_in), (n_in, n_out)).astype(np.float32)
-    return {"w1": dense(64, HIDDEN), "b1": np.zeros(HIDDEN, np.float32),
-            "w2": dense(HIDDEN, CLASSES), "b2": np.zeros(CLASSES, np.float32)}
+
+    return {
+        "w1": dense(64, HIDDEN),
+        "b1": np.zeros(HIDDEN, np.float32),
+        "w2": dense(HIDDEN, CLASSES),
+        "b2": np.zeros(CLASSES, np.float32),
+    }
 
 
 def forward(params, x):
@@ -56,8 +62,7 @@ def loss_and_grads(params, x, y):
     d_logits[np.arange(n), y] -= 1.0
     d_logits /= n
     d_h = (d_logits @ params["w2"].T) * (h > 0)
-    grads = {"w2": h.T @ d_logits, "b2": d_logits.sum(axis=0),
-             "w1": x.T @ d_h, "b1": d_h.sum(axis=0)}
+    grads = {"w2": h.T @ d_logits, "b2": d_logits.sum(axis=0), "w1": x.T @ d_h, "b1": d_h.sum(axis=0)}
     return float(loss), grads
 
 
@@ -92,7 +97,7 @@ def main():
         order = shuffle.permutation(len(x_shard))
         total = 0.0
         for step in range(steps):
-            idx = order[step * args.batch_size:(step + 1) * args.batch_size]
+            idx = order[step * args.batch_size : (step + 1) * args.batch_size]
             loss, grads = loss_and_grads(params, x_shard[idx], y_shard[idx])
             total += loss
             for key in sorted(grads):

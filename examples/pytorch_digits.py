@@ -11,15 +11,16 @@ broadcast to all, hvd.DistributedOptimizer averages gradients as backward produc
 and the per-epoch loss and accuracy are averaged across ranks. Rank 0 shows a progress bar
 and prints the final test accuracy, computed over every rank's share of the test set.
 """
+
 import argparse
 
 import torch
 import torch.nn.functional as F
+from digits_cnn import SmallCNN
 from sklearn.datasets import load_digits
 from tqdm import tqdm
 
 import hvdlite.torch as hvd
-from digits_cnn import SmallCNN
 
 
 def load_split(seed=0):
@@ -44,7 +45,7 @@ def train_epoch(model, opt, x, y, batch_size, epoch, show_progress):
     bar = tqdm(batches, desc="epoch %d" % epoch, leave=False, disable=not show_progress, mininterval=0.5)
     total_loss, correct = 0.0, 0
     for start in bar:
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         opt.zero_grad()
         logits = model(x[idx])
         loss = F.cross_entropy(logits, y[idx])
@@ -75,7 +76,7 @@ def main():
 
     hvd.init()
     torch.set_num_threads(1)
-    torch.manual_seed(hvd.rank())              # different on purpose: the broadcast makes them equal
+    torch.manual_seed(hvd.rank())  # different on purpose: the broadcast makes them equal
     rank, size = hvd.rank(), hvd.size()
     x_train, y_train, x_test, y_test = load_split()
     x_shard, y_shard = x_train[rank::size], y_train[rank::size]

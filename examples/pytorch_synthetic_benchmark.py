@@ -7,6 +7,7 @@ images/second per rank and in total, as the mean and a 95% interval over the tim
 iterations. The defaults are small so it runs in seconds on a CPU with one thread per rank;
 --model cnn --image-size 32 --batch-size 32 makes it heavier.
 """
+
 import argparse
 import timeit
 
@@ -19,12 +20,24 @@ import hvdlite.torch as hvd
 
 def make_model(name, image_size, classes):
     if name == "mlp":
-        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * image_size * image_size, 512),
-                                   torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                   torch.nn.Linear(512, classes))
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-                               torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-                               torch.nn.Flatten(), torch.nn.Linear(32 * (image_size // 4) ** 2, classes))
+        return torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.Linear(3 * image_size * image_size, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, classes),
+        )
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * (image_size // 4) ** 2, classes),
+    )
 
 
 def parse_args():
@@ -55,8 +68,12 @@ def main():
     scale = 1 if args.use_adasum else hvd.size()
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * scale)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
-                                   op=hvd.Adasum if args.use_adasum else hvd.Average)
+    opt = hvd.DistributedOptimizer(
+        opt,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
@@ -67,8 +84,10 @@ def main():
         F.cross_entropy(model(data), target).backward()
         opt.step()
 
-    log("Model: %s, batch size %d per rank, %d ranks, %d parameters"
-        % (args.model, args.batch_size, hvd.size(), sum(p.numel() for p in model.parameters())))
+    log(
+        "Model: %s, batch size %d per rank, %d ranks, %d parameters"
+        % (args.model, args.batch_size, hvd.size(), sum(p.numel() for p in model.parameters()))
+    )
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     rates = []
     for i in range(args.num_iters):

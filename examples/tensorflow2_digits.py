@@ -10,16 +10,17 @@ created its variables) the model and optimizer variables are broadcast from rank
 trains on its shard of scikit-learn's digits; rank 0 prints per-epoch averages and the final
 test accuracy.
 """
+
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow2_keras_digits import build_model, load_split, setup
 
-import hvdlite.tensorflow as hvd  # noqa: E402
-from tensorflow2_keras_digits import build_model, load_split, setup  # noqa: E402
+import hvdlite.tensorflow as hvd
 
 
 def main():
@@ -40,7 +41,7 @@ def main():
         tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
-        if first_batch:   # a Python bool: traced once with the broadcast, once without
+        if first_batch:  # a Python bool: traced once with the broadcast, once without
             hvd.broadcast_variables(model.variables, root_rank=0)
             hvd.broadcast_variables(opt.variables, root_rank=0)
         return loss, tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == y, tf.float32))
@@ -49,17 +50,21 @@ def main():
         order = np.random.default_rng(epoch).permutation(len(x_train))
         total_loss, correct = 0.0, 0.0
         for start in range(0, len(order), args.batch_size):
-            idx = order[start:start + args.batch_size]
+            idx = order[start : start + args.batch_size]
             loss, hits = train_step(x_train[idx], y_train[idx], epoch == 0 and start == 0)
             total_loss += float(loss) * len(idx)
             correct += float(hits)
-        stats = hvd.allreduce(tf.constant([total_loss / len(order), correct / len(order)]), name="epoch.stats")
+        stats = hvd.allreduce(
+            tf.constant([total_loss / len(order), correct / len(order)]), name="epoch.stats"
+        )
         if rank == 0:
             print("epoch %2d  loss %.4f  train accuracy %.4f" % (epoch + 1, stats[0], stats[1]))
 
     logits = model(x_test[rank::size], training=False)
     correct = int(tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == y_test[rank::size], tf.int64)))
-    counts = hvd.allreduce(tf.constant([correct, len(y_test[rank::size])], tf.int64), op=hvd.Sum, name="test.counts")
+    counts = hvd.allreduce(
+        tf.constant([correct, len(y_test[rank::size])], tf.int64), op=hvd.Sum, name="test.counts"
+    )
     if rank == 0:
         print("test accuracy %.4f on %d ranks" % (counts[0] / counts[1], size))
 

@@ -11,17 +11,18 @@ start from rank 0's weights, the DistributedOptimizer averages gradients, and
 MetricAverageCallback averages the epoch's metrics. Rank 0 prints the final test accuracy
 (every rank scores its share of the test set; the counts are summed).
 """
+
 import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
 
-import hvdlite.tensorflow.keras as hvd  # noqa: E402
+import hvdlite.tensorflow.keras as hvd
 
 
 def load_split(seed=0):
@@ -35,14 +36,16 @@ def load_split(seed=0):
 
 
 def build_model():
-    return keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 def setup(doc):
@@ -68,19 +71,30 @@ def main():
     model = build_model()
     scaled_lr = args.lr * size
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=scaled_lr, momentum=0.9))
-    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         hvd.callbacks.MetricAverageCallback(),
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=2, verbose=int(rank == 0)),
+        hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=scaled_lr, warmup_epochs=2, verbose=int(rank == 0)
+        ),
     ]
-    model.fit(x_train[rank::size], y_train[rank::size], batch_size=args.batch_size, epochs=args.epochs,
-              callbacks=callbacks, verbose=2 if rank == 0 else 0)
+    model.fit(
+        x_train[rank::size],
+        y_train[rank::size],
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        callbacks=callbacks,
+        verbose=2 if rank == 0 else 0,
+    )
 
     logits = model.predict(x_test[rank::size], verbose=0)
     correct = int((logits.argmax(1) == y_test[rank::size]).sum())
-    counts = hvd.allreduce(tf.constant([correct, len(y_test[rank::size])], tf.int64), op=hvd.Sum, name="test.counts")
+    counts = hvd.allreduce(
+        tf.constant([correct, len(y_test[rank::size])], tf.int64), op=hvd.Sum, name="test.counts"
+    )
     if rank == 0:
         print("test accuracy %.4f on %d ranks" % (counts[0] / counts[1], size))
 

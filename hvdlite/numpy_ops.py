@@ -5,6 +5,7 @@ the adapter keeps them alive until their handle completes. Outputs whose size
 only the job knows (allgather, alltoall, reducescatter) are allocated by the
 core and wrapped as arrays without a copy.
 """
+
 import numpy as np
 
 from hvdlite.common import adasum, collectives, dtypes, exceptions, naming, ops
@@ -26,63 +27,145 @@ def _output_async(kind, op_type, tensor, name, **kw):
 
 # ---- allreduce -------------------------------------------------------------
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
+
+def allreduce_async_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     reduce_op = resolve_op(op, average)
     if reduce_op == dtypes.Adasum:
         name = naming.auto_name("allreduce", name)
-        return collectives.start(adasum.allreduce_inplace(NUMPY, tensor, name, prescale_factor, postscale_factor,
-                                                          process_set))
-    return _inplace_async("allreduce", ops.ALLREDUCE, tensor, name, reduce_op=reduce_op,
-                          prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
+        return collectives.start(
+            adasum.allreduce_inplace(NUMPY, tensor, name, prescale_factor, postscale_factor, process_set)
+        )
+    return _inplace_async(
+        "allreduce",
+        ops.ALLREDUCE,
+        tensor,
+        name,
+        reduce_op=reduce_op,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        process_set=resolve(process_set),
+    )
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
-    return allreduce_async_(np.array(tensor, copy=True, order="C"), average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+def allreduce_async(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
+    return allreduce_async_(
+        np.array(tensor, copy=True, order="C"),
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               process_set=global_process_set):
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Reduces `tensor` across the process set in place and returns it."""
-    return ops.synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                            process_set))
+    return ops.synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
-def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-              process_set=global_process_set):
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Returns a new array: `tensor` reduced (default: averaged) across the process set."""
-    return ops.synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                                           process_set))
+    return ops.synchronize(
+        allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce_async_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     names = collectives.group_names("allreduce", name, len(tensors))
-    return [allreduce_async_(t, average, n, op, prescale_factor, postscale_factor, process_set)
-            for n, t in zip(names, tensors)]
+    return [
+        allreduce_async_(t, average, n, op, prescale_factor, postscale_factor, process_set)
+        for n, t in zip(names, tensors)
+    ]
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce_async(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     copies = [np.array(t, copy=True, order="C") for t in tensors]
     return grouped_allreduce_async_(copies, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set=global_process_set):
-    handles = grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+def grouped_allreduce_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
+    handles = grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    )
     return [ops.synchronize(h) for h in handles]
 
 
-def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=global_process_set):
-    handles = grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+def grouped_allreduce(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
+    handles = grouped_allreduce_async(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    )
     return [ops.synchronize(h) for h in handles]
 
 
 # ---- allgather, broadcast, alltoall, reducescatter --------------------------
+
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     pending = _output_async("allgather", ops.ALLGATHER, tensor, name, process_set=resolve(process_set))
@@ -96,8 +179,9 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    return _inplace_async("broadcast", ops.BROADCAST, tensor, name, root=root_rank,
-                          process_set=resolve(process_set))
+    return _inplace_async(
+        "broadcast", ops.BROADCAST, tensor, name, root=root_rank, process_set=resolve(process_set)
+    )
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -118,8 +202,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if np.ndim(tensor) == 0:
         raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
     split_list = [] if splits is None else [int(s) for s in np.asarray(splits).reshape(-1)]
-    pending = _output_async("alltoall", ops.ALLTOALL, tensor, name, splits=split_list,
-                            process_set=resolve(process_set))
+    pending = _output_async(
+        "alltoall", ops.ALLTOALL, tensor, name, splits=split_list, process_set=resolve(process_set)
+    )
 
     def then(result):
         out, received = result
@@ -136,21 +221,33 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return ops.synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
-def reducescatter_async(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0,
-                        postscale_factor=1.0):
+def reducescatter_async(
+    tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0
+):
     if np.ndim(tensor) == 0:
         raise exceptions.InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
-    pending = _output_async("reducescatter", ops.REDUCESCATTER, tensor, name, reduce_op=resolve_op(op, None),
-                            prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
+    pending = _output_async(
+        "reducescatter",
+        ops.REDUCESCATTER,
+        tensor,
+        name,
+        reduce_op=resolve_op(op, None),
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        process_set=resolve(process_set),
+    )
     return collectives.start(pending, then=lambda result: result[0])
 
 
-def reducescatter(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0,
-                  postscale_factor=1.0):
+def reducescatter(
+    tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0
+):
     """Reduces `tensor` (default: averages) across members and returns this
     member's block of rows: the first dimension is split with the first
     (rows % size) members taking one extra row."""
-    return ops.synchronize(reducescatter_async(tensor, op, name, process_set, prescale_factor, postscale_factor))
+    return ops.synchronize(
+        reducescatter_async(tensor, op, name, process_set, prescale_factor, postscale_factor)
+    )
 
 
 def barrier(process_set=global_process_set):

@@ -1,4 +1,5 @@
 """Shared fixtures. Multi-rank tests use tests/helpers.py (run_ranks / spawn_ranks)."""
+
 import os
 import socket
 

@@ -26,6 +26,7 @@ Contract:
   - Both raise AssertionError when `timeout` seconds pass with ranks still running, naming
     them. Children are always reaped: whatever happens, none outlives the call.
 """
+
 import collections
 import multiprocessing
 import multiprocessing.connection
@@ -37,7 +38,7 @@ import traceback as _traceback
 
 RankResult = collections.namedtuple("RankResult", "rank exitcode value traceback")
 
-FAILURE_GRACE_S = 10.0   # run_ranks: how long the others may run on after one rank failed
+FAILURE_GRACE_S = 10.0  # run_ranks: how long the others may run on after one rank failed
 _KILL_WAIT_S = 5.0
 _CTX = multiprocessing.get_context("spawn")
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -57,8 +58,11 @@ def _child(fn, args, env, conn):
     try:
         conn.send(result)
     except Exception:  # the return value does not pickle
-        result = ("error", "the return value of %s could not be sent back:\n%s"
-                  % (getattr(fn, "__name__", fn), _traceback.format_exc()))
+        result = (
+            "error",
+            "the return value of %s could not be sent back:\n%s"
+            % (getattr(fn, "__name__", fn), _traceback.format_exc()),
+        )
         conn.send(result)
     conn.close()
     if result[0] == "error":
@@ -68,10 +72,16 @@ def _child(fn, args, env, conn):
 
 
 def _rank_env(rank, size, store_addr, secret_hex, env):
-    out = {"HVDLITE_RANK": rank, "HVDLITE_SIZE": size,
-           "HVDLITE_LOCAL_RANK": rank, "HVDLITE_LOCAL_SIZE": size,
-           "HVDLITE_CROSS_RANK": 0, "HVDLITE_CROSS_SIZE": 1,
-           "HVDLITE_STORE_ADDR": store_addr, "HVDLITE_SECRET": secret_hex}
+    out = {
+        "HVDLITE_RANK": rank,
+        "HVDLITE_SIZE": size,
+        "HVDLITE_LOCAL_RANK": rank,
+        "HVDLITE_LOCAL_SIZE": size,
+        "HVDLITE_CROSS_RANK": 0,
+        "HVDLITE_CROSS_SIZE": 1,
+        "HVDLITE_STORE_ADDR": store_addr,
+        "HVDLITE_SECRET": secret_hex,
+    }
     out.update({k: 1 for k in _THREAD_VARS})
     extra = env(rank) if callable(env) else env
     out.update(extra or {})
@@ -111,6 +121,7 @@ def _run(fn, size, args, timeout, env, failure_grace):
     """Runs the ranks; returns (results, ranks still running at the deadline, ranks that
     sent a message)."""
     from hvdlite import _core
+
     secret = os.urandom(32)
     server = _core.TcpStoreServer("127.0.0.1", 0, secret)
     procs, readers, messages = [], {}, {}
@@ -118,15 +129,17 @@ def _run(fn, size, args, timeout, env, failure_grace):
         addr = "127.0.0.1:%d" % server.port
         for rank in range(size):
             reader, writer = _CTX.Pipe(duplex=False)
-            p = _CTX.Process(target=_child, name="rank-%d" % rank,
-                             args=(fn, tuple(args), _rank_env(rank, size, addr, secret.hex(), env),
-                                   writer))
+            p = _CTX.Process(
+                target=_child,
+                name="rank-%d" % rank,
+                args=(fn, tuple(args), _rank_env(rank, size, addr, secret.hex(), env), writer),
+            )
             p.start()
             writer.close()  # only the child holds the write end: its death means EOF for us
             procs.append(p)
             readers[reader] = rank
         deadline = time.monotonic() + timeout
-        pending = set(range(size))          # ranks whose process has not exited yet
+        pending = set(range(size))  # ranks whose process has not exited yet
         by_rank = {rank: reader for reader, rank in readers.items()}
 
         def receive(rank, wait_s):
@@ -139,7 +152,7 @@ def _run(fn, size, args, timeout, env, failure_grace):
                 if reader.poll(wait_s):
                     messages[rank] = reader.recv()
             except (EOFError, OSError):
-                pass                        # died without sending anything
+                pass  # died without sending anything
             reader.close()
 
         while pending:
@@ -153,7 +166,7 @@ def _run(fn, size, args, timeout, env, failure_grace):
             for rank in sorted(pending):
                 exited = procs[rank].exitcode is not None
                 if exited:
-                    receive(rank, 1.0)      # the message may trail the exit by a moment
+                    receive(rank, 1.0)  # the message may trail the exit by a moment
                     pending.discard(rank)
                 ok = messages.get(rank, ("ok",))[0] == "ok" and procs[rank].exitcode in (None, 0)
                 if not ok and failure_grace is not None:
@@ -167,21 +180,30 @@ def _run(fn, size, args, timeout, env, failure_grace):
     results = []
     for rank, p in enumerate(procs):
         kind, payload = messages.get(rank, (None, None))
-        results.append(RankResult(rank, p.exitcode, payload if kind == "ok" else None,
-                                  payload if kind == "error" else None))
+        results.append(
+            RankResult(
+                rank, p.exitcode, payload if kind == "ok" else None, payload if kind == "error" else None
+            )
+        )
     return results, still_running, set(messages)
 
 
 def _timeout_error(fn, size, timeout, results, still_running):
-    lines = ["%s on %d ranks timed out after %.0f s; ranks still running (now killed): %s"
-             % (_fn_name(fn), size, timeout, still_running)]
+    lines = [
+        "%s on %d ranks timed out after %.0f s; ranks still running (now killed): %s"
+        % (_fn_name(fn), size, timeout, still_running)
+    ]
     for r in results:
         if r.rank in still_running and (r.value is not None or r.traceback):
-            lines.append("rank %d returned from fn but its process did not exit (a hang in "
-                         "shutdown or at exit?)" % r.rank)
+            lines.append(
+                "rank %d returned from fn but its process did not exit (a hang in "
+                "shutdown or at exit?)" % r.rank
+            )
         elif r.rank not in still_running:
-            lines.append("rank %d finished: %s%s" % (r.rank, _describe_exit(r.exitcode),
-                                                    "\n" + r.traceback if r.traceback else ""))
+            lines.append(
+                "rank %d finished: %s%s"
+                % (r.rank, _describe_exit(r.exitcode), "\n" + r.traceback if r.traceback else "")
+            )
     return AssertionError("\n".join(lines))
 
 
@@ -199,25 +221,32 @@ def run_ranks(fn, size, args=(), timeout=60.0, env=None):
     Raises AssertionError describing every failed rank, or the ranks still running at the
     timeout."""
     results, still_running, answered = _run(fn, size, args, timeout, env, FAILURE_GRACE_S)
-    failed = [r for r in results if r.rank not in still_running and
-              (r.exitcode != 0 or r.traceback is not None or r.rank not in answered)]
+    failed = [
+        r
+        for r in results
+        if r.rank not in still_running
+        and (r.exitcode != 0 or r.traceback is not None or r.rank not in answered)
+    ]
     if still_running and not failed:
         raise _timeout_error(fn, size, timeout, results, still_running)
     if failed:
         lines = ["%s failed on %d of %d ranks" % (_fn_name(fn), len(failed), size)]
         for r in failed:
             if r.traceback:
-                lines.append("--- rank %d (%s) ---\n%s" % (r.rank, _describe_exit(r.exitcode),
-                                                          r.traceback.rstrip()))
+                lines.append(
+                    "--- rank %d (%s) ---\n%s" % (r.rank, _describe_exit(r.exitcode), r.traceback.rstrip())
+                )
             elif r.exitcode == 0:
-                lines.append("--- rank %d exited with code 0 without returning from fn ---"
-                             % r.rank)
+                lines.append("--- rank %d exited with code 0 without returning from fn ---" % r.rank)
             else:
-                lines.append("--- rank %d died without a traceback: %s (its own output, if "
-                             "any, is in the captured stderr) ---"
-                             % (r.rank, _describe_exit(r.exitcode)))
+                lines.append(
+                    "--- rank %d died without a traceback: %s (its own output, if "
+                    "any, is in the captured stderr) ---" % (r.rank, _describe_exit(r.exitcode))
+                )
         if still_running:
-            lines.append("--- ranks %s were still running %.0f s after the first failure "
-                         "and were killed ---" % (still_running, FAILURE_GRACE_S))
+            lines.append(
+                "--- ranks %s were still running %.0f s after the first failure "
+                "and were killed ---" % (still_running, FAILURE_GRACE_S)
+            )
         raise AssertionError("\n".join(lines))
     return [r.value for r in results]

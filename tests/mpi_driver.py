@@ -6,6 +6,7 @@ Imports FUNCTION from MODULE (a module of tests/), calls it with the pickled arg
 writes ("ok", value) or ("error", traceback) to OUT_DIR/rank-R.pkl, R being MPI's rank
 from the launcher's environment. Exits 1 when the function raised.
 """
+
 import os
 import pickle
 import sys

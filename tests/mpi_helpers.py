@@ -17,6 +17,7 @@ Contract (the same as helpers.run_ranks, so existing test bodies can run unchang
     mpirun's output when it failed without one, or after `timeout` seconds (the whole
     mpirun process group is killed, so nothing outlives the call).
 """
+
 import os
 import pickle
 import shutil
@@ -34,13 +35,16 @@ MPIRUN = shutil.which("mpirun")
 
 skip_without_mpi = pytest.mark.skipif(
     MPIRUN is None or not __import__("hvdlite")._core.build_info()["mpi"],
-    reason="needs mpirun and an hvdlite built with MPI (make install installs Open MPI)")
+    reason="needs mpirun and an hvdlite built with MPI (make install installs Open MPI)",
+)
 
 
 def _environment(env):
     out = mpi_launch.mpirun_env(os.environ)
     out.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
-    out["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE), out.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE), out.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
     extra = env(0) if callable(env) else env
     for key, value in (extra or {}).items():
         if value is None:
@@ -68,11 +72,23 @@ def run_mpi_ranks(fn, size, args=(), timeout=60.0, env=None):
         args_path = os.path.join(out_dir, "args.pkl")
         with open(args_path, "wb") as f:
             pickle.dump(tuple(args), f)
-        command = [sys.executable, os.path.join(HERE, "mpi_driver.py"), fn.__module__, fn.__name__, args_path,
-                   out_dir]
+        command = [
+            sys.executable,
+            os.path.join(HERE, "mpi_driver.py"),
+            fn.__module__,
+            fn.__name__,
+            args_path,
+            out_dir,
+        ]
         argv = mpi_launch.mpirun_command(size, command, mpirun=MPIRUN)
-        proc = subprocess.Popen(argv, env=_environment(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            env=_environment(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             output, _ = proc.communicate(timeout=timeout)
             timed_out = False
@@ -104,8 +120,10 @@ def _judge(fn, size, timeout, code, timed_out, output, results):
 
 def mpi_runner(cpu_operations):
     """A run_ranks replacement running under mpirun with HVDLITE_CPU_OPERATIONS set."""
+
     def run(fn, size, args=(), timeout=60.0, env=None):
         extra = dict(env(0) if callable(env) else (env or {}))
         extra["HVDLITE_CPU_OPERATIONS"] = cpu_operations
         return run_mpi_ranks(fn, size, args=args, timeout=timeout, env=extra)
+
     return run

@@ -1,18 +1,23 @@
 """Autotune and the cycle time: settings change how tensors are grouped, never the results."""
+
 import csv
 
 import numpy as np
-
 from helpers import run_ranks
 
 
 def _training_like(iterations):
     import hvdlite as hvd
+
     hvd.init()
     ok = True
     for step in range(iterations):
-        handles = [hvd.allreduce_async(np.full(2000 + 100 * i, hvd.rank() + step, np.float32), op=hvd.Sum,
-                                       name="grad.%d" % i) for i in range(8)]
+        handles = [
+            hvd.allreduce_async(
+                np.full(2000 + 100 * i, hvd.rank() + step, np.float32), op=hvd.Sum, name="grad.%d" % i
+            )
+            for i in range(8)
+        ]
         want = 2 * step + 1
         ok &= all(bool((hvd.synchronize(h) == want).all()) for h in handles)
     hvd.shutdown()
@@ -21,10 +26,15 @@ def _training_like(iterations):
 
 def test_autotune_tries_every_candidate_logs_and_chooses(tmp_path):
     log = str(tmp_path / "autotune.csv")
-    env = {"HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": log, "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "2",
-           "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "0"}
+    env = {
+        "HVDLITE_AUTOTUNE": "1",
+        "HVDLITE_AUTOTUNE_LOG": log,
+        "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "2",
+        "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "0",
+    }
     assert all(run_ranks(_training_like, 2, args=(150,), env=env, timeout=120))
-    rows = list(csv.DictReader(open(log)))
+    with open(log) as f:
+        rows = list(csv.DictReader(f))
     tried = [r for r in rows if r["note"] == "tried"]
     chosen = [r for r in rows if r["note"] == "chosen"]
     assert len(tried) == 10 and len(chosen) == 1

@@ -4,6 +4,7 @@ A smoke test only: hvdlite alone, 2 ranks, two tiny sizes, a short run. It check
 script finishes and that the #wrong column (wrong elements after the correctness pass on
 rank-dependent data) is 0 for every collective; it never looks at a time.
 """
+
 import os
 import subprocess
 import sys
@@ -28,8 +29,22 @@ def _table_rows(markdown):
 
 
 def test_collectives_quick_hvdlite_has_no_wrong_elements(tmp_path):
-    cmd = [sys.executable, SCRIPT, "--quick", "--peers", "none", "--ranks", "2", "--sizes", "4K,64K",
-           "--idle-wait", "0", "--no-plot", "--out-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--quick",
+        "--peers",
+        "none",
+        "--ranks",
+        "2",
+        "--sizes",
+        "4K,64K",
+        "--idle-wait",
+        "0",
+        "--no-plot",
+        "--out-dir",
+        str(tmp_path),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = list(_table_rows((tmp_path / "collectives.md").read_text()))

@@ -1,9 +1,9 @@
 """Every collective on 1-4 real processes, every dtype and op, against a NumPy
 reference computed here in the parent; every rank must return the same bytes."""
+
 import ml_dtypes
 import numpy as np
 import pytest
-
 from helpers import run_ranks
 
 DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
@@ -36,6 +36,7 @@ def _reference(dtype, op, count, size):
 
 def _allreduce_matrix():
     import hvdlite as hvd
+
     hvd.init()
     out = {}
     for dtype in DTYPES:
@@ -61,13 +62,17 @@ def test_allreduce_every_dtype_op_and_count(size):
 
 def _random_floats(seed_base):
     import hvdlite as hvd
+
     hvd.init()
     rng = np.random.default_rng(seed_base + hvd.rank())
     out = {}
     for dtype in (np.float32, np.float64):
         for count in (5, 100003):
             x = rng.standard_normal(count).astype(dtype)
-            out[(np.dtype(dtype).name, count)] = (x, hvd.allreduce(x, op=hvd.Average, name="rf.%d" % count + np.dtype(dtype).name))
+            out[(np.dtype(dtype).name, count)] = (
+                x,
+                hvd.allreduce(x, op=hvd.Average, name="rf.%d" % count + np.dtype(dtype).name),
+            )
     hvd.shutdown()
     return out
 
@@ -84,12 +89,13 @@ def test_allreduce_random_floats_bitwise_identical(size):
 
 def _other_collectives():
     import hvdlite as hvd
+
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     out = {}
     for dtype in DTYPES + [np.bool_]:
         name = np.dtype(dtype).name
-        rows = 0 if r == 1 else r + 2        # rank 1 contributes nothing
+        rows = 0 if r == 1 else r + 2  # rank 1 contributes nothing
         x = ((np.arange(rows * 3).reshape(rows, 3) + 10 * r) % 7).astype(dtype)
         out[("allgather", name)] = hvd.allgather(x, name="ag." + name)
         for root in range(n):
@@ -104,9 +110,12 @@ def _other_collectives():
         x = (np.arange(rows * 2).reshape(rows, 2) + r).astype(np.float32)
         out[("reducescatter", rows)] = hvd.reducescatter(x, op=hvd.Sum, name="rs.%d" % rows)
     out["reducescatter_avg"] = hvd.reducescatter(np.full((n * 2, 3), r + 1, np.float64), name="rs.avg")
-    out["scaled"] = hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5,
-                                  name="scaled")
-    out["grouped"] = hvd.grouped_allreduce([np.full(3, r, np.float64), np.full((2, 2), 1, np.int32)], op=hvd.Sum)
+    out["scaled"] = hvd.allreduce(
+        np.ones(4, np.float32), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5, name="scaled"
+    )
+    out["grouped"] = hvd.grouped_allreduce(
+        [np.full(3, r, np.float64), np.full((2, 2), 1, np.int32)], op=hvd.Sum
+    )
     hvd.shutdown()
     return out
 
@@ -119,7 +128,12 @@ def test_allgather_broadcast_alltoall_reducescatter(size):
         a = results[0][key]
         for other in results[1:]:
             b = other[key]
-            if key == "alltoall" or key == "alltoall_even" or key[0] == "reducescatter" or key == "reducescatter_avg":
+            if (
+                key == "alltoall"
+                or key == "alltoall_even"
+                or key[0] == "reducescatter"
+                or key == "reducescatter_avg"
+            ):
                 continue  # per-rank results, checked below
             if isinstance(a, list):
                 assert all(x.tobytes() == y.tobytes() for x, y in zip(a, b)), key
@@ -127,8 +141,10 @@ def test_allgather_broadcast_alltoall_reducescatter(size):
                 assert a.tobytes() == b.tobytes() and a.shape == b.shape, key
     for dtype in DTYPES + [np.bool_]:
         name = np.dtype(dtype).name
-        parts = [((np.arange((0 if r == 1 else r + 2) * 3).reshape(-1, 3) + 10 * r) % 7).astype(dtype)
-                 for r in range(n)]
+        parts = [
+            ((np.arange((0 if r == 1 else r + 2) * 3).reshape(-1, 3) + 10 * r) % 7).astype(dtype)
+            for r in range(n)
+        ]
         np.testing.assert_array_equal(results[0][("allgather", name)], np.concatenate(parts))
         assert results[0][("allgather", name)].dtype == np.dtype(dtype)
         for root in range(n):
@@ -140,12 +156,14 @@ def test_allgather_broadcast_alltoall_reducescatter(size):
         assert received.tolist() == want_rows
         np.testing.assert_array_equal(out[:, 0], np.repeat(r * 100 + np.arange(n), want_rows))
         assert out.shape == (sum(want_rows), 2)
-        np.testing.assert_array_equal(res["alltoall_even"][:, 0], np.repeat(np.arange(n), 2).astype(np.float32))
+        np.testing.assert_array_equal(
+            res["alltoall_even"][:, 0], np.repeat(np.arange(n), 2).astype(np.float32)
+        )
         for rows in (0, 1, 7):
             total = sum((np.arange(rows * 2).reshape(rows, 2) + k).astype(np.float32) for k in range(n))
             mine = rows // n + (1 if r < rows % n else 0)
             start = sum(rows // n + (1 if k < rows % n else 0) for k in range(r))
-            np.testing.assert_array_equal(res[("reducescatter", rows)], total[start:start + mine])
+            np.testing.assert_array_equal(res[("reducescatter", rows)], total[start : start + mine])
         np.testing.assert_allclose(res["reducescatter_avg"], np.full((2, 3), (n + 1) / 2.0))
         np.testing.assert_array_equal(res["scaled"], np.full(4, n, np.float32))
         np.testing.assert_array_equal(res["grouped"][0], np.full(3, n * (n - 1) / 2))
@@ -154,6 +172,7 @@ def test_allgather_broadcast_alltoall_reducescatter(size):
 
 def _async_and_inplace():
     import hvdlite as hvd
+
     hvd.init()
     r = hvd.rank()
     arrays = [np.full(1000, r + i, np.float32) for i in range(20)]
@@ -163,7 +182,7 @@ def _async_and_inplace():
     same_objects = all(o is a for o, a in zip(outs, arrays))
     strided = np.zeros((4, 6), np.float64)
     strided[:, ::2] = r + 1
-    view = strided[:, ::2]                       # not contiguous: written back on completion
+    view = strided[:, ::2]  # not contiguous: written back on completion
     hvd.allreduce_(view, op=hvd.Sum, name="strided")
     unnamed = [hvd.allreduce(np.ones(2) * r, op=hvd.Max) for _ in range(3)]
     hvd.barrier()

@@ -2,6 +2,7 @@
 transport and store over real loopback sockets and the algorithms over the
 real transport, with ranks as threads. They build in the CMake tree build/
 that `make install` creates."""
+
 import glob
 import os
 import subprocess
@@ -10,15 +11,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
-PROGRAMS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "tests/cpp/test_*.cc")))
+PROGRAMS = sorted(
+    os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "tests/cpp/test_*.cc"))
+)
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_cpp_program(program):
     if not os.path.exists(os.path.join(BUILD, "CMakeCache.txt")):
         pytest.skip("the CMake build tree build/ is missing: run `make install` first")
-    build = subprocess.run(["cmake", "--build", BUILD, "--target", program, "-j", "2"], capture_output=True,
-                           text=True, timeout=600)
+    build = subprocess.run(
+        ["cmake", "--build", BUILD, "--target", program, "-j", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     run = subprocess.run([os.path.join(BUILD, program)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]

@@ -1,14 +1,15 @@
 """Bad input and faults: every rank gets a clear error, never a hang."""
+
 import os
 import time
 
 import numpy as np
-
 from helpers import run_ranks, spawn_ranks
 
 
 def _mismatches():
     import hvdlite as hvd
+
     hvd.init()
     r = hvd.rank()
     odd = r == 2
@@ -35,8 +36,14 @@ def _mismatches():
 
 def test_mismatched_inputs_raise_on_every_rank_naming_tensor_and_ranks():
     results = run_ranks(_mismatches, 3, timeout=60)
-    names = {"shape": "m.shape", "dtype": "m.dtype", "op": "m.op", "root": "m.root", "kind": "m.kind",
-             "gather_tail": "m.tail"}
+    names = {
+        "shape": "m.shape",
+        "dtype": "m.dtype",
+        "op": "m.op",
+        "root": "m.root",
+        "kind": "m.kind",
+        "gather_tail": "m.tail",
+    }
     for errors in results:
         for case, tensor in names.items():
             assert errors[case] is not None, case
@@ -49,6 +56,7 @@ def test_mismatched_inputs_raise_on_every_rank_naming_tensor_and_ranks():
 
 def _bad_local_input():
     import hvdlite as hvd
+
     hvd.init()
     out = {}
     if hvd.rank() == 1:
@@ -92,6 +100,7 @@ def test_bad_local_input_is_a_clear_error():
 
 def _one_rank_dies(how):
     import hvdlite as hvd
+
     hvd.init()
     hvd.allreduce(np.ones(2), name="warmup")
     if hvd.rank() == 2:
@@ -133,6 +142,7 @@ def test_rank_exiting_without_shutdown_fails_the_others():
 
 def _leaves_early():
     import hvdlite as hvd
+
     hvd.init()
     if hvd.rank() == 1:
         return "left"  # returns without shutdown(): the atexit handler shuts down
@@ -154,6 +164,7 @@ def test_rank_that_returns_early_is_reported_as_shut_down():
 
 def _stall(log_path):
     import hvdlite as hvd
+
     if hvd_rank_env() == 0:  # capture the coordinator's warnings
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
@@ -182,5 +193,6 @@ def test_stalled_rank_is_warned_about_then_failed(tmp_path):
     env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "2.5"}
     results = run_ranks(_stall, 2, args=(log,), env=env, timeout=60)
     assert results[0] is not None and "'stalled'" in results[0] and "ranks 1" in results[0], results[0]
-    warnings = open(log).read()
+    with open(log) as f:
+        warnings = f.read()
     assert "Stalled tensor 'stalled'" in warnings and "ranks 1" in warnings, warnings

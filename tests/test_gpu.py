@@ -6,6 +6,7 @@ marked `gpu`, skipped elsewhere): the fusion kernels against NumPy, and a one-ra
 allreduce / broadcast through the core. Device memory comes from the module's own test
 helpers (ctypes), so no CUDA build of a framework is needed.
 """
+
 import ctypes
 import os
 import shutil
@@ -13,19 +14,27 @@ import shutil
 import ml_dtypes
 import numpy as np
 import pytest
-
-import hvdlite
 from helpers import run_ranks
 
+import hvdlite
+
 MODULE = os.path.join(os.path.dirname(hvdlite.__file__), "libhvdlite_cuda.so")
-DTYPE_CODES = {np.dtype(np.uint8): 0, np.dtype(np.int8): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3,
-               np.dtype(np.float16): 4, np.dtype(ml_dtypes.bfloat16): 5, np.dtype(np.float32): 6,
-               np.dtype(np.float64): 7}
+DTYPE_CODES = {
+    np.dtype(np.uint8): 0,
+    np.dtype(np.int8): 1,
+    np.dtype(np.int32): 2,
+    np.dtype(np.int64): 3,
+    np.dtype(np.float16): 4,
+    np.dtype(ml_dtypes.bfloat16): 5,
+    np.dtype(np.float32): 6,
+    np.dtype(np.float64): 7,
+}
 
 
 def _nccl_wheel():
     try:
         import nvidia.nccl  # noqa: F401
+
         return True
     except ImportError:
         return False
@@ -60,6 +69,7 @@ def test_module_is_built_where_nvcc_and_nccl_are():
 def _cuda_tensor_without_gpu():
     import hvdlite as hvd
     from hvdlite.common import ops
+
     hvd.init()
     x = np.ones(4, np.float32)
     out = []
@@ -96,10 +106,20 @@ class _Device:
         self.lib.hvdlite_cuda_test_malloc.restype = ctypes.c_void_p
         self.lib.hvdlite_cuda_test_malloc.argtypes = [ctypes.c_size_t]
         self.lib.hvdlite_cuda_test_free.argtypes = [ctypes.c_void_p]
-        self.lib.hvdlite_cuda_test_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.lib.hvdlite_cuda_test_copy.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+        ]
         self.lib.hvdlite_cuda_test_batched_copy.argtypes = [
-            ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),
-            ctypes.c_int, ctypes.c_int, ctypes.c_double]
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_double,
+        ]
         self.owned = []
 
     def put(self, array):
@@ -117,9 +137,14 @@ class _Device:
 
     def batched_copy(self, srcs, dsts, counts, dtype, factor):
         n = len(srcs)
-        rc = self.lib.hvdlite_cuda_test_batched_copy((ctypes.c_void_p * n)(*srcs), (ctypes.c_void_p * n)(*dsts),
-                                                     (ctypes.c_int64 * n)(*counts), n, DTYPE_CODES[np.dtype(dtype)],
-                                                     factor)
+        rc = self.lib.hvdlite_cuda_test_batched_copy(
+            (ctypes.c_void_p * n)(*srcs),
+            (ctypes.c_void_p * n)(*dsts),
+            (ctypes.c_int64 * n)(*counts),
+            n,
+            DTYPE_CODES[np.dtype(dtype)],
+            factor,
+        )
         assert rc == 0, "batched copy failed with cudaError %d" % rc
 
     def free(self):
@@ -144,7 +169,7 @@ def test_batched_pack_unpack_kernels_match_numpy(dtype):
     dev = _Device()
     try:
         rng = np.random.default_rng(3)
-        counts = [0, 1, 7, 1000, 70001] + [5] * 40          # more tensors than one kernel batch
+        counts = [0, 1, 7, 1000, 70001] + [5] * 40  # more tensors than one kernel batch
         arrays = [(rng.standard_normal(c) * 20).astype(dtype) for c in counts]
         for factor in (1.0, 0.25, 3.0):
             srcs = [dev.put(a) for a in arrays]
@@ -160,6 +185,7 @@ def test_batched_pack_unpack_kernels_match_numpy(dtype):
 def _one_rank_nccl():
     import hvdlite as hvd
     from hvdlite.common import ops
+
     hvd.init()
     dev = _Device()
     out = {}
@@ -167,9 +193,20 @@ def _one_rank_nccl():
         for dtype in (np.float32, np.float16, ml_dtypes.bfloat16, np.int32):
             arrays = [np.arange(n).astype(dtype) for n in (3, 1000)]
             ptrs = [dev.put(a) for a in arrays]
-            handles = [ops.submit(ops.ALLREDUCE, "g.%d.%s" % (i, np.dtype(dtype).name), p, DTYPE_CODES[np.dtype(dtype)],
-                                  [a.size], reduce_op=0, prescale=2.0, postscale=0.5, device=0)
-                       for i, (a, p) in enumerate(zip(arrays, ptrs))]
+            handles = [
+                ops.submit(
+                    ops.ALLREDUCE,
+                    "g.%d.%s" % (i, np.dtype(dtype).name),
+                    p,
+                    DTYPE_CODES[np.dtype(dtype)],
+                    [a.size],
+                    reduce_op=0,
+                    prescale=2.0,
+                    postscale=0.5,
+                    device=0,
+                )
+                for i, (a, p) in enumerate(zip(arrays, ptrs))
+            ]
             for h in handles:
                 ops.wait(h)
                 hvdlite._core.release(h)

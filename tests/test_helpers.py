@@ -1,17 +1,26 @@
 """Tests of tests/helpers.py itself: results, tracebacks, deaths and timeouts are reported."""
+
 import os
 import signal
 import time
 
 import pytest
-
 from helpers import run_ranks, spawn_ranks
 
 
 def _identity():
-    keys = ("HVDLITE_RANK", "HVDLITE_SIZE", "HVDLITE_LOCAL_RANK", "HVDLITE_LOCAL_SIZE",
-            "HVDLITE_CROSS_RANK", "HVDLITE_CROSS_SIZE", "HVDLITE_STORE_ADDR", "HVDLITE_SECRET",
-            "OMP_NUM_THREADS", "EXTRA")
+    keys = (
+        "HVDLITE_RANK",
+        "HVDLITE_SIZE",
+        "HVDLITE_LOCAL_RANK",
+        "HVDLITE_LOCAL_SIZE",
+        "HVDLITE_CROSS_RANK",
+        "HVDLITE_CROSS_SIZE",
+        "HVDLITE_STORE_ADDR",
+        "HVDLITE_SECRET",
+        "OMP_NUM_THREADS",
+        "EXTRA",
+    )
     return {k: os.environ.get(k) for k in keys}
 
 
@@ -35,6 +44,7 @@ def _sleep_forever():
 
 def _big_array():
     import numpy as np
+
     return np.full(4_000_000, int(os.environ["HVDLITE_RANK"]), dtype=np.int64)
 
 

@@ -3,13 +3,13 @@ one compute thread per rank) on both CPU data paths: the native ring and the mpi
 The test bodies are those of test_collectives / test_process_sets / test_runtime, run with
 their run_ranks swapped for mpi_helpers' mpirun runner. Plus what only MPI has:
 ProcessSet(comm) from mpi4py, hvdliterun --mpi, mpi_built() / mpi_enabled()."""
+
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-
 import test_collectives
 import test_process_sets
 import test_runtime
@@ -67,15 +67,18 @@ def _half_precision_random(seed):
     """float16/bfloat16 go through user-defined MPI ops: sums of random values round
     differently in different orders, so equal bytes on every rank prove one order."""
     import ml_dtypes
+
     import hvdlite as hvd
+
     hvd.init()
     rng = np.random.default_rng(seed + hvd.rank())
     out = {}
     for dtype in (np.float16, ml_dtypes.bfloat16):
         for count in (1, 3, 1001):
             x = rng.standard_normal(count).astype(dtype)
-            out[(np.dtype(dtype).name, count)] = hvd.allreduce(x, op=hvd.Sum, name="h%d" % count +
-                                                               np.dtype(dtype).name).tobytes()
+            out[(np.dtype(dtype).name, count)] = hvd.allreduce(
+                x, op=hvd.Sum, name="h%d" % count + np.dtype(dtype).name
+            ).tobytes()
     hvd.shutdown()
     return out
 
@@ -90,19 +93,23 @@ def test_half_precision_sums_are_bitwise_identical_under_mpi(size):
 def _sizes_either_side_of_the_split():
     """auto sends messages below 64 KiB through the ring and larger ones through MPI."""
     import hvdlite as hvd
+
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     sub = hvd.add_process_set([0, 1])
     out = {}
-    for count in (5, 1 << 14, 300001):                  # 20 B, exactly 64 KiB, 1.2 MB of float32
+    for count in (5, 1 << 14, 300001):  # 20 B, exactly 64 KiB, 1.2 MB of float32
         x = np.arange(count, dtype=np.float32) % 7 + r
         out[("sum", count)] = hvd.allreduce(x, op=hvd.Sum, name="s%d" % count)[:8].tolist()
         out[("bcast", count)] = float(hvd.broadcast(x, root_rank=n - 1, name="b%d" % count)[-1])
-        out[("gather", count)] = hvd.allgather(x[:count // n], name="g%d" % count).shape
-        out[("rs", count)] = hvd.reducescatter(np.ones(count, np.float32), op=hvd.Sum, name="r%d" % count).sum()
+        out[("gather", count)] = hvd.allgather(x[: count // n], name="g%d" % count).shape
+        out[("rs", count)] = hvd.reducescatter(
+            np.ones(count, np.float32), op=hvd.Sum, name="r%d" % count
+        ).sum()
         if r < 2:
-            out[("sub", count)] = hvd.allreduce(np.ones(count, np.float64), op=hvd.Sum, process_set=sub,
-                                                name="p%d" % count)[-1]
+            out[("sub", count)] = hvd.allreduce(
+                np.ones(count, np.float64), op=hvd.Sum, process_set=sub, name="p%d" % count
+            )[-1]
     out["a2a"] = hvd.alltoall(np.full((n * 3, 2), r, np.int64), name="a2a")[:, 0].tolist()
     hvd.shutdown()
     return out
@@ -125,11 +132,19 @@ def test_auto_path_gives_the_same_results_on_both_sides_of_its_split():
 
 def _identity_and_capabilities():
     import hvdlite as hvd
+
     before = hvd.mpi_enabled()
     hvd.init()
-    out = dict(before=before, built=hvd.mpi_built(), enabled=hvd.mpi_enabled(),
-               threads=hvd.mpi_threads_supported(), rank=hvd.rank(), size=hvd.size(),
-               local=(hvd.local_rank(), hvd.local_size()), env_rank=int(os.environ["OMPI_COMM_WORLD_RANK"]))
+    out = dict(
+        before=before,
+        built=hvd.mpi_built(),
+        enabled=hvd.mpi_enabled(),
+        threads=hvd.mpi_threads_supported(),
+        rank=hvd.rank(),
+        size=hvd.size(),
+        local=(hvd.local_rank(), hvd.local_size()),
+        env_rank=int(os.environ["OMPI_COMM_WORLD_RANK"]),
+    )
     hvd.shutdown()
     out["after"] = hvd.mpi_enabled()
     return out
@@ -146,23 +161,30 @@ def test_identity_comes_from_mpi_and_capabilities_tell_the_truth(cpu_ops):
 
 def test_capabilities_outside_mpi():
     import hvdlite as hvd
+
     assert hvd.mpi_built() is True
     assert hvd.mpi_enabled() is False
-    assert hvd.gloo_built() is True        # issue 4: gloo_* report the native ring backend
+    assert hvd.gloo_built() is True  # issue 4: gloo_* report the native ring backend
     assert hvd.nccl_built() == bool(hvd._core.build_info()["nccl"])
 
 
 def _comm_process_sets():
     from mpi4py import MPI
+
     import hvdlite as hvd
+
     world = MPI.COMM_WORLD
-    halves = hvd.ProcessSet(world.Split(world.rank % 2, world.rank))     # differs per rank, as in Horovod
+    halves = hvd.ProcessSet(world.Split(world.rank % 2, world.rank))  # differs per rank, as in Horovod
     hvd.init(process_sets=[halves])
     everyone = hvd.add_process_set(hvd.ProcessSet(world))
-    out = {"halves": halves.ranks, "everyone": everyone.ranks, "rank_in": halves.rank(),
-           "sum": hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, process_set=halves).tolist(),
-           "all": hvd.allreduce(np.array([1.0]), op=hvd.Sum, process_set=everyone).tolist(),
-           "mpi4py_too": world.allreduce(1)}   # the user's own MPI traffic beside hvdlite's
+    out = {
+        "halves": halves.ranks,
+        "everyone": everyone.ranks,
+        "rank_in": halves.rank(),
+        "sum": hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, process_set=halves).tolist(),
+        "all": hvd.allreduce(np.array([1.0]), op=hvd.Sum, process_set=everyone).tolist(),
+        "mpi4py_too": world.allreduce(1),
+    }  # the user's own MPI traffic beside hvdlite's
     assert hvd.remove_process_set(halves) and hvd.remove_process_set(everyone)
     out["after"] = hvd.allreduce(np.array([1.0]), op=hvd.Sum).tolist()
     hvd.shutdown()
@@ -182,13 +204,16 @@ def test_process_set_from_mpi4py_communicator(cpu_ops):
 
 def test_process_set_from_comm_needs_an_mpi_job():
     from helpers import run_ranks
+
     for err in run_ranks(_comm_set_without_mpirun, 1, timeout=60):
         assert "mpirun" in err
 
 
 def _comm_set_without_mpirun():
     from mpi4py import MPI
+
     import hvdlite as hvd
+
     hvd.init()
     try:
         hvd.add_process_set(hvd.ProcessSet(MPI.COMM_WORLD))
@@ -201,23 +226,46 @@ def _comm_set_without_mpirun():
 
 def test_mpi_backend_needs_an_mpi_launcher():
     from helpers import spawn_ranks
-    results = spawn_ranks(test_collectives._other_collectives, 2, timeout=60,
-                          env={"HVDLITE_CPU_OPERATIONS": "mpi"})
+
+    results = spawn_ranks(
+        test_collectives._other_collectives, 2, timeout=60, env={"HVDLITE_CPU_OPERATIONS": "mpi"}
+    )
     for r in results:
         assert r.exitcode != 0 and "launched by mpirun" in r.traceback
 
 
 def test_hvdliterun_mpi_launches_through_mpirun():
-    code = ("import numpy as np, hvdlite as hvd; hvd.init(); "
-            "print('sum', hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name='x')[0], hvd.rank(), "
-            "hvd.size(), hvd.mpi_enabled()); hvd.shutdown()")
+    code = (
+        "import numpy as np, hvdlite as hvd; hvd.init(); "
+        "print('sum', hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name='x')[0], hvd.rank(), "
+        "hvd.size(), hvd.mpi_enabled()); hvd.shutdown()"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_", "OMPI_"))}
-    res = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "--mpi", "-np", "2", sys.executable, "-c",
-                          code], env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "hvdlite.runner.launch", "--mpi", "-np", "2", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
-    lines = sorted(l for l in res.stdout.splitlines() if "<stdout>:" in l)
+    lines = sorted(line for line in res.stdout.splitlines() if "<stdout>:" in line)
     assert lines == ["[0]<stdout>:sum 3.0 0 2 True", "[1]<stdout>:sum 3.0 1 2 True"], res.stdout
-    failing = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "--mpi", "-np", "2", sys.executable,
-                              "-c", "import sys; sys.exit(3)"], env=env, capture_output=True, text=True,
-                             timeout=120)
+    failing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvdlite.runner.launch",
+            "--mpi",
+            "-np",
+            "2",
+            sys.executable,
+            "-c",
+            "import sys; sys.exit(3)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert failing.returncode == 3, failing.stdout + failing.stderr

@@ -1,19 +1,24 @@
 """Process sets: collectives on subgroups involve only their members, and
 collectives submitted in different orders on different ranks still match."""
-import numpy as np
 
+import numpy as np
 from helpers import run_ranks
 
 
 def _subgroups():
     import hvdlite as hvd
+
     hvd.init()
     r = hvd.rank()
     even = hvd.add_process_set([0, 2])
     odd = hvd.add_process_set(hvd.ProcessSet([1, 3]))
     mine = even if r % 2 == 0 else odd
-    out = {"ids": (even.process_set_id, odd.process_set_id), "size": mine.size(), "rank_in": mine.rank(),
-           "included": (even.included(), odd.included())}
+    out = {
+        "ids": (even.process_set_id, odd.process_set_id),
+        "size": mine.size(),
+        "rank_in": mine.rank(),
+        "included": (even.included(), odd.included()),
+    }
     # interleave subgroup and global collectives, submitted in a rank-dependent order
     hs = []
     order = [0, 1, 2] if r < 2 else [2, 1, 0]
@@ -21,8 +26,14 @@ def _subgroups():
         if i == 1:
             hs.append(("g", hvd.allreduce_async(np.full(3, r, np.float32), op=hvd.Sum, name="global")))
         else:
-            hs.append(("s%d" % i, hvd.allreduce_async(np.full(2, r, np.float32), op=hvd.Sum, name="sub%d" % i,
-                                                       process_set=mine)))
+            hs.append(
+                (
+                    "s%d" % i,
+                    hvd.allreduce_async(
+                        np.full(2, r, np.float32), op=hvd.Sum, name="sub%d" % i, process_set=mine
+                    ),
+                )
+            )
     out["results"] = {k: hvd.synchronize(h).tolist() for k, h in hs}
     out["gather"] = hvd.allgather(np.array([r]), process_set=mine).tolist()
     out["bcast"] = hvd.broadcast(np.array([r, r]), root_rank=mine.ranks[-1], process_set=mine).tolist()
@@ -66,12 +77,15 @@ def test_process_sets_on_four_ranks():
 
 def _reversed_order():
     import hvdlite as hvd
+
     hvd.init()
     names = ["t%d" % i for i in range(30)]
     if hvd.rank() == 1:
         names.reverse()
-    handles = {n: hvd.allreduce_async(np.full(50 + int(n[1:]), int(n[1:]), np.int64), op=hvd.Sum, name=n)
-               for n in names}
+    handles = {
+        n: hvd.allreduce_async(np.full(50 + int(n[1:]), int(n[1:]), np.int64), op=hvd.Sum, name=n)
+        for n in names
+    }
     out = {n: hvd.synchronize(h) for n, h in handles.items()}
     hvd.shutdown()
     return {n: (v.shape[0], int(v[0])) for n, v in out.items()}
@@ -84,6 +98,7 @@ def test_ranks_submitting_in_opposite_orders_agree():
 
 def _mismatched_add():
     import hvdlite as hvd
+
     hvd.init()
     try:
         hvd.add_process_set([0, 1] if hvd.rank() == 0 else [0, 2])

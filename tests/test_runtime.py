@@ -1,16 +1,17 @@
 """Runtime life cycle, configuration and idleness."""
+
 import os
 import resource
 import time
 
 import numpy as np
 import pytest
-
 from helpers import run_ranks
 
 
 def _reinit():
     import hvdlite as hvd
+
     out = []
     for i in range(3):
         hvd.init()
@@ -33,8 +34,11 @@ def test_init_after_shutdown_starts_a_new_session():
 def test_single_process_without_launcher():
     import subprocess
     import sys
-    code = ("import numpy as np, hvdlite as hvd; hvd.init(); "
-            "print(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.allreduce(np.ones(3)).tolist()); hvd.shutdown()")
+
+    code = (
+        "import numpy as np, hvdlite as hvd; hvd.init(); "
+        "print(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.allreduce(np.ones(3)).tolist()); hvd.shutdown()"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -43,6 +47,7 @@ def test_single_process_without_launcher():
 
 def _idle_cpu(seconds):
     import hvdlite as hvd
+
     hvd.init()
     hvd.allreduce(np.ones(1000), name="warm")
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -60,6 +65,7 @@ def test_idle_rank_uses_well_under_one_percent_of_a_core():
 
 def _init_error():
     import hvdlite as hvd
+
     try:
         hvd.init()
         return None
@@ -82,8 +88,11 @@ def test_missing_store_address_is_a_clear_error():
 
 def _fusion_many_small():
     import hvdlite as hvd
+
     hvd.init()
-    handles = [hvd.allreduce_async(np.full(i + 1, hvd.rank() + 1.0), op=hvd.Sum, name="f%d" % i) for i in range(200)]
+    handles = [
+        hvd.allreduce_async(np.full(i + 1, hvd.rank() + 1.0), op=hvd.Sum, name="f%d" % i) for i in range(200)
+    ]
     out = [hvd.synchronize(h) for h in handles]
     hvd.shutdown()
     return all(o.tolist() == [3.0] * (i + 1) for i, o in enumerate(out))
@@ -96,21 +105,26 @@ def test_fusion_threshold_settings_give_identical_results(threshold):
 
 def test_settings_table_declares_each_variable_once_with_doc():
     from hvdlite.common import settings
+
     names = [s.name for s in settings.SETTINGS]
     assert len(names) == len(set(names))
     assert all(s.doc and s.type in ("int", "float", "bool", "str") for s in settings.SETTINGS)
     assert settings.get("FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD": "5"}) == 5
-    assert settings.get("FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD": "5", "HVDLITE_FUSION_THRESHOLD": "7"}) == 7
+    assert (
+        settings.get("FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD": "5", "HVDLITE_FUSION_THRESHOLD": "7"})
+        == 7
+    )
     assert "HVD_SETTING(FUSION_THRESHOLD, int64_t" in settings.cpp_header()
 
 
 def _uneven_batches():
     import hvdlite as hvd
+
     hvd.init()
     r = hvd.rank()
-    batches = 2 + 2 * r                      # rank 0 runs out of data first
+    batches = 2 + 2 * r  # rank 0 runs out of data first
     sums, gathered = [], []
-    for step in range(batches):
+    for _step in range(batches):
         sums.append(hvd.allreduce(np.full(3, r + 1.0), op=hvd.Sum, name="grad").tolist())
         gathered.append(hvd.allgather(np.full((1, 2), r), name="rows").shape[0])
     maxes = None
@@ -138,8 +152,8 @@ def test_join_lets_ranks_with_fewer_batches_finish():
         assert last == 2
         assert after == "ok"
         # steps 0-1: all 3 ranks; steps 2-3: ranks 1 and 2; steps 4-5: rank 2 alone
-        want = [6.0, 6.0, 5.0, 5.0, 3.0, 3.0][:len(sums)]
+        want = [6.0, 6.0, 5.0, 5.0, 3.0, 3.0][: len(sums)]
         assert [s[0] for s in sums] == want
-        assert gathered == [3, 3, 2, 2, 1, 1][:len(gathered)]
+        assert gathered == [3, 3, 2, 2, 1, 1][: len(gathered)]
         if r == 2:
             assert maxes == [-5.0, -5.0, 7, True]

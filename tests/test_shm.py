@@ -3,6 +3,7 @@ it is chosen automatically (HVDLITE_SHM_DISABLE=1 falls back to TCP), every coll
 correct over it, a rank killed during a transfer is reported promptly, and no segment is
 left in /dev/shm after a job, even a killed one. (test_collectives.py runs the full
 dtype/op/count matrix, over shared memory too since its ranks share a host.)"""
+
 import hashlib
 import hmac
 import os
@@ -11,7 +12,6 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers import run_ranks, spawn_ranks
 
 
@@ -34,6 +34,7 @@ def _capture_stderr(path):
 def _every_collective(log_dir):
     _capture_stderr(os.path.join(log_dir, "rank%s.err" % os.environ["HVDLITE_RANK"]))
     import hvdlite as hvd
+
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     out = {"tag": _job_tag()}
@@ -61,16 +62,19 @@ def _expected(kind, count, r, n):
         return xs[n - 1].tobytes()
     rows = [(np.arange(n * (count // 4 + 1)) * (q + 1)).astype(np.float64).reshape(n, -1) for q in range(n)]
     if kind == "alltoall":
-        return np.concatenate([rows[q][r:r + 1] for q in range(n)]).tobytes()
+        return np.concatenate([rows[q][r : r + 1] for q in range(n)]).tobytes()
     total = np.sum(rows, axis=0)
-    return total[r:r + 1].tobytes()
+    return total[r : r + 1].tobytes()
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 @pytest.mark.parametrize("disable", [False, True])
 def test_every_collective_over_shm_or_tcp(size, disable, tmp_path):
-    env = {"HVDLITE_LOG_LEVEL": "debug", "HVDLITE_SHM_DISABLE": "1" if disable else None,
-           "HVDLITE_SHM_CHANNEL_BYTES": str(256 * 1024)}
+    env = {
+        "HVDLITE_LOG_LEVEL": "debug",
+        "HVDLITE_SHM_DISABLE": "1" if disable else None,
+        "HVDLITE_SHM_CHANNEL_BYTES": str(256 * 1024),
+    }
     results = run_ranks(_every_collective, size, args=(str(tmp_path),), env=env, timeout=120)
     for r, out in enumerate(results):
         for key, got in out.items():
@@ -85,6 +89,7 @@ def test_every_collective_over_shm_or_tcp(size, disable, tmp_path):
 
 def _killed_during_transfer(victim):
     import hvdlite as hvd
+
     hvd.init()
     tag = _job_tag()
     big = np.ones(8 * 1024 * 1024, np.float32)  # 32 MiB: many ring slots per step
@@ -121,6 +126,7 @@ def test_rank_killed_during_shm_transfer_is_reported_promptly_and_leaves_nothing
 
 def test_launcher_removes_segments_a_killed_init_left_behind():
     from hvdlite.runner.launch import remove_shm_leftovers
+
     secret = os.urandom(32)
     tag = "hvdlite-" + hmac.new(secret, b"hvdlite-shm-segment", hashlib.sha256).hexdigest()[:16]
     other = "hvdlite-0123456789abcdef-e1_r0"

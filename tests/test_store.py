@@ -5,6 +5,7 @@ Wire protocol (csrc/rendezvous/tcp_store.h): the server sends b"HVDS" + a 32-byt
 client answers HMAC-SHA256(secret, nonce + b"hvdlite-store-v1") and gets b"\\x01"; then frames
 [u8 op][u32 key_len][key][u32 val_len][val] (little-endian), op 1 = set, 2 = get, 3 = add.
 """
+
 import hashlib
 import hmac
 import os
@@ -13,17 +14,17 @@ import struct
 
 import numpy as np
 import pytest
-
 from helpers import run_ranks
 
 MAGIC, NONCE_LEN, CONTEXT = b"HVDS", 32, b"hvdlite-store-v1"
 SET, GET = 1, 2
-AUTH_TIMEOUT_S = 5.0   # the server drops a client that has not proved the secret by then
+AUTH_TIMEOUT_S = 5.0  # the server drops a client that has not proved the secret by then
 
 
 @pytest.fixture
 def store():
     from hvdlite import _core
+
     secret = os.urandom(32)
     server = _core.TcpStoreServer("127.0.0.1", 0, secret)
     yield server, secret
@@ -89,7 +90,7 @@ def dropped(sock, timeout=AUTH_TIMEOUT_S + 10):
             received += chunk
     except ConnectionResetError:
         pass
-    except socket.timeout:
+    except TimeoutError:
         return False
     assert len(received) <= len(MAGIC) + NONCE_LEN, "a stranger got more than the challenge"
     return True
@@ -126,8 +127,9 @@ def test_challenge_is_fresh_and_the_secret_admits(store):
         assert call(sock, GET, b"missing")[0] == 1
 
 
-@pytest.mark.parametrize("payload", [struct.pack("<BI", SET, 0xFFFFFFFF), b"\xff" * 16],
-                         ids=["huge-key-length", "unknown-op"])
+@pytest.mark.parametrize(
+    "payload", [struct.pack("<BI", SET, 0xFFFFFFFF), b"\xff" * 16], ids=["huge-key-length", "unknown-op"]
+)
 def test_an_admitted_client_sending_garbage_is_dropped(store, payload):
     server, secret = store
     with admitted(server.port, secret) as bad, admitted(server.port, secret) as good:
@@ -145,6 +147,7 @@ def test_a_silent_stranger_is_dropped_after_the_auth_timeout(store):
 
 def _allreduce_job():
     import hvdlite as hvd
+
     hvd.init()
     try:
         x = np.arange(7, dtype=np.float32) * (hvd.rank() + 1)
@@ -155,14 +158,13 @@ def _allreduce_job():
 
 def test_a_job_works_beside_and_after_strangers(store):
     server, secret = store
-    for payload in STRANGERS.values():             # strangers that came and went
+    for payload in STRANGERS.values():  # strangers that came and went
         with connect(server.port) as sock:
             if payload is not None:
                 send_quietly(sock, payload)
-    silent = [connect(server.port) for _ in range(8)]   # and some that stay, saying nothing
+    silent = [connect(server.port) for _ in range(8)]  # and some that stay, saying nothing
     try:
-        env = {"HVDLITE_STORE_ADDR": "127.0.0.1:%d" % server.port,
-               "HVDLITE_SECRET": secret.hex()}
+        env = {"HVDLITE_STORE_ADDR": "127.0.0.1:%d" % server.port, "HVDLITE_SECRET": secret.hex()}
         out = run_ranks(_allreduce_job, 2, env=env, timeout=60)
     finally:
         for sock in silent:
@@ -174,6 +176,7 @@ def test_a_job_works_beside_and_after_strangers(store):
 
 def test_stop_is_idempotent_and_closes_the_port():
     from hvdlite import _core
+
     server = _core.TcpStoreServer("127.0.0.1", 0, os.urandom(32))
     port = server.port
     server.stop()

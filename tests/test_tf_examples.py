@@ -1,10 +1,10 @@
 """The TensorFlow examples run end to end under hvdliterun (short settings)."""
+
 import os
 import re
 import sys
 
 import pytest
-
 from test_torch_examples import REPO, _launch, run_readme_tour
 
 
@@ -13,7 +13,7 @@ def test_tensorflow_digits_learns(script):
     out = _launch(REPO / "examples" / script, "--epochs", "3")
     accuracy = float(re.search(r"\[0\]<stdout>:test accuracy ([0-9.]+) on 2 ranks", out).group(1))
     assert accuracy > 0.8, out
-    assert "[1]<stdout>:" not in out   # only rank 0 prints
+    assert "[1]<stdout>:" not in out  # only rank 0 prints
 
 
 def test_e2e_tf_benchmark_row_runs():
@@ -34,13 +34,21 @@ def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path):
 def test_torch_and_tensorflow_in_one_process():
     """Both adapters import together (torch 2.13 and TensorFlow 2.21) and share one runtime."""
     import subprocess
-    code = ("import torch, tensorflow as tf\n"
-            "import hvdlite.torch as ht, hvdlite.tensorflow as hf\n"
-            "hf.init()\n"
-            "a = ht.allreduce(torch.ones(3), op=ht.Sum)\n"
-            "b = hf.allreduce(tf.ones([3]), op=hf.Sum)\n"
-            "assert a.tolist() == b.numpy().tolist() == [1.0] * 3\n"
-            "print('ok', torch.__version__, tf.__version__)\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+    code = (
+        "import torch, tensorflow as tf\n"
+        "import hvdlite.torch as ht, hvdlite.tensorflow as hf\n"
+        "hf.init()\n"
+        "a = ht.allreduce(torch.ones(3), op=ht.Sum)\n"
+        "b = hf.allreduce(tf.ones([3]), op=hf.Sum)\n"
+        "assert a.tolist() == b.numpy().tolist() == [1.0] * 3\n"
+        "print('ok', torch.__version__, tf.__version__)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert res.returncode == 0 and "ok 2.13" in res.stdout, res.stdout + res.stderr

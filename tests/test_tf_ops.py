@@ -2,12 +2,12 @@
 dtype against a NumPy reference, eagerly and inside tf.function, grouped
 forms, compression, IndexedSlices, process sets and error cases. One job per
 world size runs every check (TensorFlow's import dominates)."""
+
 import numpy as np
 import pytest
-
 from helpers import run_ranks
 
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}   # TensorFlow's start-up chatter off in the ranks
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}  # TensorFlow's start-up chatter off in the ranks
 
 DTYPES = ["uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
@@ -34,15 +34,23 @@ def _allreduce_checks(hvd, tf, graph):
     cases = [(dtype, op, shape) for dtype in DTYPES for op in OPS for shape in SHAPES]
 
     def run():
-        return [hvd.allreduce(tf.cast(_values(d, op, shape, hvd.rank()), getattr(tf, d)), op=getattr(hvd, op),
-                              name="ar.%s.%s.%s" % (d, op, shape)) for d, op, shape in cases]
+        return [
+            hvd.allreduce(
+                tf.cast(_values(d, op, shape, hvd.rank()), getattr(tf, d)),
+                op=getattr(hvd, op),
+                name="ar.%s.%s.%s" % (d, op, shape),
+            )
+            for d, op, shape in cases
+        ]
 
     outs = tf.function(run)() if graph else run()
     result = {}
     for (dtype, op, shape), y in zip(cases, outs):
         assert y.dtype == getattr(tf, dtype) and tuple(y.shape) == shape, (dtype, op, shape)
         want = _reference(op, shape, hvd.size(), not y.dtype.is_floating)
-        np.testing.assert_allclose(tf.cast(y, tf.float64).numpy(), want, rtol=1e-2, err_msg=str((dtype, op, shape)))
+        np.testing.assert_allclose(
+            tf.cast(y, tf.float64).numpy(), want, rtol=1e-2, err_msg=str((dtype, op, shape))
+        )
         result[(dtype, op, shape)] = y.numpy().tobytes()
     return result
 
@@ -60,8 +68,9 @@ def _other_compute(hvd, tf):
         tf_dtype = getattr(tf, dtype)
         out["ag." + dtype] = hvd.allgather(tf.cast(_part(r), tf_dtype), name="ag.%s" % dtype)
         for root in range(n):
-            out["bc.%s.%d" % (dtype, root)] = hvd.broadcast(tf.cast((np.arange(11) + root * 3 + r) % 5, tf_dtype), root,
-                                                   name="bc.%s.%d" % (dtype, root))
+            out["bc.%s.%d" % (dtype, root)] = hvd.broadcast(
+                tf.cast((np.arange(11) + root * 3 + r) % 5, tf_dtype), root, name="bc.%s.%d" % (dtype, root)
+            )
         even = tf.cast(np.arange(2 * n * 3).reshape(2 * n, 3) + 100 * r, tf_dtype)
         out["a2a." + dtype] = hvd.alltoall(even, name="a2a.%s" % dtype)
         if dtype != "bool":
@@ -80,12 +89,16 @@ def _other_checks(hvd, tf, graph):
         tf_dtype = getattr(tf, dtype)
         got = out["ag." + dtype]
         assert got.dtype == tf_dtype
-        np.testing.assert_array_equal(got.numpy(), tf.cast(np.concatenate([_part(k) for k in range(n)]), tf_dtype))
+        np.testing.assert_array_equal(
+            got.numpy(), tf.cast(np.concatenate([_part(k) for k in range(n)]), tf_dtype)
+        )
         for root in range(n):
             want = tf.cast((np.arange(11) + root * 4) % 5, tf_dtype).numpy()
             np.testing.assert_array_equal(out["bc.%s.%d" % (dtype, root)].numpy(), want)
         got, received = out["a2a." + dtype]
-        want = np.concatenate([np.arange(2 * n * 3).reshape(2 * n, 3)[2 * r:2 * r + 2] + 100 * k for k in range(n)])
+        want = np.concatenate(
+            [np.arange(2 * n * 3).reshape(2 * n, 3)[2 * r : 2 * r + 2] + 100 * k for k in range(n)]
+        )
         np.testing.assert_array_equal(got.numpy(), tf.cast(want, tf_dtype).numpy())
         assert received.numpy().tolist() == [2] * n
         if dtype != "bool":
@@ -95,7 +108,9 @@ def _other_checks(hvd, tf, graph):
     got, received = out["a2a_splits"]
     want_rows = [(j + r) % 3 for j in range(n)]
     assert received.dtype == tf.int32 and received.numpy().tolist() == want_rows
-    assert got[:, 0].numpy().tolist() == np.repeat(r * 100 + np.arange(n), want_rows).astype(np.float32).tolist()
+    assert (
+        got[:, 0].numpy().tolist() == np.repeat(r * 100 + np.arange(n), want_rows).astype(np.float32).tolist()
+    )
 
 
 def _grouped_and_options(hvd, tf):
@@ -129,15 +144,18 @@ def _error_checks(hvd, tf):
     r = hvd.rank()
     errors = {}
     for key, call in [
-            ("dtype", lambda: hvd.allreduce(tf.constant(["a"]))),
-            ("shape", lambda: hvd.allreduce(tf.ones([2 + r]), name="mismatch")),
-            ("scalar_a2a", lambda: hvd.alltoall(tf.constant(1.0))),
-            ("predivide", lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum,
-                                                              gradient_predivide_factor=2.0))]:
+        ("dtype", lambda: hvd.allreduce(tf.constant(["a"]))),
+        ("shape", lambda: hvd.allreduce(tf.ones([2 + r]), name="mismatch")),
+        ("scalar_a2a", lambda: hvd.alltoall(tf.constant(1.0))),
+        (
+            "predivide",
+            lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum, gradient_predivide_factor=2.0),
+        ),
+    ]:
         try:
             call()
             errors[key] = None
-        except Exception as exc:  # noqa: BLE001 - the type is what is checked
+        except Exception as exc:
             errors[key] = (type(exc).__name__, isinstance(exc, (hvd.HvdliteError, ValueError)))
     return errors
 
@@ -163,7 +181,9 @@ def _join_adasum_and_queries(hvd, tf):
 
 def _job():
     import tensorflow as tf
+
     import hvdlite.tensorflow as hvd
+
     tf.get_logger().setLevel("ERROR")
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)

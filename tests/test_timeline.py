@@ -1,12 +1,12 @@
 """The Chrome-trace timeline: HVDLITE_TIMELINE, hvdliterun --timeline-filename,
 and start_timeline()/stop_timeline() at run time."""
+
 import json
 import os
 import subprocess
 import sys
 
 import numpy as np
-
 from helpers import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,6 +23,7 @@ def _events(path):
 
 def _workload():
     import hvdlite as hvd
+
     hvd.init()
     handles = [hvd.allreduce_async(np.ones(1000, np.float32), name="grad.%d" % i) for i in range(8)]
     for h in handles:
@@ -52,11 +53,12 @@ def test_timeline_from_environment_records_each_phase(tmp_path):
 
 def _start_stop(first, second):
     import hvdlite as hvd
+
     hvd.init()
     hvd.allreduce(np.ones(2), name="before")
     hvd.start_timeline(first)
     hvd.allreduce(np.ones(2), name="during")
-    hvd.start_timeline(second, mark_cycles=True)   # switches files
+    hvd.start_timeline(second, mark_cycles=True)  # switches files
     hvd.allreduce(np.ones(2), name="switched")
     hvd.stop_timeline()
     hvd.allreduce(np.ones(2), name="after")
@@ -78,9 +80,27 @@ def test_start_and_stop_timeline_at_run_time(tmp_path):
 
 def test_hvdliterun_timeline_filename(tmp_path):
     path = str(tmp_path / "run.json")
-    script = "import numpy as np, hvdlite as hvd; hvd.init(); hvd.allreduce(np.ones(4), name='x'); hvd.shutdown()"
-    out = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", "--timeline-filename", path,
-                          sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    script = (
+        "import numpy as np, hvdlite as hvd; hvd.init(); hvd.allreduce(np.ones(4), name='x'); hvd.shutdown()"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvdlite.runner.launch",
+            "-np",
+            "2",
+            "--timeline-filename",
+            path,
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     rows, spans, _ = _events(path)
     assert "x" in rows.values() and any(phase == "ALLREDUCE" for _, phase, _ in spans)

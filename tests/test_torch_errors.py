@@ -1,30 +1,34 @@
 """Errors from hvdlite.torch: raised as Horovod raises them (RuntimeError
 subclasses; ValueError / NotImplementedError where Horovod uses those), on
 every rank, and the job goes on working afterwards."""
+
 import time
 
 import torch
-
 from helpers import run_ranks
 
 
 def _catch(fn):
     try:
         fn()
-    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+    except Exception as e:
         return type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)
     return None
 
 
 def _error_cases():
     import hvdlite.torch as hvd
+
     torch.set_num_threads(1)
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     out = {
         "shape": _catch(lambda: hvd.allreduce(torch.ones(r + 1), name="bad.shape")),
-        "dtype": _catch(lambda: hvd.allreduce(torch.ones(2, dtype=torch.float32 if r else torch.float64),
-                                              name="bad.dtype")),
+        "dtype": _catch(
+            lambda: hvd.allreduce(
+                torch.ones(2, dtype=torch.float32 if r else torch.float64), name="bad.dtype"
+            )
+        ),
         "allgather_dims": _catch(lambda: hvd.allgather(torch.ones(2, r + 1), name="bad.gather")),
         "root": _catch(lambda: hvd.broadcast(torch.ones(2), root_rank=n, name="bad.root")),
         "root_mismatch": _catch(lambda: hvd.broadcast(torch.ones(2), root_rank=r, name="bad.root2")),
@@ -38,7 +42,7 @@ def _error_cases():
         "bad_params": _catch(lambda: hvd.broadcast_parameters(torch.ones(2), 0)),
     }
     if r != 0:
-        time.sleep(1.0)        # keeps rank 0's first "dup" in flight while it submits the second
+        time.sleep(1.0)  # keeps rank 0's first "dup" in flight while it submits the second
     handle = hvd.allreduce_async_(torch.ones(3), name="dup")
     out["duplicate"] = _catch(lambda: hvd.allreduce_async_(torch.ones(3), name="dup")) if r == 0 else None
     hvd.synchronize(handle)
@@ -73,7 +77,9 @@ def test_error_cases_raise_horovod_style_and_job_survives():
 
 def _numpy_adasum():
     import numpy as np
+
     import hvdlite as hvd
+
     hvd.init()
     a = np.array([1.0, 0.0, 2.0]) if hvd.rank() == 0 else np.array([0.0, 3.0, 2.0])
     out = hvd.allreduce(a, op=hvd.Adasum, name="ada")
@@ -83,6 +89,7 @@ def _numpy_adasum():
 
 def test_adasum_allreduce_on_numpy_matches_the_formula():
     import numpy as np
+
     a, b = np.array([1.0, 0.0, 2.0]), np.array([0.0, 3.0, 2.0])
     dot = a @ b
     want = (1 - dot / (2 * (a @ a))) * a + (1 - dot / (2 * (b @ b))) * b

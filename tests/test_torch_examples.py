@@ -1,4 +1,5 @@
 """The PyTorch examples run end to end under hvdliterun (short settings)."""
+
 import re
 import subprocess
 import sys
@@ -8,8 +9,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _launch(*script_args):
-    res = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable]
-                         + [str(a) for a in script_args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable]
+        + [str(a) for a in script_args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -18,19 +25,20 @@ def test_pytorch_digits_learns():
     out = _launch(REPO / "examples" / "pytorch_digits.py", "--epochs", "3")
     accuracy = float(re.search(r"\[0\]<stdout>:test accuracy ([0-9.]+) on 2 ranks", out).group(1))
     assert accuracy > 0.8, out
-    assert "epoch  3" in out and "[1]<stdout>:" not in out   # only rank 0 prints
+    assert "epoch  3" in out and "[1]<stdout>:" not in out  # only rank 0 prints
 
 
 def test_pytorch_synthetic_benchmark_reports_rates():
-    out = _launch(REPO / "examples" / "pytorch_synthetic_benchmark.py", "--num-iters", "2",
-                  "--num-warmup-batches", "1")
+    out = _launch(
+        REPO / "examples" / "pytorch_synthetic_benchmark.py", "--num-iters", "2", "--num-warmup-batches", "1"
+    )
     assert re.search(r"Total img/sec on 2 rank\(s\): [0-9.]+", out), out
 
 
 def run_readme_tour(heading, tmp_path):
     """Runs the first python block after README's `heading` on 2 ranks; checks both finish."""
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index(heading):]
+    section = readme[readme.index(heading) :]
     tour = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     script = tmp_path / "tour.py"
     script.write_text(tour + "\nimport os; print('tour done', os.environ['HVDLITE_RANK'])\n")

@@ -1,25 +1,27 @@
 """hvd.join() with uneven batches (a DistributedOptimizer training run where
 ranks have different numbers of batches finishes without deadlock), and
 start_timeline / stop_timeline from hvdlite.torch."""
+
 import json
 
 import torch
-
 from helpers import run_ranks
 from torch_wire import from_wire, to_wire
 
 
 def _uneven_training():
     import hvdlite.torch as hvd
+
     torch.set_num_threads(1)
     hvd.init()
     r = hvd.rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    batches = 2 + 2 * r                                  # rank 0 runs out first
+    batches = 2 + 2 * r  # rank 0 runs out first
     g = torch.Generator().manual_seed(r)
     for _ in range(batches):
         opt.zero_grad()
@@ -27,7 +29,7 @@ def _uneven_training():
         opt.step()
     gathered = hvd.allgather(torch.tensor([[r]])).tolist() if r == hvd.size() - 1 else None
     last = hvd.join()
-    hvd.broadcast_parameters(model.state_dict(), root_rank=last)   # Horovod's pattern after join
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)  # Horovod's pattern after join
     out = {"last": last, "batches": batches, "params": dict(model.state_dict()), "gathered": gathered}
     hvd.shutdown()
     return to_wire(out)
@@ -39,16 +41,18 @@ def test_join_with_uneven_batches():
         assert res["last"] == 2
         for key, value in results[2]["params"].items():
             assert torch.equal(res["params"][key], value), key
-    assert results[2]["gathered"] == [[2]]                # joined ranks contribute no rows
+    assert results[2]["gathered"] == [[2]]  # joined ranks contribute no rows
 
 
 def _timeline(path):
     import hvdlite.torch as hvd
+
     hvd.init()
     hvd.start_timeline(path)
     model = torch.nn.Linear(3, 1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     model(torch.ones(2, 3)).sum().backward()
     opt.step()
     hvd.stop_timeline()

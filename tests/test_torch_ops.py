@@ -1,15 +1,23 @@
 """hvdlite.torch collectives on 1-4 real processes: every op x dtype x shape
 against a reference computed here, bitwise-identical results across ranks,
 async / in-place / grouped forms, non-contiguous tensors and process sets."""
+
 import numpy as np
 import pytest
 import torch
-
 from helpers import run_ranks
 from torch_wire import from_wire, to_wire
 
-DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
-          torch.float64]
+DTYPES = [
+    torch.uint8,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
 SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4)]
 
@@ -79,8 +87,11 @@ def _other_collectives(hvd):
         for root in range(n):
             y = ((torch.arange(11) + root * 3 + r) % 5).to(dtype)
             out[("broadcast", str(dtype), root)] = hvd.broadcast(y, root, name="bc.%s.%d" % (dtype, root))
-        even = (torch.arange(2 * n * 3).reshape(2 * n, 3) + 100 * r).to(dtype) if dtype != torch.bool else \
-            torch.ones(2 * n, 3, dtype=torch.bool)
+        even = (
+            (torch.arange(2 * n * 3).reshape(2 * n, 3) + 100 * r).to(dtype)
+            if dtype != torch.bool
+            else torch.ones(2 * n, 3, dtype=torch.bool)
+        )
         out[("alltoall", str(dtype))] = hvd.alltoall(even, name="a2a.%s" % dtype)
         if dtype != torch.bool:
             rs = torch.full((2 * n + 1, 2), r + 1).to(dtype)
@@ -96,6 +107,7 @@ def _other_collectives(hvd):
 def _all_collectives():
     """One job per world size runs every part (process start-up dominates)."""
     import hvdlite.torch as hvd
+
     torch.set_num_threads(1)
     hvd.init()
     out = {"allreduce": _allreduce_matrix(hvd), "other": _other_collectives(hvd)}
@@ -108,30 +120,41 @@ def _all_collectives():
 def _check_other(results, size):
     n = size
     for dtype in DTYPES + [torch.bool]:
-        parts = [((torch.arange((0 if r == 1 else r + 2) * 3).reshape(-1, 3) + 10 * r) % 7).to(dtype)
-                 for r in range(n)]
+        parts = [
+            ((torch.arange((0 if r == 1 else r + 2) * 3).reshape(-1, 3) + 10 * r) % 7).to(dtype)
+            for r in range(n)
+        ]
         for res in results:
             assert torch.equal(res[("allgather", str(dtype))], torch.cat(parts))
             for root in range(n):
-                assert torch.equal(res[("broadcast", str(dtype), root)], ((torch.arange(11) + root * 4) % 5).to(dtype))
+                assert torch.equal(
+                    res[("broadcast", str(dtype), root)], ((torch.arange(11) + root * 4) % 5).to(dtype)
+                )
     for r, res in enumerate(results):
         for dtype in DTYPES:
             got = res[("alltoall", str(dtype))]
-            want = torch.cat([(torch.arange(2 * n * 3).reshape(2 * n, 3)[2 * r:2 * r + 2] + 100 * k)
-                              for k in range(n)]).to(dtype)
+            want = torch.cat(
+                [(torch.arange(2 * n * 3).reshape(2 * n, 3)[2 * r : 2 * r + 2] + 100 * k) for k in range(n)]
+            ).to(dtype)
             assert torch.equal(got, want), dtype
             rows = (2 * n + 1) // n + (1 if r < (2 * n + 1) % n else 0)
-            assert torch.equal(res[("reducescatter", str(dtype))], torch.full((rows, 2), n * (n + 1) // 2).to(dtype))
+            assert torch.equal(
+                res[("reducescatter", str(dtype))], torch.full((rows, 2), n * (n + 1) // 2).to(dtype)
+            )
         out, received = res["alltoall_splits"]
         want_rows = [(j + r) % 3 for j in range(n)]
         assert received.dtype == torch.int32 and received.tolist() == want_rows
-        assert out[:, 0].tolist() == torch.repeat_interleave(r * 100 + torch.arange(n), torch.tensor(want_rows)).float().tolist()
+        assert (
+            out[:, 0].tolist()
+            == torch.repeat_interleave(r * 100 + torch.arange(n), torch.tensor(want_rows)).float().tolist()
+        )
         assert torch.allclose(res["rs_avg"], torch.full((2, 3), (n + 1) / 2.0))
         assert res["scaled"].tolist() == [float(n)] * 4
 
 
 def _async_inplace_grouped():
     import hvdlite.torch as hvd
+
     torch.set_num_threads(1)
     hvd.init()
     r = hvd.rank()
@@ -146,7 +169,7 @@ def _async_inplace_grouped():
     out["firsts"] = [t[0].item() for t in tensors]
     base = torch.zeros(4, 6, dtype=torch.float64)
     base[:, ::2] = r + 1
-    hvd.allreduce_(base[:, ::2], op=hvd.Sum)          # non-contiguous view, written back
+    hvd.allreduce_(base[:, ::2], op=hvd.Sum)  # non-contiguous view, written back
     out["strided"] = base
     transposed = torch.arange(6.0).reshape(2, 3).t()
     out["transposed"] = hvd.allreduce(transposed, op=hvd.Sum)
@@ -156,15 +179,23 @@ def _async_inplace_grouped():
     h = hvd.grouped_allreduce_async([torch.ones(2) * r, torch.ones(3, dtype=torch.int32)], op=hvd.Sum)
     out["grouped_async"] = [t.tolist() for t in hvd.synchronize(h)]
     in_place = [torch.ones(2), torch.full((2,), 2.0)]
-    out["grouped_inplace_same"] = all(a is b for a, b in zip(hvd.grouped_allreduce_(in_place, op=hvd.Max), in_place))
-    out["grouped_allgather"] = [t.tolist() for t in hvd.grouped_allgather([torch.tensor([r]), torch.tensor([[r, r]])])]
-    out["grouped_rs"] = [t.tolist() for t in hvd.grouped_reducescatter([torch.ones(4, 1), torch.ones(2)], op=hvd.Sum)]
+    out["grouped_inplace_same"] = all(
+        a is b for a, b in zip(hvd.grouped_allreduce_(in_place, op=hvd.Max), in_place)
+    )
+    out["grouped_allgather"] = [
+        t.tolist() for t in hvd.grouped_allgather([torch.tensor([r]), torch.tensor([[r, r]])])
+    ]
+    out["grouped_rs"] = [
+        t.tolist() for t in hvd.grouped_reducescatter([torch.ones(4, 1), torch.ones(2)], op=hvd.Sum)
+    ]
     t = torch.full((3,), float(r))
     hvd.broadcast_(t, root_rank=hvd.size() - 1)
     out["broadcast_"] = t.tolist()
     out["broadcast_async"] = hvd.synchronize(hvd.broadcast_async(torch.tensor([r]), 0)).tolist()
     out["allgather_async"] = hvd.synchronize(hvd.allgather_async(torch.tensor([r]))).tolist()
-    out["alltoall_async"] = [x.tolist() for x in hvd.synchronize(hvd.alltoall_async(torch.arange(hvd.size())))]
+    out["alltoall_async"] = [
+        x.tolist() for x in hvd.synchronize(hvd.alltoall_async(torch.arange(hvd.size())))
+    ]
     out["rs_async"] = hvd.synchronize(hvd.reducescatter_async(torch.ones(hvd.size()), op=hvd.Sum)).tolist()
     out["staged"] = _host_staged(hvd)
     hvd.barrier()
@@ -176,13 +207,23 @@ def _host_staged(hvd):
     """The path CUDA tensors take for allgather / alltoall / reducescatter / Adasum
     (a host copy), forced here on CPU tensors: same results as the direct path."""
     from hvdlite.torch import buffers
-    r, n = hvd.rank(), hvd.size()
+
+    r, _n = hvd.rank(), hvd.size()
     x = torch.arange(4.0).reshape(2, 2) + r
-    direct = (hvd.allgather(x), hvd.alltoall(x), hvd.reducescatter(x, op=hvd.Sum), hvd.allreduce(x, op=hvd.Adasum))
+    direct = (
+        hvd.allgather(x),
+        hvd.alltoall(x),
+        hvd.reducescatter(x, op=hvd.Sum),
+        hvd.allreduce(x, op=hvd.Adasum),
+    )
     buffers.TORCH.stage_on_host = lambda t: True
     try:
-        staged = (hvd.allgather(x), hvd.alltoall(x), hvd.reducescatter(x, op=hvd.Sum),
-                  hvd.allreduce(x, op=hvd.Adasum))
+        staged = (
+            hvd.allgather(x),
+            hvd.alltoall(x),
+            hvd.reducescatter(x, op=hvd.Sum),
+            hvd.allreduce(x, op=hvd.Adasum),
+        )
     finally:
         del buffers.TORCH.stage_on_host
     return [torch.equal(a, b) for a, b in zip(direct, staged)]
@@ -213,11 +254,13 @@ def _process_sets(hvd):
     evens = hvd.add_process_set([0, 2])
     odds = hvd.add_process_set(hvd.ProcessSet([1, 3]))
     mine = evens if r % 2 == 0 else odds
-    out = {"sum": hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=mine).item(),
-           "gather": hvd.allgather(torch.tensor([r]), process_set=mine).tolist(),
-           "bcast": hvd.broadcast(torch.tensor([r]), root_rank=mine.ranks[-1], process_set=mine).item(),
-           "rs": hvd.reducescatter(torch.ones(2, 1), op=hvd.Sum, process_set=mine).tolist(),
-           "global": hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()}
+    out = {
+        "sum": hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=mine).item(),
+        "gather": hvd.allgather(torch.tensor([r]), process_set=mine).tolist(),
+        "bcast": hvd.broadcast(torch.tensor([r]), root_rank=mine.ranks[-1], process_set=mine).item(),
+        "rs": hvd.reducescatter(torch.ones(2, 1), op=hvd.Sum, process_set=mine).tolist(),
+        "global": hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item(),
+    }
     x = torch.ones(2, requires_grad=True)
     hvd.allgather(x, process_set=mine).sum().backward()
     out["grad"] = x.grad.tolist()

@@ -1,6 +1,7 @@
 """Carrying torch tensors back from test ranks: torch's multiprocessing pickler
 would pass tensor storage by shared memory, which dies with the rank, so rank
 functions return ``to_wire(result)`` and tests read ``from_wire(value)``."""
+
 import torch
 
 

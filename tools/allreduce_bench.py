@@ -8,6 +8,7 @@ each repetition starts after a small allreduce (a barrier) and its time is the m
 ranks; prints the median and best busbw (nccl-tests: algbw * 2(n-1)/n) and how many cores
 processes other than the ranks used meanwhile ("others"). Information only.
 """
+
 import argparse
 import resource
 import time
@@ -38,6 +39,7 @@ def main():
     p.add_argument("--reps", type=int, default=9)
     a = p.parse_args()
     import hvdlite as hvd
+
     hvd.init()
     n, r = hvd.size(), hvd.rank()
     rows = []
@@ -67,12 +69,23 @@ def main():
         rows.append((size, times[len(times) // 2], times[0], wrong, factor, others))
     if r == 0:
         print("allreduce float32 sum through the runtime, %d ranks (in place)" % n)
-        print("%12s %12s %12s %12s %12s %7s %7s" % ("bytes", "median_us", "min_us", "busbw_GB/s", "best_busbw",
-                                                   "#wrong", "others"))
+        print(
+            "%12s %12s %12s %12s %12s %7s %7s"
+            % ("bytes", "median_us", "min_us", "busbw_GB/s", "best_busbw", "#wrong", "others")
+        )
         for size, med, best, wrong, factor, others in rows:
-            print("%12d %12.1f %12.1f %12.3f %12.3f %7d %7.2f" % (size, med * 1e6, best * 1e6,
-                                                                size / med * factor / 1e9,
-                                                                size / best * factor / 1e9, wrong, others))
+            print(
+                "%12d %12.1f %12.1f %12.3f %12.3f %7d %7.2f"
+                % (
+                    size,
+                    med * 1e6,
+                    best * 1e6,
+                    size / med * factor / 1e9,
+                    size / best * factor / 1e9,
+                    wrong,
+                    others,
+                )
+            )
     hvd.shutdown()
 
 

@@ -8,6 +8,7 @@ call is the max over ranks. Prints the median and min over repetitions, and how
 busy the machine was meanwhile (CPU time used by processes other than the ranks,
 in cores, from /proc/stat minus the ranks' own rusage). Information only.
 """
+
 import argparse
 import resource
 import time
@@ -29,12 +30,13 @@ def main():
     p.add_argument("--reps", type=int, default=7)
     a = p.parse_args()
     import hvdlite as hvd
+
     hvd.init()
     buf = np.zeros(a.bytes // 4, np.float32)
     for _ in range(200):
         hvd.allreduce_(buf, op=hvd.Sum, name="lat")
     times = []
-    busy0, total0 = cpu_jiffies()
+    busy0, _total0 = cpu_jiffies()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     wall0 = time.monotonic()
     for _ in range(a.reps):
@@ -46,7 +48,7 @@ def main():
         times.append(hvd.allreduce(np.array([dt]), op=hvd.Max, name="t")[0])
     wall = time.monotonic() - wall0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    busy1, total1 = cpu_jiffies()
+    busy1, _total1 = cpu_jiffies()
     mine = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     ranks_cpu = hvd.allreduce(np.array([mine]), op=hvd.Sum, name="cpu")[0]
     if hvd.rank() == 0:
@@ -54,10 +56,19 @@ def main():
         machine = (busy1 - busy0) / hz
         others = max(0.0, machine - ranks_cpu) / wall
         times.sort()
-        print("allreduce_ %d B x %d calls, %d ranks: median %.1f us, min %.1f us; "
-              "ranks used %.2f cores, others %.2f cores"
-              % (a.bytes, a.calls, hvd.size(), times[len(times) // 2] * 1e6, times[0] * 1e6,
-                 ranks_cpu / wall, others))
+        print(
+            "allreduce_ %d B x %d calls, %d ranks: median %.1f us, min %.1f us; "
+            "ranks used %.2f cores, others %.2f cores"
+            % (
+                a.bytes,
+                a.calls,
+                hvd.size(),
+                times[len(times) // 2] * 1e6,
+                times[0] * 1e6,
+                ranks_cpu / wall,
+                others,
+            )
+        )
     hvd.shutdown()
 
 

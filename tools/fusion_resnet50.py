@@ -5,6 +5,7 @@ reverse order, then synchronized: the fused-many-tensors case, through the full 
 
 Prints the median and best time per step (max over ranks). Information only.
 """
+
 import argparse
 import time
 
@@ -16,8 +17,17 @@ def resnet50_shapes():
     inplanes = 64
     for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         for b in range(blocks):
-            shapes += [(width, inplanes, 1, 1), (width,), (width,), (width, width, 3, 3), (width,), (width,),
-                       (4 * width, width, 1, 1), (4 * width,), (4 * width,)]
+            shapes += [
+                (width, inplanes, 1, 1),
+                (width,),
+                (width,),
+                (width, width, 3, 3),
+                (width,),
+                (width,),
+                (4 * width, width, 1, 1),
+                (4 * width,),
+                (4 * width,),
+            ]
             if b == 0:
                 shapes += [(4 * width, inplanes, 1, 1), (4 * width,), (4 * width,)]
             inplanes = 4 * width
@@ -29,6 +39,7 @@ def main():
     p.add_argument("--reps", type=int, default=15)
     a = p.parse_args()
     import hvdlite as hvd
+
     hvd.init()
     shapes = resnet50_shapes()
     assert len(shapes) == 161 and sum(int(np.prod(s)) for s in shapes) == 25557032
@@ -37,7 +48,10 @@ def main():
     for rep in range(a.reps + 2):
         hvd.allreduce_(np.zeros(1, np.float32), name="barrier")
         t0 = time.perf_counter()
-        handles = [hvd.allreduce_async_(g, op=hvd.Average, name="g%d" % i) for i, g in reversed(list(enumerate(grads)))]
+        handles = [
+            hvd.allreduce_async_(g, op=hvd.Average, name="g%d" % i)
+            for i, g in reversed(list(enumerate(grads)))
+        ]
         for h in handles:
             hvd.synchronize(h)
         dt = hvd.allreduce(np.array([time.perf_counter() - t0]), op=hvd.Max, name="tmax")[0]
@@ -45,8 +59,10 @@ def main():
             times.append(dt)
     times.sort()
     if hvd.rank() == 0:
-        print("resnet50 set (161 tensors, 97.5 MiB), %d ranks: median %.1f ms, best %.1f ms"
-              % (hvd.size(), times[len(times) // 2] * 1e3, times[0] * 1e3))
+        print(
+            "resnet50 set (161 tensors, 97.5 MiB), %d ranks: median %.1f ms, best %.1f ms"
+            % (hvd.size(), times[len(times) // 2] * 1e3, times[0] * 1e3)
+        )
     hvd.shutdown()
 
 

@@ -24,7 +24,8 @@ const char* BroadcastAlgorithm(int64_t bytes, int members);
 // count, including 0 and counts smaller than the group size. The result is
 // then multiplied by `postscale` (ScaleBuffer's rules; 1.0 = no pass), chunk
 // by chunk while each chunk is still in cache: the same bits on every member.
-Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0);
+Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op,
+                 double postscale = 1.0);
 
 // Gathers member i's `bytes[i]` bytes (from `send`) into `recv`, which holds
 // sum(bytes) bytes laid out in member order. `send` may alias recv's own slot.
@@ -36,8 +37,8 @@ Status Broadcast(const Group& g, void* buf, int64_t len, int root);
 // Member i sends send_bytes[j] bytes (consecutive in `send`, in member order) to
 // member j and receives recv_bytes[j] bytes from member j into `recv` (in
 // member order).
-Status Alltoallv(const Group& g, const void* send, const std::vector<int64_t>& send_bytes,
-                 void* recv, const std::vector<int64_t>& recv_bytes);
+Status Alltoallv(const Group& g, const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                 const std::vector<int64_t>& recv_bytes);
 
 // Reduces `in` (sum(counts) elements, member-ordered blocks of counts[i]
 // elements) across members; member i ends with the reduced block i in `out`

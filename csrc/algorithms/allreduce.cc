@@ -45,8 +45,8 @@ Status CheckReducible(DataType dtype, ReduceOp op) {
 
 // Exchanges the whole buffer with member `partner` and leaves
 // op(lower member's value, upper member's value) in buf on both sides.
-Status ExchangeReduce(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op,
-                      int partner, uint32_t tag) {
+Status ExchangeReduce(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op, int partner,
+                      uint32_t tag) {
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
   char* other = alg::ThreadScratch(bytes);
   const int peer = g.peer(partner);
@@ -142,8 +142,8 @@ Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, Reduc
   } else {
     st = ChunkedRing(g, data, count, dtype, op, postscale);
   }
-  return st.WithContext(std::string("Allreduce of ") + std::to_string(count) + " " +
-                        DataTypeName(dtype) + " (" + ReduceOpName(op) + ")");
+  return st.WithContext(std::string("Allreduce of ") + std::to_string(count) + " " + DataTypeName(dtype) +
+                        " (" + ReduceOpName(op) + ")");
 }
 
 }  // namespace hvdlite

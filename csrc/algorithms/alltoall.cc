@@ -13,8 +13,8 @@
 
 namespace hvdlite {
 
-Status Alltoallv(const Group& g, const void* send, const std::vector<int64_t>& send_bytes,
-                 void* recv, const std::vector<int64_t>& recv_bytes) {
+Status Alltoallv(const Group& g, const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                 const std::vector<int64_t>& recv_bytes) {
   HVD_RETURN_IF_ERROR(alg::CheckGroup(g, "Alltoallv"));
   const int p = g.size();
   if (static_cast<int>(send_bytes.size()) != p || static_cast<int>(recv_bytes.size()) != p) {

@@ -45,7 +45,7 @@ inline float HalfBitsToFloat(uint16_t h) {
   using half_detail::BitsFloat;
   using half_detail::FloatBits;
   using half_detail::Select;
-  const uint32_t kShiftedExp = 0x7c00u << 13;  // half exponent field, in float position
+  const uint32_t kShiftedExp = 0x7c00u << 13;               // half exponent field, in float position
   uint32_t o = (static_cast<uint32_t>(h) & 0x7fffu) << 13;  // exponent + mantissa
   const uint32_t exp = o & kShiftedExp;
   o += (127u - 15u) << 23;  // rebias the exponent

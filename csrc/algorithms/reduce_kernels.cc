@@ -191,10 +191,18 @@ Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor) {
   }
   if (factor == 1.0) return Status::OK();
   switch (dtype) {
-    case DataType::kUInt8: ScaleInt(static_cast<uint8_t*>(buf), count, factor); break;
-    case DataType::kInt8: ScaleInt(static_cast<int8_t*>(buf), count, factor); break;
-    case DataType::kInt32: ScaleInt(static_cast<int32_t*>(buf), count, factor); break;
-    case DataType::kInt64: ScaleInt(static_cast<int64_t*>(buf), count, factor); break;
+    case DataType::kUInt8:
+      ScaleInt(static_cast<uint8_t*>(buf), count, factor);
+      break;
+    case DataType::kInt8:
+      ScaleInt(static_cast<int8_t*>(buf), count, factor);
+      break;
+    case DataType::kInt32:
+      ScaleInt(static_cast<int32_t*>(buf), count, factor);
+      break;
+    case DataType::kInt64:
+      ScaleInt(static_cast<int64_t*>(buf), count, factor);
+      break;
     case DataType::kFloat16:
       ScaleHalf<false>(static_cast<uint16_t*>(buf), count, static_cast<float>(factor));
       break;

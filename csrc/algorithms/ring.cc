@@ -66,8 +66,8 @@ Status ElementReducer::Apply(const void* ctx, void* dst, const void* src, size_t
   return ReduceInto(dst, src, static_cast<int64_t>(bytes / self->reducer_.unit), self->dtype_, self->op_);
 }
 
-Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks,
-                         DataType dtype, ReduceOp op, int shift, uint32_t tag) {
+Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks, DataType dtype,
+                         ReduceOp op, int shift, uint32_t tag) {
   const int p = g.size();
   const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
   const int next = g.peer(Mod(g.me + 1, p));
@@ -87,8 +87,7 @@ Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& bl
   return Status::OK();
 }
 
-Status RingAllgather(const Group& g, char* buf, const std::vector<Range>& blocks, int shift,
-                     uint32_t tag) {
+Status RingAllgather(const Group& g, char* buf, const std::vector<Range>& blocks, int shift, uint32_t tag) {
   const int p = g.size();
   const int next = g.peer(Mod(g.me + 1, p));
   const int prev = g.peer(Mod(g.me - 1, p));
@@ -96,10 +95,10 @@ Status RingAllgather(const Group& g, char* buf, const std::vector<Range>& blocks
     const Range sb = blocks[Mod(g.me + shift - s, p)];
     const Range rb = blocks[Mod(g.me + shift - s - 1, p)];
     if (sb.count == 0 && rb.count == 0) continue;
-    Status st = g.transport->SendRecv(sb.count > 0 ? next : -1, tag + static_cast<uint32_t>(s),
-                                      buf + sb.offset, static_cast<size_t>(sb.count),
-                                      rb.count > 0 ? prev : -1, tag + static_cast<uint32_t>(s),
-                                      buf + rb.offset, static_cast<size_t>(rb.count));
+    Status st =
+        g.transport->SendRecv(sb.count > 0 ? next : -1, tag + static_cast<uint32_t>(s), buf + sb.offset,
+                              static_cast<size_t>(sb.count), rb.count > 0 ? prev : -1,
+                              tag + static_cast<uint32_t>(s), buf + rb.offset, static_cast<size_t>(rb.count));
     if (!st.ok()) return st.WithContext("ring allgather step " + std::to_string(s));
   }
   return Status::OK();

@@ -74,16 +74,15 @@ inline int Mod(int a, int p) { return ((a % p) + p) % p; }
 // reduced block (m + 1 + shift).
 // Block b is reduced along one fixed chain, so the result is deterministic.
 // Message tags: tag + s.
-Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks,
-                         DataType dtype, ReduceOp op, int shift, uint32_t tag);
+Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks, DataType dtype,
+                         ReduceOp op, int shift, uint32_t tag);
 
 // Ring allgather over `blocks` (byte ranges of `buf`, one per member) where
 // member m starts with block (m + shift) complete. Step s: member m sends block
 // (m + shift - s) to m+1 and receives block (m + shift - s - 1) from m-1 in
 // place. A step whose blocks are both empty sends nothing (every member knows
 // every block size). Message tags: tag + s.
-Status RingAllgather(const Group& g, char* buf, const std::vector<Range>& blocks, int shift,
-                     uint32_t tag);
+Status RingAllgather(const Group& g, char* buf, const std::vector<Range>& blocks, int shift, uint32_t tag);
 
 }  // namespace alg
 }  // namespace hvdlite

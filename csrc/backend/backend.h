@@ -42,8 +42,9 @@ class Backend {
   virtual Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
                             const std::vector<int64_t>& bytes) = 0;
   virtual Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) = 0;
-  virtual Status Alltoallv(const CollectiveContext& ctx, const void* send, const std::vector<int64_t>& send_bytes,
-                           void* recv, const std::vector<int64_t>& recv_bytes) = 0;
+  virtual Status Alltoallv(const CollectiveContext& ctx, const void* send,
+                           const std::vector<int64_t>& send_bytes, void* recv,
+                           const std::vector<int64_t>& recv_bytes) = 0;
   // `buf` is the caller's input: implementations must not modify it.
   virtual Status ReduceScatter(const CollectiveContext& ctx, void* buf, const std::vector<int64_t>& counts,
                                void* out, DataType dtype, ReduceOp op) = 0;

@@ -26,7 +26,7 @@ struct GpuTensor {
 };
 
 struct GpuOp {
-  int device = 0;          // CUDA device ordinal of every tensor
+  int device = 0;  // CUDA device ordinal of every tensor
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;  // Sum, Min, Max or Product (Average arrives as Sum + postscale)
   double prescale = 1.0, postscale = 1.0;
@@ -60,7 +60,8 @@ class GpuBackend {
 
 // Exported by the module (extern "C"): creates its backend, or writes an
 // error and returns non-zero (a StatusCode).
-using GpuBackendFactory = int (*)(int abi_version, GpuHost* host, GpuBackend** out, char* err, size_t err_len);
+using GpuBackendFactory = int (*)(int abi_version, GpuHost* host, GpuBackend** out, char* err,
+                                  size_t err_len);
 constexpr const char* kGpuFactorySymbol = "hvdlite_gpu_backend_create";
 constexpr const char* kGpuModuleFile = "libhvdlite_cuda.so";
 

@@ -14,14 +14,16 @@ namespace {
 // Python extension hvdlite/_core*.so), where setup.py installs the module.
 std::string ModulePath() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&ModulePath), &info) == 0 || info.dli_fname == nullptr) return kGpuModuleFile;
+  if (dladdr(reinterpret_cast<void*>(&ModulePath), &info) == 0 || info.dli_fname == nullptr)
+    return kGpuModuleFile;
   std::string self = info.dli_fname;
   auto slash = self.rfind('/');
   return (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) + "/" + kGpuModuleFile;
 }
 
 const char* kNotBuilt =
-    "this hvdlite was built without CUDA/NCCL support, so CUDA tensors cannot be used: rebuild where nvcc and "
+    "this hvdlite was built without CUDA/NCCL support, so CUDA tensors cannot be used: rebuild where nvcc "
+    "and "
     "the nvidia-nccl-cu13 wheel are installed (`make install` does it when nvcc is on PATH; "
     "HVDLITE_WITH_CUDA=1 makes their absence a build error), or move the tensor to the CPU";
 
@@ -38,7 +40,8 @@ Status LoadGpuBackend(GpuHost* host, std::unique_ptr<GpuBackend>* out) {
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept loaded until the process exits
   if (lib == nullptr) {
     const char* why = dlerror();
-    return Status::NotSupported("cannot load hvdlite's NCCL module " + path + ": " + (why ? why : "unknown error") +
+    return Status::NotSupported("cannot load hvdlite's NCCL module " + path + ": " +
+                                (why ? why : "unknown error") +
                                 " (is NCCL's libnccl.so.2, from the nvidia-nccl-cu13 wheel, installed?)");
   }
   auto create = reinterpret_cast<GpuBackendFactory>(dlsym(lib, kGpuFactorySymbol));

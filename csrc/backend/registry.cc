@@ -2,8 +2,8 @@
 // by CMakeLists.txt when it found MPI and compiled csrc/backend/mpi/.
 #include <string>
 
-#include "transport/transport.h"
 #include "algorithms/reduce_kernels.h"
+#include "transport/transport.h"
 
 #include "backend/backend.h"
 
@@ -63,8 +63,8 @@ Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr
     *out = NewRingBackend(transport);
     return Status::OK();
   }
-  return Status::NotSupported("HVDLITE_CPU_OPERATIONS=" + want + " is not available in this build; available: " +
-                              available);
+  return Status::NotSupported("HVDLITE_CPU_OPERATIONS=" + want +
+                              " is not available in this build; available: " + available);
 }
 
 bool MpiBuilt() {

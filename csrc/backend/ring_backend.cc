@@ -12,20 +12,26 @@ class RingBackend : public Backend {
 
   std::string Describe(Collective c, int64_t bytes, int members) const override {
     switch (c) {
-      case Collective::kAllreduce: return std::string("ring/") + AllreduceAlgorithm(bytes, members);
-      case Collective::kBroadcast: return std::string("ring/") + BroadcastAlgorithm(bytes, members);
-      case Collective::kAllgather: return "ring/ring_allgatherv";
-      case Collective::kAlltoall: return "ring/pairwise_exchange";
-      case Collective::kReducescatter: return "ring/ring_reduce_scatter";
+      case Collective::kAllreduce:
+        return std::string("ring/") + AllreduceAlgorithm(bytes, members);
+      case Collective::kBroadcast:
+        return std::string("ring/") + BroadcastAlgorithm(bytes, members);
+      case Collective::kAllgather:
+        return "ring/ring_allgatherv";
+      case Collective::kAlltoall:
+        return "ring/pairwise_exchange";
+      case Collective::kReducescatter:
+        return "ring/ring_reduce_scatter";
     }
     return "ring";
   }
 
-  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) override {
+  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
+                   ReduceOp op) override {
     return hvdlite::Allreduce(ToGroup(ctx), buf, count, dtype, op);
   }
-  Status AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op,
-                           double postscale) override {
+  Status AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
+                           ReduceOp op, double postscale) override {
     return hvdlite::Allreduce(ToGroup(ctx), buf, count, dtype, op, postscale);
   }
   Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,

@@ -19,7 +19,8 @@ class SplitBackend : public Backend {
     return (c == Collective::kAlltoall ? large_.get() : Pick(bytes))->Describe(c, bytes, members);
   }
 
-  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) override {
+  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
+                   ReduceOp op) override {
     return Pick(count * static_cast<int64_t>(DataTypeSize(dtype)))->Allreduce(ctx, buf, count, dtype, op);
   }
   Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,

@@ -66,9 +66,9 @@ int64_t LauncherInt(std::initializer_list<const char*> names) {
 
 Status Config::FromEnv(Config* out) {
   Config c;
-#define HVD_SETTING(name, type, def, doc)                  \
-  if (const char* text = Lookup(#name)) {                  \
-    HVD_RETURN_IF_ERROR(Parse(#name, text, &c.name));      \
+#define HVD_SETTING(name, type, def, doc)             \
+  if (const char* text = Lookup(#name)) {             \
+    HVD_RETURN_IF_ERROR(Parse(#name, text, &c.name)); \
   }
 #include "hvdlite_settings.inc"
 #undef HVD_SETTING

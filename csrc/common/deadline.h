@@ -12,8 +12,8 @@ class Deadline {
 
   static Deadline After(double seconds) {
     Deadline d;
-    d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(seconds));
+    d.at_ =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     return d;
   }
   static Deadline Never() { return Deadline(); }

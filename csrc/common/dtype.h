@@ -26,7 +26,7 @@ enum class ReduceOp : int32_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
-  kAdasum = 5,   // reserved for the framework adapters; the core rejects it
+  kAdasum = 5,  // reserved for the framework adapters; the core rejects it
 };
 
 bool IsValidDataType(int32_t v);

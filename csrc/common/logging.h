@@ -13,13 +13,13 @@ void SetLogRank(int rank);
 bool LogEnabled(LogLevel level);
 void LogWrite(LogLevel level, const std::string& message);
 
-#define HVD_LOG(level, expr)                                          \
-  do {                                                                \
-    if (::hvdlite::LogEnabled(::hvdlite::LogLevel::level)) {          \
-      std::ostringstream _os;                                         \
-      _os << expr;                                                    \
-      ::hvdlite::LogWrite(::hvdlite::LogLevel::level, _os.str());     \
-    }                                                                 \
+#define HVD_LOG(level, expr)                                      \
+  do {                                                            \
+    if (::hvdlite::LogEnabled(::hvdlite::LogLevel::level)) {      \
+      std::ostringstream _os;                                     \
+      _os << expr;                                                \
+      ::hvdlite::LogWrite(::hvdlite::LogLevel::level, _os.str()); \
+    }                                                             \
   } while (0)
 
 }  // namespace hvdlite

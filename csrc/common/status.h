@@ -10,13 +10,13 @@ namespace hvdlite {
 // Python exception family (hvdlite/common/exceptions.py).
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,    // bad input from this rank's caller
-  kMismatch = 2,           // ranks disagree (shape, dtype, op, root, ...)
-  kAborted = 3,            // a peer died / closed, or the runtime is shutting down
-  kTimeout = 4,            // a bounded wait expired
-  kNotSupported = 5,       // backend or dtype lacks the operation
-  kPrecondition = 6,       // wrong call order (not initialized, name in flight)
-  kInternal = 7,           // a bug or an unexpected system error
+  kInvalidArgument = 1,  // bad input from this rank's caller
+  kMismatch = 2,         // ranks disagree (shape, dtype, op, root, ...)
+  kAborted = 3,          // a peer died / closed, or the runtime is shutting down
+  kTimeout = 4,          // a bounded wait expired
+  kNotSupported = 5,     // backend or dtype lacks the operation
+  kPrecondition = 6,     // wrong call order (not initialized, name in flight)
+  kInternal = 7,         // a bug or an unexpected system error
 };
 
 class Status {
@@ -48,10 +48,10 @@ class Status {
   std::string message_;
 };
 
-#define HVD_RETURN_IF_ERROR(expr)            \
-  do {                                       \
-    ::hvdlite::Status _st = (expr);          \
-    if (!_st.ok()) return _st;               \
+#define HVD_RETURN_IF_ERROR(expr)   \
+  do {                              \
+    ::hvdlite::Status _st = (expr); \
+    if (!_st.ok()) return _st;      \
   } while (0)
 
 }  // namespace hvdlite

@@ -42,10 +42,10 @@ Autotuner::~Autotuner() {
 
 void Autotuner::Log(const Candidate& c, double score, const char* note) {
   HVD_LOG(kInfo, "autotune: fusion threshold " << c.fusion_threshold << " B, cycle time " << c.cycle_time_ms
-                                                << " ms: " << score / 1e9 << " GB/s (" << note << ")");
+                                               << " ms: " << score / 1e9 << " GB/s (" << note << ")");
   if (log_) {
-    std::fprintf(log_, "%lld,%g,%.0f,%s\n", static_cast<long long>(c.fusion_threshold), c.cycle_time_ms, score,
-                 note);
+    std::fprintf(log_, "%lld,%g,%.0f,%s\n", static_cast<long long>(c.fusion_threshold), c.cycle_time_ms,
+                 score, note);
     std::fflush(log_);
   }
 }

@@ -44,10 +44,10 @@ class Autotuner {
 
   Config cfg_;
   bool tuning_ = false;
-  int phase_ = 0;                 // 0: fusion thresholds, 1: cycle times
-  std::vector<Candidate> plan_;   // candidates of the current phase
+  int phase_ = 0;                // 0: fusion thresholds, 1: cycle times
+  std::vector<Candidate> plan_;  // candidates of the current phase
   size_t index_ = 0;
-  std::vector<double> samples_;   // scores of the current candidate
+  std::vector<double> samples_;  // scores of the current candidate
   int warmup_left_ = 0;
   int64_t sample_bytes_ = 0;
   int sample_responses_ = 0;

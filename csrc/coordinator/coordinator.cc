@@ -28,7 +28,8 @@ std::string FusionKey(const Request& r) {
   struct {
     int32_t set, dtype, op, device;  // CPU and CUDA tensors never fuse together
     double prescale, postscale;
-  } k{r.process_set, static_cast<int32_t>(r.dtype), static_cast<int32_t>(r.op), r.device, r.prescale, r.postscale};
+  } k{r.process_set, static_cast<int32_t>(r.dtype), static_cast<int32_t>(r.op), r.device, r.prescale,
+      r.postscale};
   return std::string(reinterpret_cast<const char*>(&k), sizeof(k));
 }
 
@@ -39,9 +40,13 @@ bool Cacheable(OpType t) {
 }  // namespace
 
 Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline)
-    : cfg_(cfg), sets_(sets), world_size_(world_size),
-      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))), timeline_(timeline),
-      fusion_threshold_(cfg.FUSION_THRESHOLD), cycle_time_ms_(cfg.CYCLE_TIME) {}
+    : cfg_(cfg),
+      sets_(sets),
+      world_size_(world_size),
+      cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))),
+      timeline_(timeline),
+      fusion_threshold_(cfg.FUSION_THRESHOLD),
+      cycle_time_ms_(cfg.CYCLE_TIME) {}
 
 int Coordinator::MsUntilDue() const {
   if (decided_.empty() || cycle_time_ms_ <= 0) return 1000;
@@ -85,23 +90,28 @@ void Coordinator::AddOne(Request r) {
   }
   std::vector<int> ranks = sets_->Ranks(r.process_set);
   if (ranks.empty()) {
-    DecideError(r, {r.rank}, Status::InvalidArgument(
-        std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "': process set " +
-        std::to_string(r.process_set) + " does not exist (was it removed, or not added on every rank?)"));
+    DecideError(r, {r.rank},
+                Status::InvalidArgument(std::string(OpTypeName(r.type)) + " of tensor '" + r.name +
+                                        "': process set " + std::to_string(r.process_set) +
+                                        " does not exist (was it removed, or not added on every rank?)"));
     return;
   }
   auto pos = std::lower_bound(ranks.begin(), ranks.end(), r.rank);
   if (pos == ranks.end() || *pos != r.rank) {
-    DecideError(r, {r.rank}, Status::InvalidArgument(
-        std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "': rank " + std::to_string(r.rank) +
-        " is not a member of process set " + std::to_string(r.process_set) + " (members: " + JoinRanks(ranks) + ")"));
+    DecideError(
+        r, {r.rank},
+        Status::InvalidArgument(std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "': rank " +
+                                std::to_string(r.rank) + " is not a member of process set " +
+                                std::to_string(r.process_set) + " (members: " + JoinRanks(ranks) + ")"));
     return;
   }
   for (int gone : shutdown_ranks_) {
     if (std::binary_search(ranks.begin(), ranks.end(), gone)) {
-      DecideError(r, {r.rank}, Status::Aborted(
-          std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "' cannot run: rank " +
-          std::to_string(gone) + " has shut down. Every rank must call shutdown() only after its last collective."));
+      DecideError(
+          r, {r.rank},
+          Status::Aborted(std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "' cannot run: rank " +
+                          std::to_string(gone) +
+                          " has shut down. Every rank must call shutdown() only after its last collective."));
       return;
     }
   }
@@ -170,12 +180,13 @@ Status Coordinator::CheckJoinedParticipation(const Request& r0, const std::vecto
   for (int r : joined) who += (who.empty() ? "" : ", ") + std::to_string(r);
   if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter) {
     return Status::NotSupported(std::string(OpTypeName(r0.type)) + " of tensor '" + r0.name +
-                                "' cannot run while ranks " + who + " have joined; only allreduce, allgather, "
+                                "' cannot run while ranks " + who +
+                                " have joined; only allreduce, allgather, "
                                 "broadcast and barrier can. Call it before join().");
   }
   if (r0.type == OpType::kBroadcast && std::find(joined.begin(), joined.end(), r0.root) != joined.end()) {
-    return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " + std::to_string(r0.root) +
-                                   " has already joined and has no tensor to send");
+    return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " +
+                                   std::to_string(r0.root) + " has already joined and has no tensor to send");
   }
   return Status::OK();
 }
@@ -253,12 +264,20 @@ void Coordinator::OnShutdown(int rank) {
   shutdown_ranks_.insert(rank);
   for (auto it = pending_.begin(); it != pending_.end();) {
     std::vector<int> ranks = sets_->Ranks(it->first.first);
-    if (!std::binary_search(ranks.begin(), ranks.end(), rank)) { ++it; continue; }
+    if (!std::binary_search(ranks.begin(), ranks.end(), rank)) {
+      ++it;
+      continue;
+    }
     Request any;
-    for (size_t i = 0; i < ranks.size(); ++i) if (it->second.have[i]) { any = it->second.reqs[i]; break; }
-    DecideError(any, ranks, Status::Aborted(
-        std::string(OpTypeName(any.type)) + " of tensor '" + any.name + "' cannot run: rank " +
-        std::to_string(rank) + " has shut down before submitting it."));
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (it->second.have[i]) {
+        any = it->second.reqs[i];
+        break;
+      }
+    DecideError(any, ranks,
+                Status::Aborted(std::string(OpTypeName(any.type)) + " of tensor '" + any.name +
+                                "' cannot run: rank " + std::to_string(rank) +
+                                " has shut down before submitting it."));
     it = pending_.erase(it);
   }
 }
@@ -314,8 +333,8 @@ int Coordinator::CheckStalls() {
     const double waited = std::chrono::duration<double>(now - p.first_seen).count();
     if (cfg_.STALL_SHUTDOWN_TIME_SECONDS > 0 && now - p.first_seen >= fail_after) {
       std::ostringstream os;
-      os << "tensor '" << it->first.second << "' stalled for " << static_cast<int>(waited)
-         << " s: ranks " << JoinRanks(missing) << " never submitted it (ranks " << JoinRanks(ready)
+      os << "tensor '" << it->first.second << "' stalled for " << static_cast<int>(waited) << " s: ranks "
+         << JoinRanks(missing) << " never submitted it (ranks " << JoinRanks(ready)
          << " did). Make every rank run the same collectives, or raise HVDLITE_STALL_SHUTDOWN_TIME_SECONDS.";
       const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
       DecideError(any, ranks, Status::Timeout(os.str()));
@@ -325,9 +344,10 @@ int Coordinator::CheckStalls() {
     if (now - p.last_warned >= warn_after) {
       p.last_warned = now;
       HVD_LOG(kWarning, "Stalled tensor '" << it->first.second << "' (process set " << it->first.first
-              << "): waiting " << static_cast<int>(waited) << " s for ranks " << JoinRanks(missing)
-              << " to submit it; ranks " << JoinRanks(ready) << " are ready. One or more ranks may have "
-              << "diverged (different collectives or names) or be stuck.");
+                                           << "): waiting " << static_cast<int>(waited) << " s for ranks "
+                                           << JoinRanks(missing) << " to submit it; ranks "
+                                           << JoinRanks(ready) << " are ready. One or more ranks may have "
+                                           << "diverged (different collectives or names) or be stuck.");
     }
     ++it;
   }

@@ -53,7 +53,7 @@ class Coordinator {
   using Clock = std::chrono::steady_clock;
   using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
   struct Pending {
-    std::vector<Request> reqs;     // by member index
+    std::vector<Request> reqs;  // by member index
     std::vector<bool> have;
     int count = 0;
     Clock::time_point first_seen;
@@ -61,9 +61,9 @@ class Coordinator {
   };
   struct Decided {
     Response response;
-    std::vector<int> recipients;   // global ranks
-    int64_t bytes = 0;             // for fusion
-    std::string fusion_key;        // empty = never fused
+    std::vector<int> recipients;  // global ranks
+    int64_t bytes = 0;            // for fusion
+    std::string fusion_key;       // empty = never fused
     Clock::time_point at = Clock::now();
   };
 
@@ -88,7 +88,7 @@ class Coordinator {
   int64_t fusion_threshold_;
   double cycle_time_ms_;
   std::set<int> shutdown_ranks_;
-  std::set<int> joined_ranks_;   // ranks inside join(), until every rank has joined
+  std::set<int> joined_ranks_;  // ranks inside join(), until every rank has joined
   int last_joined_ = -1;
   bool shutdown_announced_ = false;
   int32_t next_set_id_ = 1;

@@ -33,20 +33,42 @@ class Reader {
  public:
   explicit Reader(const std::string& s) : s_(s), pos_(1) {}
   bool ok() const { return ok_; }
-  uint8_t U8() { uint8_t v = 0; Raw(&v, 1); return v; }
-  int32_t I32() { int32_t v = 0; Raw(&v, 4); return v; }
-  int64_t I64() { int64_t v = 0; Raw(&v, 8); return v; }
-  double F64() { double v = 0; Raw(&v, 8); return v; }
+  uint8_t U8() {
+    uint8_t v = 0;
+    Raw(&v, 1);
+    return v;
+  }
+  int32_t I32() {
+    int32_t v = 0;
+    Raw(&v, 4);
+    return v;
+  }
+  int64_t I64() {
+    int64_t v = 0;
+    Raw(&v, 8);
+    return v;
+  }
+  double F64() {
+    double v = 0;
+    Raw(&v, 8);
+    return v;
+  }
   std::string Str() {
     int32_t n = I32();
-    if (!ok_ || n < 0 || static_cast<size_t>(n) > s_.size() - pos_) { ok_ = false; return {}; }
+    if (!ok_ || n < 0 || static_cast<size_t>(n) > s_.size() - pos_) {
+      ok_ = false;
+      return {};
+    }
     std::string v = s_.substr(pos_, n);
     pos_ += n;
     return v;
   }
   std::vector<int64_t> I64s() {
     int32_t n = I32();
-    if (!ok_ || n < 0 || static_cast<size_t>(n) * 8 > s_.size() - pos_) { ok_ = false; return {}; }
+    if (!ok_ || n < 0 || static_cast<size_t>(n) * 8 > s_.size() - pos_) {
+      ok_ = false;
+      return {};
+    }
     std::vector<int64_t> v(n);
     for (auto& x : v) x = I64();
     return v;
@@ -55,7 +77,10 @@ class Reader {
 
  private:
   void Raw(void* p, size_t n) {
-    if (!ok_ || n > s_.size() - pos_) { ok_ = false; return; }
+    if (!ok_ || n > s_.size() - pos_) {
+      ok_ = false;
+      return;
+    }
     std::memcpy(p, s_.data() + pos_, n);
     pos_ += n;
   }
@@ -104,16 +129,26 @@ Request ReadRequest(Reader& rd) {
 
 const char* OpTypeName(OpType t) {
   switch (t) {
-    case OpType::kAllreduce: return "allreduce";
-    case OpType::kAllgather: return "allgather";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kAlltoall: return "alltoall";
-    case OpType::kReducescatter: return "reducescatter";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kAddProcessSet: return "add_process_set";
-    case OpType::kRemoveProcessSet: return "remove_process_set";
-    case OpType::kShutdown: return "shutdown";
-    case OpType::kJoin: return "join";
+    case OpType::kAllreduce:
+      return "allreduce";
+    case OpType::kAllgather:
+      return "allgather";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kAlltoall:
+      return "alltoall";
+    case OpType::kReducescatter:
+      return "reducescatter";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kAddProcessSet:
+      return "add_process_set";
+    case OpType::kRemoveProcessSet:
+      return "remove_process_set";
+    case OpType::kShutdown:
+      return "shutdown";
+    case OpType::kJoin:
+      return "join";
   }
   return "unknown";
 }

@@ -33,12 +33,12 @@ struct Request {
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
   ReduceOp op = ReduceOp::kSum;
-  int32_t root = 0;               // broadcast root (global rank) / removed set id
+  int32_t root = 0;  // broadcast root (global rank) / removed set id
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t process_set = 0;
-  std::vector<int64_t> splits;    // alltoall rows per member; add_process_set ranks
-  int32_t device = -1;            // CUDA device of the data, -1 = host memory
+  std::vector<int64_t> splits;  // alltoall rows per member; add_process_set ranks
+  int32_t device = -1;          // CUDA device of the data, -1 = host memory
   // When >= 0 the request was sent as just (rank, cache_id): the coordinator
   // restores the rest from its cache.
   int32_t cache_id = -1;
@@ -50,7 +50,7 @@ struct Request {
 struct Response {
   OpType type = OpType::kAllreduce;
   int32_t process_set = 0;
-  std::vector<std::string> names;   // fused tensors, in execution order
+  std::vector<std::string> names;  // fused tensors, in execution order
   // Per name: the cache id every member now associates with it (-1 = none).
   std::vector<int32_t> cache_ids;
   // allgather: first dimension of each member (one tensor per response).

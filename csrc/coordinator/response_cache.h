@@ -26,8 +26,8 @@ class ResponseCache {
 
  private:
   size_t capacity_;
-  std::map<std::pair<int32_t, std::string>, int32_t> ids_;   // (set, name) -> id
-  std::vector<std::unordered_map<int, Request>> entries_;    // id -> rank -> request
+  std::map<std::pair<int32_t, std::string>, int32_t> ids_;  // (set, name) -> id
+  std::vector<std::unordered_map<int, Request>> entries_;   // id -> rank -> request
 };
 
 // Worker side: the requests this rank sent last under each cached name.

@@ -8,9 +8,15 @@ std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -28,7 +34,8 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   Stop();
   std::lock_guard<std::mutex> lock(mu_);
   file_ = std::fopen(path.c_str(), "w");
-  if (file_ == nullptr) return Status::InvalidArgument("cannot open timeline file '" + path + "' for writing");
+  if (file_ == nullptr)
+    return Status::InvalidArgument("cannot open timeline file '" + path + "' for writing");
   mark_cycles_ = mark_cycles;
   origin_ = std::chrono::steady_clock::now();
   rows_.clear();
@@ -51,7 +58,8 @@ void Timeline::Stop() {
 }
 
 int64_t Timeline::NowUs() const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_)
+      .count();
 }
 
 int Timeline::RowLocked(const std::string& tensor) {
@@ -98,9 +106,9 @@ void Timeline::End(const std::string& tensor, const std::string& phase, const st
   const int64_t start = it->second, end = NowUs();
   open_.erase(it);
   int row = RowLocked(tensor);
-  WriteLocked("{\"name\": " + JsonString(phase) + ", \"ph\": \"X\", \"pid\": 0, \"tid\": " + std::to_string(row) +
-              ", \"ts\": " + std::to_string(start) + ", \"dur\": " + std::to_string(end - start) +
-              ", \"args\": {" + args + "}}");
+  WriteLocked("{\"name\": " + JsonString(phase) + ", \"ph\": \"X\", \"pid\": 0, \"tid\": " +
+              std::to_string(row) + ", \"ts\": " + std::to_string(start) +
+              ", \"dur\": " + std::to_string(end - start) + ", \"args\": {" + args + "}}");
 }
 
 void Timeline::Mark(const std::string& tensor, const std::string& what, const std::string& args) {

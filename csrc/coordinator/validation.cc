@@ -1,7 +1,7 @@
 #include "coordinator/validation.h"
 
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -60,21 +60,25 @@ Status CheckAlltoallSplits(const std::vector<Request>& reqs, const std::vector<i
     int64_t rows = r.shape.empty() ? 0 : r.shape[0];
     if (r.splits.empty()) {
       if (rows % static_cast<int64_t>(n) != 0) {
-        return Status::InvalidArgument("alltoall of tensor '" + r.name + "' on rank " + std::to_string(ranks[i]) +
-                                       ": first dimension " + std::to_string(rows) +
-                                       " is not divisible by the process set size " + std::to_string(n) +
-                                       "; pass splits= to say how many rows go to each rank");
+        return Status::InvalidArgument(
+            "alltoall of tensor '" + r.name + "' on rank " + std::to_string(ranks[i]) + ": first dimension " +
+            std::to_string(rows) + " is not divisible by the process set size " + std::to_string(n) +
+            "; pass splits= to say how many rows go to each rank");
       }
       for (size_t j = 0; j < n; ++j) (*sizes)[i * n + j] = rows / static_cast<int64_t>(n);
       continue;
     }
     int64_t total = 0;
     bool negative = false;
-    for (int64_t s : r.splits) { total += s; negative |= s < 0; }
+    for (int64_t s : r.splits) {
+      total += s;
+      negative |= s < 0;
+    }
     if (r.splits.size() != n || negative || total != rows) {
-      return Status::InvalidArgument("alltoall of tensor '" + r.name + "' on rank " + std::to_string(ranks[i]) +
-                                     ": splits " + ShapeStr(r.splits) + " must have one non-negative entry per rank (" +
-                                     std::to_string(n) + ") summing to the first dimension " + std::to_string(rows));
+      return Status::InvalidArgument("alltoall of tensor '" + r.name + "' on rank " +
+                                     std::to_string(ranks[i]) + ": splits " + ShapeStr(r.splits) +
+                                     " must have one non-negative entry per rank (" + std::to_string(n) +
+                                     ") summing to the first dimension " + std::to_string(rows));
     }
     for (size_t j = 0; j < n; ++j) (*sizes)[i * n + j] = r.splits[j];
   }
@@ -106,28 +110,36 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
   auto agree = [&](const char* what, const std::function<std::string(const Request&)>& key, const char* fix) {
     return uniform ? Status::OK() : CheckAgree(reqs, ranks, what, key, fix);
   };
-  HVD_RETURN_IF_ERROR(agree("operations", [](const Request& r) { return std::string(OpTypeName(r.type)); },
-                                 "A tensor name must refer to the same collective on every rank."));
-  HVD_RETURN_IF_ERROR(agree("dtypes", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
-                                 "Cast the tensor to one dtype on every rank."));
-  HVD_RETURN_IF_ERROR(CheckAgree(reqs, ranks, "devices", [](const Request& r) {
-    return std::string(r.device < 0 ? "a CPU tensor" : "a CUDA tensor"); },
-    "Every rank must pass a CPU tensor, or every rank a CUDA tensor, under the same name."));
+  HVD_RETURN_IF_ERROR(agree(
+      "operations", [](const Request& r) { return std::string(OpTypeName(r.type)); },
+      "A tensor name must refer to the same collective on every rank."));
+  HVD_RETURN_IF_ERROR(agree(
+      "dtypes", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
+      "Cast the tensor to one dtype on every rank."));
+  HVD_RETURN_IF_ERROR(CheckAgree(
+      reqs, ranks, "devices",
+      [](const Request& r) { return std::string(r.device < 0 ? "a CPU tensor" : "a CUDA tensor"); },
+      "Every rank must pass a CPU tensor, or every rank a CUDA tensor, under the same name."));
   const Request& r0 = reqs[0];
   switch (r0.type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
       HVD_RETURN_IF_ERROR(agree("shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
-      HVD_RETURN_IF_ERROR(agree("reduce ops", [](const Request& r) { return std::string(ReduceOpName(r.op)); }, same));
-      HVD_RETURN_IF_ERROR(agree("scale factors", [](const Request& r) {
-        char buf[96];  // %.17g: distinct doubles never print alike
-        std::snprintf(buf, sizeof(buf), "prescale %.17g postscale %.17g", r.prescale, r.postscale);
-        return std::string(buf); }, same));
+      HVD_RETURN_IF_ERROR(
+          agree("reduce ops", [](const Request& r) { return std::string(ReduceOpName(r.op)); }, same));
+      HVD_RETURN_IF_ERROR(agree(
+          "scale factors",
+          [](const Request& r) {
+            char buf[96];  // %.17g: distinct doubles never print alike
+            std::snprintf(buf, sizeof(buf), "prescale %.17g postscale %.17g", r.prescale, r.postscale);
+            return std::string(buf);
+          },
+          same));
       HVD_RETURN_IF_ERROR(CheckReduction(r0));
       break;
     case OpType::kAllgather:
-      HVD_RETURN_IF_ERROR(agree("shapes", TailShape,
-                                     "Allgather tensors may differ only in their first dimension."));
+      HVD_RETURN_IF_ERROR(
+          agree("shapes", TailShape, "Allgather tensors may differ only in their first dimension."));
       for (const auto& r : reqs) sizes->push_back(r.shape.empty() ? 1 : r.shape[0]);
       break;
     case OpType::kBroadcast: {
@@ -136,23 +148,26 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
       bool member = false;
       for (int rk : ranks) member |= (rk == r0.root);
       if (!member) {
-        return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " + std::to_string(r0.root) +
-                                       " is not a member of the process set; pick a root among " + RanksStr(ranks));
+        return Status::InvalidArgument(
+            "broadcast of tensor '" + r0.name + "': root rank " + std::to_string(r0.root) +
+            " is not a member of the process set; pick a root among " + RanksStr(ranks));
       }
       break;
     }
     case OpType::kAlltoall:
-      HVD_RETURN_IF_ERROR(agree("shapes", TailShape,
-                                     "Alltoall tensors may differ only in their first dimension."));
+      HVD_RETURN_IF_ERROR(
+          agree("shapes", TailShape, "Alltoall tensors may differ only in their first dimension."));
       HVD_RETURN_IF_ERROR(CheckAlltoallSplits(reqs, ranks, sizes));
       break;
     case OpType::kAddProcessSet:
-      HVD_RETURN_IF_ERROR(agree("process set ranks", [](const Request& r) { return ShapeStr(r.splits); },
-                                     "Every rank must call add_process_set with the same ranks, in the same order of calls."));
+      HVD_RETURN_IF_ERROR(agree(
+          "process set ranks", [](const Request& r) { return ShapeStr(r.splits); },
+          "Every rank must call add_process_set with the same ranks, in the same order of calls."));
       break;
     case OpType::kRemoveProcessSet:
-      HVD_RETURN_IF_ERROR(agree("process set ids", [](const Request& r) { return std::to_string(r.root); },
-                                     "Every rank must remove the same process sets in the same order."));
+      HVD_RETURN_IF_ERROR(agree(
+          "process set ids", [](const Request& r) { return std::to_string(r.root); },
+          "Every rank must remove the same process sets in the same order."));
       break;
     case OpType::kBarrier:
     case OpType::kJoin:

@@ -73,9 +73,10 @@ void* DataAddress(const py::handle& data) {
 // Returns (code, message, handle). The error buffers of this and Wait are not
 // zeroed: the C ABI always writes a terminated message (8 KiB of memset per
 // call showed up in the latency of small operations).
-py::tuple Enqueue(int type, const std::string& name, py::handle data, int dtype, const std::vector<int64_t>& shape,
-                  int reduce_op, double prescale, double postscale, int root, const std::vector<int64_t>& splits,
-                  int process_set, int device, uintptr_t stream) {
+py::tuple Enqueue(int type, const std::string& name, py::handle data, int dtype,
+                  const std::vector<int64_t>& shape, int reduce_op, double prescale, double postscale,
+                  int root, const std::vector<int64_t>& splits, int process_set, int device,
+                  uintptr_t stream) {
   hvdlite_op op{};
   op.type = type;
   op.name = name.c_str();
@@ -122,7 +123,8 @@ py::tuple TakeOutput(int64_t handle) {
   py::object bytes = py::none();
   if (out.data != nullptr) {
     py::capsule owner(out.data, [](void* p) { hvdlite_free_output(p); });
-    bytes = py::array_t<uint8_t>({static_cast<py::ssize_t>(out.nbytes)}, {1}, static_cast<uint8_t*>(out.data), owner);
+    bytes = py::array_t<uint8_t>({static_cast<py::ssize_t>(out.nbytes)}, {1}, static_cast<uint8_t*>(out.data),
+                                 owner);
   }
   return py::make_tuple(0, std::string(), bytes, shape, splits, out.value);
 }
@@ -195,9 +197,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("topology", &hvdlite_topology);
   // device: -1 host memory, else the CUDA device of `data`; stream: the framework's
   // cudaStream_t as an integer (0 = legacy default stream). See hvdlite_op in c_api.h.
-  m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
-        py::arg("reduce_op"), py::arg("prescale"), py::arg("postscale"), py::arg("root"), py::arg("splits"),
-        py::arg("process_set"), py::arg("device") = -1, py::arg("stream") = 0);
+  m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("data"), py::arg("dtype"),
+        py::arg("shape"), py::arg("reduce_op"), py::arg("prescale"), py::arg("postscale"), py::arg("root"),
+        py::arg("splits"), py::arg("process_set"), py::arg("device") = -1, py::arg("stream") = 0);
   m.def("poll", &hvdlite_poll);
   m.def("wait", &Wait);
   m.def("take_output", &TakeOutput);
@@ -211,7 +213,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("start_timeline", &StartTimeline);
   m.def("stop_timeline", &StopTimeline);
   py::class_<StoreServer>(m, "TcpStoreServer")
-      .def(py::init<const std::string&, int, py::bytes>(), py::arg("host"), py::arg("port"), py::arg("secret"))
+      .def(py::init<const std::string&, int, py::bytes>(), py::arg("host"), py::arg("port"),
+           py::arg("secret"))
       .def_property_readonly("port", [](const StoreServer& s) { return s.port; })
       .def("stop", &StoreServer::Stop);
 }

@@ -23,9 +23,9 @@ class MemoryStore : public Store {
   }
 
   Status Get(const std::string& key, double timeout_s, std::string* value) override {
-    auto deadline = std::chrono::steady_clock::now() +
-                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                        std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 0));
+    auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 0));
     std::unique_lock<std::mutex> lock(mu_);
     bool found = cv_.wait_until(lock, deadline, [&] { return data_.count(key) > 0; });
     if (!found) return StoreGetTimeout(key, timeout_s);
@@ -39,7 +39,8 @@ class MemoryStore : public Store {
       int64_t current = 0;
       auto it = data_.find(key);
       if (it != data_.end() && !ParseStoreCounter(it->second, &current)) {
-        return Status::InvalidArgument("store key '" + key + "' holds a non-integer value; Add() needs a counter");
+        return Status::InvalidArgument("store key '" + key +
+                                       "' holds a non-integer value; Add() needs a counter");
       }
       current += delta;
       data_[key] = std::to_string(current);

@@ -121,8 +121,9 @@ Status Authenticate(int fd, const std::string& secret, const Deadline& deadline)
   char admitted = 0;
   Status st = net::ReadExact(fd, &admitted, 1, deadline);
   if (st.code() == StatusCode::kAborted || (st.ok() && uint8_t(admitted) != kAdmitted)) {
-    return Status::InvalidArgument("the store rejected this process's proof of the job secret "
-                                   "(was it started with a different secret / job?)");
+    return Status::InvalidArgument(
+        "the store rejected this process's proof of the job secret "
+        "(was it started with a different secret / job?)");
   }
   return st;
 }

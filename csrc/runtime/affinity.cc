@@ -33,8 +33,8 @@ void PinToCoreIfHostIsFull(const Topology& topo) {
     }
     closedir(dir);
   }
-  HVD_LOG(kDebug, "pinned " << pinned << " thread(s) to CPU " << cpu << " (local rank " << topo.local_rank << " of "
-                            << topo.local_size << " on " << cpus.size() << " CPUs)"
+  HVD_LOG(kDebug, "pinned " << pinned << " thread(s) to CPU " << cpu << " (local rank " << topo.local_rank
+                            << " of " << topo.local_size << " on " << cpus.size() << " CPUs)"
                             << (failed ? "; some threads could not be pinned" : ""));
 }
 

@@ -10,8 +10,8 @@
 #include <set>
 #include <vector>
 
-#include "common/logging.h"
 #include "backend/backend.h"
+#include "common/logging.h"
 #include "common/sha256.h"
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_store.h"
@@ -78,8 +78,9 @@ void ComputeTopology(const std::vector<std::string>& hosts, int rank, Topology* 
 Status ResolveIdentity(const Config& cfg, Topology* topo) {
   if (cfg.RANK < 0 && cfg.SIZE < 0) return Status::OK();  // a plain single-process run
   if (cfg.RANK < 0 || cfg.SIZE <= 0 || cfg.RANK >= cfg.SIZE) {
-    return Status::InvalidArgument("HVDLITE_RANK=" + std::to_string(cfg.RANK) + " and HVDLITE_SIZE=" +
-                                   std::to_string(cfg.SIZE) + " do not describe a job: set both, with "
+    return Status::InvalidArgument("HVDLITE_RANK=" + std::to_string(cfg.RANK) +
+                                   " and HVDLITE_SIZE=" + std::to_string(cfg.SIZE) +
+                                   " do not describe a job: set both, with "
                                    "0 <= rank < size (hvdliterun does this for you)");
   }
   topo->rank = static_cast<int>(cfg.RANK);
@@ -123,9 +124,10 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
     store = NewMemoryStore();
   } else {
     if (store_addr.empty()) {
-      return Status::InvalidArgument("HVDLITE_STORE_ADDR is not set for a " + std::to_string(topo->size) +
-                                     "-process job: launch with `hvdliterun -np N python script.py`, or have "
-                                     "your launcher host a store and set HVDLITE_STORE_ADDR and HVDLITE_SECRET");
+      return Status::InvalidArgument(
+          "HVDLITE_STORE_ADDR is not set for a " + std::to_string(topo->size) +
+          "-process job: launch with `hvdliterun -np N python script.py`, or have "
+          "your launcher host a store and set HVDLITE_STORE_ADDR and HVDLITE_SECRET");
     }
     HVD_RETURN_IF_ERROR(ConnectTcpStore(store_addr, secret, cfg.START_TIMEOUT, &store));
     advertise = RouteAddressTo(HostOf(store_addr));
@@ -145,7 +147,8 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
   if (cfg.LOCAL_SIZE > 0) topo->local_size = static_cast<int>(cfg.LOCAL_SIZE);
   if (cfg.CROSS_RANK >= 0) topo->cross_rank = static_cast<int>(cfg.CROSS_RANK);
   if (cfg.CROSS_SIZE > 0) topo->cross_size = static_cast<int>(cfg.CROSS_SIZE);
-  if (topo->via_mpi && cfg.LOCAL_RANK < 0 && cfg.mpi_launch.local_rank >= 0 && cfg.mpi_launch.local_size > 0) {
+  if (topo->via_mpi && cfg.LOCAL_RANK < 0 && cfg.mpi_launch.local_rank >= 0 &&
+      cfg.mpi_launch.local_size > 0) {
     topo->local_rank = static_cast<int>(cfg.mpi_launch.local_rank);  // the launcher's word
     topo->local_size = static_cast<int>(cfg.mpi_launch.local_size);
   }

@@ -45,35 +45,55 @@ void FillIdentityTyped(void* buf, int64_t count, ReduceOp op) {
   using L = std::numeric_limits<T>;
   T big = L::has_infinity ? L::infinity() : L::max();
   T small = L::has_infinity ? -L::infinity() : L::lowest();
-  FillTyped<T>(buf, count, op == ReduceOp::kProduct ? T(1) : op == ReduceOp::kMin ? big
-                                                     : op == ReduceOp::kMax ? small : T(0));
+  FillTyped<T>(buf, count,
+               op == ReduceOp::kProduct ? T(1)
+               : op == ReduceOp::kMin   ? big
+               : op == ReduceOp::kMax   ? small
+                                        : T(0));
 }
 
 // float16 / bfloat16 bit patterns of 1, +inf and -inf.
 void FillIdentityHalf(void* buf, int64_t count, ReduceOp op, uint16_t one, uint16_t inf, uint16_t neg_inf) {
-  FillTyped<uint16_t>(buf, count, op == ReduceOp::kProduct ? one : op == ReduceOp::kMin ? inf
-                                                           : op == ReduceOp::kMax ? neg_inf : 0);
+  FillTyped<uint16_t>(buf, count,
+                      op == ReduceOp::kProduct ? one
+                      : op == ReduceOp::kMin   ? inf
+                      : op == ReduceOp::kMax   ? neg_inf
+                                               : 0);
 }
 
 void FillIdentity(void* buf, int64_t count, DataType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::kUInt8: return FillIdentityTyped<uint8_t>(buf, count, op);
-    case DataType::kInt8: return FillIdentityTyped<int8_t>(buf, count, op);
-    case DataType::kInt32: return FillIdentityTyped<int32_t>(buf, count, op);
-    case DataType::kInt64: return FillIdentityTyped<int64_t>(buf, count, op);
-    case DataType::kFloat32: return FillIdentityTyped<float>(buf, count, op);
-    case DataType::kFloat64: return FillIdentityTyped<double>(buf, count, op);
-    case DataType::kFloat16: return FillIdentityHalf(buf, count, op, 0x3C00, 0x7C00, 0xFC00);
-    case DataType::kBFloat16: return FillIdentityHalf(buf, count, op, 0x3F80, 0x7F80, 0xFF80);
-    case DataType::kBool: return FillTyped<uint8_t>(buf, count, 0);
+    case DataType::kUInt8:
+      return FillIdentityTyped<uint8_t>(buf, count, op);
+    case DataType::kInt8:
+      return FillIdentityTyped<int8_t>(buf, count, op);
+    case DataType::kInt32:
+      return FillIdentityTyped<int32_t>(buf, count, op);
+    case DataType::kInt64:
+      return FillIdentityTyped<int64_t>(buf, count, op);
+    case DataType::kFloat32:
+      return FillIdentityTyped<float>(buf, count, op);
+    case DataType::kFloat64:
+      return FillIdentityTyped<double>(buf, count, op);
+    case DataType::kFloat16:
+      return FillIdentityHalf(buf, count, op, 0x3C00, 0x7C00, 0xFC00);
+    case DataType::kBFloat16:
+      return FillIdentityHalf(buf, count, op, 0x3F80, 0x7F80, 0xFF80);
+    case DataType::kBool:
+      return FillTyped<uint8_t>(buf, count, 0);
   }
 }
 
 }  // namespace
 
-Executor::Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
-                   LocalRequestCache* cache, Timeline* timeline)
-    : rank_(rank), backend_(backend), sets_(sets), handles_(handles), queue_(queue), cache_(cache),
+Executor::Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles,
+                   TensorQueue* queue, LocalRequestCache* cache, Timeline* timeline)
+    : rank_(rank),
+      backend_(backend),
+      sets_(sets),
+      handles_(handles),
+      queue_(queue),
+      cache_(cache),
       timeline_(timeline) {}
 
 void Executor::TraceBegin(const std::vector<TensorEntry>& entries, const std::string& phase) {
@@ -81,22 +101,27 @@ void Executor::TraceBegin(const std::vector<TensorEntry>& entries, const std::st
   for (const auto& e : entries) timeline_->Begin(e.request.name, phase);
 }
 
-void Executor::TraceEnd(const std::vector<TensorEntry>& entries, const std::string& phase, const std::string& args) {
+void Executor::TraceEnd(const std::vector<TensorEntry>& entries, const std::string& phase,
+                        const std::string& args) {
   if (timeline_ == nullptr || !timeline_->Active()) return;
   for (const auto& e : entries) timeline_->End(e.request.name, phase, args);
 }
 
 // Timeline args of one collective: backend/algorithm, bytes, fused tensors.
 std::string Executor::Describe(const Response& r, const std::vector<TensorEntry>& entries) {
-  static const std::map<OpType, Collective> kinds = {
-      {OpType::kAllreduce, Collective::kAllreduce}, {OpType::kAllgather, Collective::kAllgather},
-      {OpType::kBroadcast, Collective::kBroadcast}, {OpType::kAlltoall, Collective::kAlltoall},
-      {OpType::kReducescatter, Collective::kReducescatter}};
+  static const std::map<OpType, Collective> kinds = {{OpType::kAllreduce, Collective::kAllreduce},
+                                                     {OpType::kAllgather, Collective::kAllgather},
+                                                     {OpType::kBroadcast, Collective::kBroadcast},
+                                                     {OpType::kAlltoall, Collective::kAlltoall},
+                                                     {OpType::kReducescatter, Collective::kReducescatter}};
   int64_t bytes = 0;
-  for (const auto& e : entries) bytes += NumElements(e.request.shape) * static_cast<int64_t>(DataTypeSize(e.request.dtype));
+  for (const auto& e : entries)
+    bytes += NumElements(e.request.shape) * static_cast<int64_t>(DataTypeSize(e.request.dtype));
   auto kind = kinds.find(r.type);
-  std::string algorithm = kind == kinds.end() ? "none"
-                          : backend_->Describe(kind->second, bytes, static_cast<int>(sets_->Ranks(r.process_set).size()));
+  std::string algorithm =
+      kind == kinds.end()
+          ? "none"
+          : backend_->Describe(kind->second, bytes, static_cast<int>(sets_->Ranks(r.process_set).size()));
   return "\"algorithm\": " + JsonString(algorithm) + ", \"bytes\": " + std::to_string(bytes) +
          ", \"tensors\": " + std::to_string(entries.size());
 }
@@ -160,10 +185,13 @@ Status Executor::Execute(const Response& response) {
   for (auto& ch : phase) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   if (tracing) TraceBegin(entries, phase);
   Status st = Run(response, entries, &result);
-  if (tracing) TraceEnd(entries, phase, Describe(response, entries) + (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
+  if (tracing)
+    TraceEnd(entries, phase,
+             Describe(response, entries) + (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
   if (!st.ok()) {
     std::string what = std::string(OpTypeName(response.type)) + " of tensor '" + response.names[0] + "'";
-    if (response.names.size() > 1) what += " (fused with " + std::to_string(response.names.size() - 1) + " more)";
+    if (response.names.size() > 1)
+      what += " (fused with " + std::to_string(response.names.size() - 1) + " more)";
     st = st.WithContext(what + " failed");
   }
   bool result_taken = false;
@@ -294,7 +322,8 @@ Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, T
   return backend_->Allgatherv(ctx, e.data, out->output, bytes);
 }
 
-Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out) {
+Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e,
+                             HandleResult* out) {
   const Request& q = e.request;
   const size_t n = ctx.ranks.size();
   const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
@@ -361,7 +390,8 @@ Status Executor::RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult
 // after loading the module (Runtime::Enqueue).
 Status Executor::RunGpu(const CollectiveContext& ctx, const Response& r, std::vector<TensorEntry>& entries) {
   GpuBackend* gpu = gpu_.load();
-  if (gpu == nullptr) return Status::Internal("a CUDA tensor was scheduled but the NCCL module is not loaded");
+  if (gpu == nullptr)
+    return Status::Internal("a CUDA tensor was scheduled but the NCCL module is not loaded");
   const Request& q = entries[0].request;
   GpuOp op;
   op.device = q.device;

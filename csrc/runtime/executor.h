@@ -52,7 +52,8 @@ class Executor : public GpuHost {
   void* Scratch(int64_t bytes);
   TensorEntry StandIn(const Request& spec);
   void TraceBegin(const std::vector<TensorEntry>& entries, const std::string& phase);
-  void TraceEnd(const std::vector<TensorEntry>& entries, const std::string& phase, const std::string& args = "");
+  void TraceEnd(const std::vector<TensorEntry>& entries, const std::string& phase,
+                const std::string& args = "");
   std::string Describe(const Response& r, const std::vector<TensorEntry>& entries);
   int rank_;
   Backend* backend_;

@@ -59,8 +59,9 @@ bool HandleTable::Done(int64_t handle, Status* status, bool* known) const {
 
 Status HandleTable::Wait(int64_t handle, double timeout_s) const {
   std::unique_lock<std::mutex> lock(mu_);
-  auto until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                      std::chrono::duration<double>(timeout_s));
+  auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
   while (true) {
     auto it = states_.find(handle);
     if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));

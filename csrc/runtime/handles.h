@@ -19,7 +19,7 @@ namespace hvdlite {
 
 struct HandleResult {
   Status status;
-  void* output = nullptr;               // 64-byte aligned, from AllocateOutput
+  void* output = nullptr;  // 64-byte aligned, from AllocateOutput
   int64_t output_bytes = 0;
   std::vector<int64_t> output_shape;
   std::vector<int64_t> received_splits;  // alltoall: rows received from each member

@@ -32,17 +32,16 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   return Status::OK();
 }
 
-Runtime::~Runtime() {
-  Shutdown();
-}
+Runtime::~Runtime() { Shutdown(); }
 
 // The first CUDA tensor loads the NCCL module; an operation the module lacks,
 // or a failure to load it, fails at once on this rank, before negotiation.
 Status Runtime::AdmitCudaTensor(const Request& request) {
   if (request.type != OpType::kAllreduce && request.type != OpType::kBroadcast) {
-    return Status::NotSupported(std::string(OpTypeName(request.type)) + " of CUDA tensor '" + request.name +
-                                "' is not supported yet (CUDA tensors: allreduce, grouped allreduce and broadcast); "
-                                "copy the tensor to the CPU first");
+    return Status::NotSupported(
+        std::string(OpTypeName(request.type)) + " of CUDA tensor '" + request.name +
+        "' is not supported yet (CUDA tensors: allreduce, grouped allreduce and broadcast); "
+        "copy the tensor to the CPU first");
   }
   std::lock_guard<std::mutex> lock(gpu_mu_);
   if (gpu_) return Status::OK();
@@ -129,7 +128,8 @@ Status Runtime::HandleIncoming() {
   for (auto& msg : incoming_) {
     if (PeekControlKind(msg.payload) == ControlKind::kRequests && coordinator_) {
       RequestList list;
-      HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &list).WithContext("from rank " + std::to_string(msg.peer)));
+      HVD_RETURN_IF_ERROR(
+          Deserialize(msg.payload, &list).WithContext("from rank " + std::to_string(msg.peer)));
       coordinator_->Add(msg.peer, list);
     } else if (PeekControlKind(msg.payload) == ControlKind::kResponses && msg.peer == 0) {
       ResponseList list;
@@ -164,7 +164,8 @@ int Runtime::WaitBudgetMs(bool shutting_down) {
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
-                                                                      std::chrono::steady_clock::now()).count();
+                                                                      std::chrono::steady_clock::now())
+                    .count();
     budget = static_cast<int>(std::max<long long>(0, std::min<long long>(budget, left)));
   }
   return budget;

@@ -24,8 +24,8 @@
 #include "backend/backend.h"
 #include "backend/gpu_backend.h"
 #include "common/config.h"
-#include "coordinator/autotuner.h"
 #include "common/spin.h"
+#include "coordinator/autotuner.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -92,10 +92,10 @@ class Runtime {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<Executor> executor_;
-  std::mutex gpu_mu_;                  // guards loading the NCCL module
-  std::unique_ptr<GpuBackend> gpu_;    // loaded on the first CUDA tensor; destroyed before executor_
-  Status gpu_error_;                   // why loading failed, once it has
-  std::unique_ptr<Autotuner> autotuner_;   // rank 0 only
+  std::mutex gpu_mu_;                     // guards loading the NCCL module
+  std::unique_ptr<GpuBackend> gpu_;       // loaded on the first CUDA tensor; destroyed before executor_
+  Status gpu_error_;                      // why loading failed, once it has
+  std::unique_ptr<Autotuner> autotuner_;  // rank 0 only
   ProcessSetTable sets_;
   HandleTable handles_;
   TensorQueue queue_;
@@ -117,8 +117,8 @@ class Runtime {
 
   std::thread thread_;
   std::mutex state_mu_;
-  Status broken_;              // first fatal error, or "shut down"
-  bool stopped_ = false;       // no new work is accepted
+  Status broken_;         // first fatal error, or "shut down"
+  bool stopped_ = false;  // no new work is accepted
   std::atomic<bool> shutdown_requested_{false};
   std::chrono::steady_clock::time_point shutdown_deadline_;
 };

@@ -45,8 +45,8 @@ void Runtime::Loop() {
     if (finished_) return Leave();
     const bool shutting_down = shutdown_requested_.load();
     if (shutting_down && Clock::now() >= shutdown_deadline_) {
-      HVD_LOG(kWarning, "shutdown: not every rank called shutdown() within "
-                            << cfg_.SHUTDOWN_TIMEOUT_SECONDS << " s; leaving anyway");
+      HVD_LOG(kWarning, "shutdown: not every rank called shutdown() within " << cfg_.SHUTDOWN_TIMEOUT_SECONDS
+                                                                             << " s; leaving anyway");
       return Leave();
     }
     if (drive_requests_.load() > 0) {
@@ -162,7 +162,8 @@ Status Runtime::Drive(int64_t handle, Clock::time_point until) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
     if (st.ok() && left <= 0) return Status::OK();
     if (st.ok()) {
-      const int budget = static_cast<int>(std::min<long long>(left, WaitBudgetMs(shutdown_requested_.load())));
+      const int budget =
+          static_cast<int>(std::min<long long>(left, WaitBudgetMs(shutdown_requested_.load())));
       st = WaitForWork(&spin, budget, /*for_driver=*/true);
     }
     if (!st.ok()) {

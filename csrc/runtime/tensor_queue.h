@@ -24,7 +24,7 @@ namespace hvdlite {
 
 struct TensorEntry {
   Request request;
-  void* data = nullptr;  // caller's buffer; valid until the handle completes
+  void* data = nullptr;    // caller's buffer; valid until the handle completes
   void* stream = nullptr;  // CUDA tensors: the framework's stream the data is ready on (null = default)
   int64_t handle = 0;
 };
@@ -64,9 +64,9 @@ class TensorQueue {
   std::map<std::pair<int32_t, std::string>, Slot> in_flight_;
   std::vector<Request> fresh_;
   int wake_fd_ = -1;
-  std::atomic<uint64_t> pushed_{0};     // Push count
-  uint64_t taken_ = 0;                  // pushed_ as of the last TakeNew (background thread)
-  std::atomic<bool> sleeping_{false};   // the background thread may be asleep on wake_fd_
+  std::atomic<uint64_t> pushed_{0};    // Push count
+  uint64_t taken_ = 0;                 // pushed_ as of the last TakeNew (background thread)
+  std::atomic<bool> sleeping_{false};  // the background thread may be asleep on wake_fd_
 };
 
 }  // namespace hvdlite

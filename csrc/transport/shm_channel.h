@@ -61,7 +61,9 @@ struct ChannelView {
 
   ChannelView() = default;
   ChannelView(char* base, uint32_t n, size_t bytes)
-      : counters(reinterpret_cast<ChannelCounters*>(base)), slots(base + sizeof(ChannelCounters)), nslots(n),
+      : counters(reinterpret_cast<ChannelCounters*>(base)),
+        slots(base + sizeof(ChannelCounters)),
+        nslots(n),
         slot_bytes(bytes) {}
   SlotHeader* header(uint64_t seq) const {
     return reinterpret_cast<SlotHeader*>(slots + (seq % nslots) * (sizeof(SlotHeader) + slot_bytes));

@@ -50,7 +50,8 @@ Status ShmTransport::SendControl(int peer, const std::string& payload) {
   if (!tcp_->broken().ok()) return tcp_->broken();
   HVD_RETURN_IF_ERROR(CheckPeer(peer, "control"));
   if (!Linked(peer)) return tcp_->SendControl(peer, payload);
-  if (payload.size() > tcp_wire::kMaxControlLen) return Status::InvalidArgument("control message larger than 1 GiB");
+  if (payload.size() > tcp_wire::kMaxControlLen)
+    return Status::InvalidArgument("control message larger than 1 GiB");
   Transfer t;
   t.ss.peer = peer;
   t.ss.kind = shm::kControlPiece;
@@ -86,7 +87,8 @@ Status ShmTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
       sleeping_->store(1, std::memory_order_seq_cst);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       st = DrainControl();
-      if (st.ok() && ctrl_queue_.empty()) st = tcp_->WaitEvents(wake_fd, deadline.RemainingMs(), -1, &tcp_ctrl_, &woken);
+      if (st.ok() && ctrl_queue_.empty())
+        st = tcp_->WaitEvents(wake_fd, deadline.RemainingMs(), -1, &tcp_ctrl_, &woken);
       sleeping_->store(0, std::memory_order_relaxed);
       if (st.ok()) st = DrainControl();
     }

@@ -29,7 +29,9 @@ Status MapFd(int fd, size_t bytes, const std::string& name, char** out) {
 }
 
 bool SaneGeometry(const Geometry& g) {
-  auto ok = [](uint32_t n, uint64_t b) { return n >= 1 && n <= 4096 && b >= kLine && b % kLine == 0 && b <= (1ull << 30); };
+  auto ok = [](uint32_t n, uint64_t b) {
+    return n >= 1 && n <= 4096 && b >= kLine && b % kLine == 0 && b <= (1ull << 30);
+  };
   return ok(g.ctrl_slots, g.ctrl_slot_bytes) && ok(g.data_slots, g.data_slot_bytes);
 }
 
@@ -128,8 +130,9 @@ Status Segment::Open(const std::string& name, int owner, const uint64_t nonce[2]
   bool ok = h->magic == kMagic && h->version == kVersion && h->owner == owner && h->nonce[0] == nonce[0] &&
             h->nonce[1] == nonce[1] && SaneGeometry(h->geometry) &&
             SegmentBytes(h->geometry, h->pairs) == seg.bytes_;
-  if (!ok) return Status::Internal("shared-memory segment " + name + " is not the one rank " +
-                                   std::to_string(owner) + " published (wrong header)");
+  if (!ok)
+    return Status::Internal("shared-memory segment " + name + " is not the one rank " +
+                            std::to_string(owner) + " published (wrong header)");
   *out = std::move(seg);
   return Status::OK();
 }

@@ -42,9 +42,9 @@ Geometry MakeGeometry(size_t channel_bytes);
 struct SegmentHeader {
   uint64_t magic;
   uint32_t version;
-  int32_t owner;         // global rank
-  uint64_t nonce[2];     // random, published with the name: proves it is this job's segment
-  uint32_t pairs;        // channel pairs that follow
+  int32_t owner;      // global rank
+  uint64_t nonce[2];  // random, published with the name: proves it is this job's segment
+  uint32_t pairs;     // channel pairs that follow
   uint32_t reserved;
   Geometry geometry;
   // Set by the owner while it sleeps (or is about to) in a wait; whoever
@@ -53,11 +53,15 @@ struct SegmentHeader {
 };
 
 inline size_t HeaderBytes() { return RoundUp(sizeof(SegmentHeader), kLine); }
-inline size_t SegmentBytes(const Geometry& g, uint32_t pairs) { return HeaderBytes() + pairs * g.PairBytes(); }
+inline size_t SegmentBytes(const Geometry& g, uint32_t pairs) {
+  return HeaderBytes() + pairs * g.PairBytes();
+}
 
 // Index of the channel pair serving local member `peer` in the segment of
 // local member `owner` (peer != owner).
-inline uint32_t PairIndex(int owner, int peer) { return static_cast<uint32_t>(peer < owner ? peer : peer - 1); }
+inline uint32_t PairIndex(int owner, int peer) {
+  return static_cast<uint32_t>(peer < owner ? peer : peer - 1);
+}
 
 // Control and data channels of pair `k` in a mapped segment.
 ChannelView ControlChannel(char* base, const Geometry& g, uint32_t k);

@@ -60,7 +60,8 @@ Status PublishOwn(Store* store, const std::string& prefix, const std::string& se
   const std::string name = SegmentName(secret, prefix, rank);
   const uint32_t pairs = static_cast<uint32_t>(plan.members.size() - 1);
   Status st = shm::Segment::Create(name, shm::MakeGeometry(opts.channel_bytes), pairs, rank, nonce, own);
-  if (!st.ok()) HVD_LOG(kWarning, "shared memory unavailable, using TCP to this host's ranks: " << st.message());
+  if (!st.ok())
+    HVD_LOG(kWarning, "shared memory unavailable, using TCP to this host's ranks: " << st.message());
   std::string value = own->mapped() ? name + " " + HexEncode(nonce, sizeof(nonce)) : "";
   return store->Set(prefix + "shm/seg/" + std::to_string(rank), value);
 }
@@ -74,8 +75,9 @@ Status MapPeers(Store* store, const std::string& prefix, int rank, const HostPla
     const int q = plan.members[i];
     if (q == rank) continue;
     std::string value, nonce_bytes;
-    HVD_RETURN_IF_ERROR(store->Get(prefix + "shm/seg/" + std::to_string(q), timeout_s, &value)
-                            .WithContext("waiting for rank " + std::to_string(q) + "'s shared-memory segment"));
+    HVD_RETURN_IF_ERROR(
+        store->Get(prefix + "shm/seg/" + std::to_string(q), timeout_s, &value)
+            .WithContext("waiting for rank " + std::to_string(q) + "'s shared-memory segment"));
     const size_t space = value.find(' ');
     if (value.empty() || space == std::string::npos || !HexDecode(value.substr(space + 1), &nonce_bytes) ||
         nonce_bytes.size() != 16) {
@@ -104,8 +106,8 @@ Status LinkPeers(Store* store, const std::string& prefix, int rank, const HostPl
     std::string ok;
     HVD_RETURN_IF_ERROR(store->Get(prefix + "shm/ok/" + std::to_string(q), timeout_s, &ok)
                             .WithContext("waiting for rank " + std::to_string(q) + " to map shared memory"));
-    const bool both = own.mapped() && mapped[q].mapped() && ok.size() == plan.members.size() &&
-                      ok[plan.me] == '1';
+    const bool both =
+        own.mapped() && mapped[q].mapped() && ok.size() == plan.members.size() && ok[plan.me] == '1';
     if (!both) continue;
     const shm::Geometry& theirs = mapped[q].header()->geometry;
     const uint32_t out_k = shm::PairIndex(plan.me, static_cast<int>(i));
@@ -125,14 +127,15 @@ Status LinkPeers(Store* store, const std::string& prefix, int rank, const HostPl
 
 Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int size,
                           const std::string& advertise_host, const std::string& secret,
-                          double connect_timeout_s, double io_timeout_s, const std::vector<std::string>& hosts,
-                          const ShmOptions& opts, std::unique_ptr<Transport>* out) {
+                          double connect_timeout_s, double io_timeout_s,
+                          const std::vector<std::string>& hosts, const ShmOptions& opts,
+                          std::unique_ptr<Transport>* out) {
   std::unique_ptr<TcpTransport> tcp;
-  HVD_RETURN_IF_ERROR(
-      NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, io_timeout_s, &tcp));
+  HVD_RETURN_IF_ERROR(NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s,
+                                      io_timeout_s, &tcp));
   if (static_cast<int>(hosts.size()) != size) {
-    return Status::InvalidArgument("CreateShmTransport: " + std::to_string(hosts.size()) + " host names for " +
-                                   std::to_string(size) + " ranks");
+    return Status::InvalidArgument("CreateShmTransport: " + std::to_string(hosts.size()) +
+                                   " host names for " + std::to_string(size) + " ranks");
   }
   const HostPlan plan = PlanHost(hosts, rank);
   if (opts.disable || plan.members.size() < 2) {

@@ -11,10 +11,16 @@
 
 namespace hvdlite {
 
-ShmTransport::ShmTransport(std::unique_ptr<TcpTransport> tcp, shm::Segment own, std::vector<shm::Segment> mapped,
-                           std::vector<Link> links, const ShmOptions& opts, double io_timeout_s, bool oversubscribed)
-    : tcp_(std::move(tcp)), own_(std::move(own)), mapped_(std::move(mapped)), links_(std::move(links)),
-      opts_(opts), io_timeout_s_(io_timeout_s), yield_(oversubscribed),
+ShmTransport::ShmTransport(std::unique_ptr<TcpTransport> tcp, shm::Segment own,
+                           std::vector<shm::Segment> mapped, std::vector<Link> links, const ShmOptions& opts,
+                           double io_timeout_s, bool oversubscribed)
+    : tcp_(std::move(tcp)),
+      own_(std::move(own)),
+      mapped_(std::move(mapped)),
+      links_(std::move(links)),
+      opts_(opts),
+      io_timeout_s_(io_timeout_s),
+      yield_(oversubscribed),
       data_spin_(oversubscribed ? opts.spin_us * kYieldSpinFactor : opts.spin_us),
       sleeping_(&own_.header()->sleeping) {
   for (int r = 0; r < static_cast<int>(links_.size()); ++r) {
@@ -43,22 +49,25 @@ Status ShmTransport::Recv(int peer, uint32_t tag, void* data, size_t len) {
 
 Status ShmTransport::SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
                               int recv_peer, uint32_t recv_tag, void* recv_data, size_t recv_len) {
-  return Exchange(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag, recv_data, recv_len, nullptr);
+  return Exchange(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag, recv_data, recv_len,
+                  nullptr);
 }
 
 Status ShmTransport::SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
                                     int recv_peer, uint32_t recv_tag, void* recv_dst, size_t recv_len,
                                     const Reducer& reducer) {
-  return Exchange(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag, recv_dst, recv_len, &reducer);
+  return Exchange(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag, recv_dst, recv_len,
+                  &reducer);
 }
 
 // A rank exchanging with itself: a plain copy (or reduction).
-Status ShmTransport::SelfExchange(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag,
-                                  void* recv_data, size_t recv_len, const Reducer* reducer) {
+Status ShmTransport::SelfExchange(uint32_t send_tag, const void* send_data, size_t send_len,
+                                  uint32_t recv_tag, void* recv_data, size_t recv_len,
+                                  const Reducer* reducer) {
   if (send_tag != recv_tag || send_len != recv_len) {
     std::ostringstream os;
-    os << "rank " << rank() << " sends itself tag " << send_tag << " (" << send_len << " bytes) but expects tag "
-       << recv_tag << " (" << recv_len << " bytes)";
+    os << "rank " << rank() << " sends itself tag " << send_tag << " (" << send_len
+       << " bytes) but expects tag " << recv_tag << " (" << recv_len << " bytes)";
     return Fail(Status::Internal(os.str()));
   }
   if (send_len == 0 || send_data == recv_data) return Status::OK();
@@ -85,8 +94,8 @@ Status ShmTransport::Exchange(int send_peer, uint32_t send_tag, const void* send
   }
   Transfer t;
   HVD_RETURN_IF_ERROR(tcp_->PrepareOps(shm_send ? -1 : send_peer, send_tag, send_data, send_len,
-                                       shm_recv ? -1 : recv_peer, recv_tag, recv_data, recv_len, reducer, &t.ts,
-                                       &t.tr));
+                                       shm_recv ? -1 : recv_peer, recv_tag, recv_data, recv_len, reducer,
+                                       &t.ts, &t.tr));
   if (shm_send) {
     t.ss.peer = send_peer;
     t.ss.tag = send_tag;
@@ -224,7 +233,8 @@ Status ShmTransport::Sleep(Transfer* t) {
 // will never move our transfer along. A crashed one is reported by WaitEvents.
 Status ShmTransport::PeersAlive(const Transfer& t) const {
   for (int peer : {t.ss.done ? -1 : t.ss.peer, t.sr.done ? -1 : t.sr.peer}) {
-    if (peer >= 0 && tcp_->PeerClosed(peer)) return Status::Aborted("rank " + std::to_string(peer) + " has shut down");
+    if (peer >= 0 && tcp_->PeerClosed(peer))
+      return Status::Aborted("rank " + std::to_string(peer) + " has shut down");
   }
   return Status::OK();
 }
@@ -240,8 +250,8 @@ Status ShmTransport::TimeoutError(const Transfer& t) const {
   }
   if (!t.ss.done && !t.sr.done) os << " and";
   if (!t.sr.done) {
-    os << " receiving from rank " << t.sr.peer << " (tag " << t.sr.tag << ", " << t.sr.got << " of " << t.sr.len
-       << " bytes received)";
+    os << " receiving from rank " << t.sr.peer << " (tag " << t.sr.tag << ", " << t.sr.got << " of "
+       << t.sr.len << " bytes received)";
   }
   os << " through shared memory; is that rank stalled, or did it skip this operation?";
   return Status::Timeout(os.str());

@@ -66,8 +66,9 @@ class ShmTransport : public Transport {
   Status Recv(int peer, uint32_t tag, void* data, size_t len) override;
   Status SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
                   uint32_t recv_tag, void* recv_data, size_t recv_len) override;
-  Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
-                        uint32_t recv_tag, void* recv_dst, size_t recv_len, const Reducer& reducer) override;
+  Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
+                        int recv_peer, uint32_t recv_tag, void* recv_dst, size_t recv_len,
+                        const Reducer& reducer) override;
 
   Status SendControl(int peer, const std::string& payload) override;
   Status WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) override;
@@ -137,9 +138,9 @@ class ShmTransport : public Transport {
   std::vector<int> linked_ids_;  // ranks of the linked peers
   ShmOptions opts_;
   double io_timeout_s_;
-  bool yield_;  // spin by yielding: more busy ranks than cores on this host
-  SpinBudget data_spin_;  // how long transfers poll before sleeping (common/spin.h)
-  std::atomic<uint32_t>* sleeping_;  // this rank's flag, in own_
+  bool yield_;                             // spin by yielding: more busy ranks than cores on this host
+  SpinBudget data_spin_;                   // how long transfers poll before sleeping (common/spin.h)
+  std::atomic<uint32_t>* sleeping_;        // this rank's flag, in own_
   std::deque<ControlMessage> ctrl_queue_;  // complete control messages not yet returned
   std::vector<ControlMessage> tcp_ctrl_;   // scratch for TcpTransport::WaitEvents
   std::chrono::steady_clock::time_point last_socket_check_{};  // WaitControl(timeout 0)

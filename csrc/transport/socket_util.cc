@@ -198,8 +198,8 @@ Status ConnectTcp(const std::string& host, int port, const Deadline& deadline, i
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, left)));
     backoff_ms = std::min(backoff_ms * 2, 200);
   }
-  return Status::Timeout("could not connect to " + JoinHostPort(host, port) + " before the deadline: " +
-                         last_error);
+  return Status::Timeout("could not connect to " + JoinHostPort(host, port) +
+                         " before the deadline: " + last_error);
 }
 
 bool WaitReadable(int fd, int timeout_ms) {

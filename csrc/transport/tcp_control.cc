@@ -69,8 +69,8 @@ Status TcpTransport::OnHeader(int peer) {
                 (h.kind == kNudge && h.length == 0);
   if (!ok_len) {
     std::ostringstream os;
-    os << "rank " << rank_ << " received a corrupt frame from rank " << peer << " (kind 0x" << std::hex << h.kind
-       << std::dec << ", length " << h.length << ")";
+    os << "rank " << rank_ << " received a corrupt frame from rank " << peer << " (kind 0x" << std::hex
+       << h.kind << std::dec << ", length " << h.length << ")";
     return Status::Internal(os.str());
   }
   p.hdr_got = 0;
@@ -154,8 +154,8 @@ Status TcpTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
   return WaitImpl(wake_fd, timeout_ms, -1, false, out, &woken);
 }
 
-Status TcpTransport::WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out,
-                                bool* woken) {
+Status TcpTransport::WaitEvents(int wake_fd, int timeout_ms, int writable_peer,
+                                std::vector<ControlMessage>* out, bool* woken) {
   return WaitImpl(wake_fd, timeout_ms, writable_peer, true, out, woken);
 }
 
@@ -207,7 +207,8 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bo
         have = true;
       }
     }
-    if (have || *woken || deadline.expired() || (any_progress && (progressed || nudged_))) return Status::OK();
+    if (have || *woken || deadline.expired() || (any_progress && (progressed || nudged_)))
+      return Status::OK();
     wait_ms = deadline.RemainingMs();
   }
 }
@@ -242,9 +243,7 @@ void TcpTransport::Depart() {
   }
 }
 
-bool TcpTransport::PeerDeparted(int peer) const {
-  return peer >= 0 && peer < size_ && peers_[peer].departed;
-}
+bool TcpTransport::PeerDeparted(int peer) const { return peer >= 0 && peer < size_ && peers_[peer].departed; }
 
 void TcpTransport::Close() {
   if (closed_) return;
@@ -262,9 +261,9 @@ void TcpTransport::Close() {
   }
 }
 
-Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
-                       const std::string& secret, double connect_timeout_s, double io_timeout_s,
-                       std::unique_ptr<TcpTransport>* out) {
+Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size,
+                       const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
+                       double io_timeout_s, std::unique_ptr<TcpTransport>* out) {
   if (size < 1 || rank < 0 || rank >= size) {
     return Status::InvalidArgument("CreateTcpTransport: rank " + std::to_string(rank) + " is outside size " +
                                    std::to_string(size));
@@ -274,7 +273,8 @@ Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int si
     return Status::InvalidArgument("CreateTcpTransport: timeouts must be positive");
   }
   std::vector<int> fds;
-  HVD_RETURN_IF_ERROR(BuildTcpMesh(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, &fds));
+  HVD_RETURN_IF_ERROR(
+      BuildTcpMesh(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, &fds));
   out->reset(new TcpTransport(rank, size, std::move(fds), io_timeout_s));
   return Status::OK();
 }
@@ -283,8 +283,8 @@ Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int
                           const std::string& advertise_host, const std::string& secret,
                           double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out) {
   std::unique_ptr<TcpTransport> tcp;
-  HVD_RETURN_IF_ERROR(
-      NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, io_timeout_s, &tcp));
+  HVD_RETURN_IF_ERROR(NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s,
+                                      io_timeout_s, &tcp));
   *out = std::move(tcp);
   return Status::OK();
 }

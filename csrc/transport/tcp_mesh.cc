@@ -67,8 +67,13 @@ class Acceptor {
  public:
   Acceptor(int listen_fd, int rank, int size, const std::string& prefix, const std::string& secret,
            Deadline deadline)
-      : listen_fd_(listen_fd), rank_(rank), size_(size), prefix_(prefix), secret_(secret),
-        deadline_(deadline), fds_(size, -1) {}
+      : listen_fd_(listen_fd),
+        rank_(rank),
+        size_(size),
+        prefix_(prefix),
+        secret_(secret),
+        deadline_(deadline),
+        fds_(size, -1) {}
   ~Acceptor() { net::CloseFd(&wake_fd_); }
 
   Status Start() {
@@ -218,10 +223,11 @@ Status ConnectToPeer(Store* store, const std::string& prefix, int rank, int peer
                      const Deadline& deadline, int* fd_out) {
   std::string addr, host;
   int port = 0;
-  HVD_RETURN_IF_ERROR(store->Get(prefix + "addr/" + std::to_string(peer),
-                                 deadline.RemainingMs() / 1000.0, &addr));
+  HVD_RETURN_IF_ERROR(
+      store->Get(prefix + "addr/" + std::to_string(peer), deadline.RemainingMs() / 1000.0, &addr));
   if (!net::ParseHostPort(addr, &host, &port)) {
-    return Status::InvalidArgument("malformed address '" + addr + "' published by rank " + std::to_string(peer));
+    return Status::InvalidArgument("malformed address '" + addr + "' published by rank " +
+                                   std::to_string(peer));
   }
   int fd = -1;
   Status st = net::ConnectTcp(host, port, deadline, &fd);
@@ -255,8 +261,8 @@ Status ConnectToPeer(Store* store, const std::string& prefix, int rank, int peer
 }  // namespace
 
 Status BuildTcpMesh(Store* store, const std::string& prefix, int rank, int size,
-                    const std::string& advertise_host, const std::string& secret,
-                    double connect_timeout_s, std::vector<int>* fds) {
+                    const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
+                    std::vector<int>* fds) {
   fds->assign(size, -1);
   if (size <= 1) return Status::OK();
   Deadline deadline = Deadline::After(connect_timeout_s);

@@ -15,7 +15,7 @@ class Store;
 // rank (on a helper thread, poll-based, so strangers never block it); the
 // listener is closed before returning. Everything is bounded by connect_timeout_s.
 Status BuildTcpMesh(Store* store, const std::string& prefix, int rank, int size,
-                    const std::string& advertise_host, const std::string& secret,
-                    double connect_timeout_s, std::vector<int>* fds);
+                    const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
+                    std::vector<int>* fds);
 
 }  // namespace hvdlite

@@ -48,8 +48,8 @@ Status TcpTransport::SelfCopy(uint32_t send_tag, const void* send_data, size_t s
                               void* recv_data, size_t recv_len) {
   if (send_tag != recv_tag || send_len != recv_len) {
     std::ostringstream os;
-    os << "rank " << rank_ << " sends itself tag " << send_tag << " (" << send_len << " bytes) but expects tag "
-       << recv_tag << " (" << recv_len << " bytes)";
+    os << "rank " << rank_ << " sends itself tag " << send_tag << " (" << send_len
+       << " bytes) but expects tag " << recv_tag << " (" << recv_len << " bytes)";
     return Fail(Status::Internal(os.str()));
   }
   if (send_len > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_len);
@@ -245,8 +245,8 @@ Status TcpTransport::ReceiveReducing(RecvOp* r, bool* progressed) {
       r->got += size_t(n);
       *progressed = true;
       if (r->got - r->reduced == kPiece || r->got == r->len) {
-        HVD_RETURN_IF_ERROR(
-            r->reducer->fn(r->reducer->ctx, r->data + r->reduced, reduce_scratch_.data(), r->got - r->reduced));
+        HVD_RETURN_IF_ERROR(r->reducer->fn(r->reducer->ctx, r->data + r->reduced, reduce_scratch_.data(),
+                                           r->got - r->reduced));
         r->reduced = r->got;
       }
       continue;
@@ -262,7 +262,8 @@ Status TcpTransport::TimeoutError(const SendOp& s, const RecvOp& r) const {
   os << "rank " << rank_ << ": no data moved for " << io_timeout_s_ << "s while";
   if (!s.done) {
     os << " sending to rank " << s.peer << " (tag " << s.hdr.tag << ", "
-       << (s.sent > sizeof(FrameHeader) ? s.sent - sizeof(FrameHeader) : 0) << " of " << s.len << " bytes sent)";
+       << (s.sent > sizeof(FrameHeader) ? s.sent - sizeof(FrameHeader) : 0) << " of " << s.len
+       << " bytes sent)";
   }
   if (!s.done && !r.done) os << " and";
   if (!r.done) {

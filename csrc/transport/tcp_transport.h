@@ -34,8 +34,9 @@ class TcpTransport : public Transport {
   Status SendRecv(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
                   uint32_t recv_tag, void* recv_data, size_t recv_len) override;
 
-  Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
-                        uint32_t recv_tag, void* recv_dst, size_t recv_len, const Reducer& reducer) override;
+  Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
+                        int recv_peer, uint32_t recv_tag, void* recv_dst, size_t recv_len,
+                        const Reducer& reducer) override;
 
   Status SendControl(int peer, const std::string& payload) override;
   Status WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) override;
@@ -53,7 +54,8 @@ class TcpTransport : public Transport {
   // Like WaitControl, but also returns as soon as anything arrives from any
   // peer (a NUDGE, a DATA header) or, when writable_peer >= 0, that peer's
   // socket can take more bytes. *woken is set when wake_fd fired.
-  Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out, bool* woken);
+  Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out,
+                    bool* woken);
   // True once a departed peer's connection has reached EOF.
   bool PeerClosed(int peer) const { return peers_[peer].closed; }
   // Marks the transport broken with `st` (unless already broken), tells the
@@ -77,10 +79,10 @@ class TcpTransport : public Transport {
     char* data = nullptr;
     size_t len = 0;
     size_t got = 0;
-    bool checked = false;             // the pending header matched tag and length
+    bool checked = false;  // the pending header matched tag and length
     bool done = true;
     const Reducer* reducer = nullptr;  // reduce into data (through scratch) instead of copying
-    size_t reduced = 0;               // bytes of data already reduced
+    size_t reduced = 0;                // bytes of data already reduced
   };
   // Fills the ops for a SendRecv(Reduce) without moving a byte.
   Status PrepareOps(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
@@ -107,8 +109,8 @@ class TcpTransport : public Transport {
   };
 
   Status CheckPeer(int peer, const char* what) const;
-  Status SelfCopy(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag, void* recv_data,
-                  size_t recv_len);
+  Status SelfCopy(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag,
+                  void* recv_data, size_t recv_len);
   Status WriteFrame(int peer, uint32_t kind, uint32_t tag, const void* data, size_t len);
   Status RunOps(SendOp* s, RecvOp* r);
   Status ProgressSend(SendOp* s, bool* progressed);
@@ -144,8 +146,8 @@ class TcpTransport : public Transport {
 };
 
 // CreateTcpTransport's work, returning the concrete type (for ShmTransport).
-Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
-                       const std::string& secret, double connect_timeout_s, double io_timeout_s,
-                       std::unique_ptr<TcpTransport>* out);
+Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size,
+                       const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
+                       double io_timeout_s, std::unique_ptr<TcpTransport>* out);
 
 }  // namespace hvdlite

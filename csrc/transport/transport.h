@@ -92,14 +92,13 @@ class Transport {
 // rendezvous. The listener is closed once the mesh is complete.
 Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int size,
                           const std::string& advertise_host, const std::string& secret,
-                          double connect_timeout_s, double io_timeout_s,
-                          std::unique_ptr<Transport>* out);
+                          double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out);
 
 // Options of the shared-memory transport (HVDLITE_SHM_* settings).
 struct ShmOptions {
-  bool disable = false;             // TCP only
-  size_t channel_bytes = 1 << 20;   // data ring per ordered pair of ranks on a host
-  double spin_us = 50;              // a wait busy-polls this long before it sleeps
+  bool disable = false;            // TCP only
+  size_t channel_bytes = 1 << 20;  // data ring per ordered pair of ranks on a host
+  double spin_us = 50;             // a wait busy-polls this long before it sleeps
 };
 
 // CreateTcpTransport, plus shared memory between the ranks that share a host
@@ -114,7 +113,8 @@ struct ShmOptions {
 // opts.disable, or no peer on this host, the result is the plain TCP transport.
 Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int size,
                           const std::string& advertise_host, const std::string& secret,
-                          double connect_timeout_s, double io_timeout_s, const std::vector<std::string>& hosts,
-                          const ShmOptions& opts, std::unique_ptr<Transport>* out);
+                          double connect_timeout_s, double io_timeout_s,
+                          const std::vector<std::string>& hosts, const ShmOptions& opts,
+                          std::unique_ptr<Transport>* out);
 
 }  // namespace hvdlite

@@ -17,6 +17,7 @@ ring allreduce, which is acceptable for the CPU path it serves.
 
 As in Horovod, the number of members must be a power of two.
 """
+
 import numpy as np
 
 from hvdlite.common import collectives, dtypes, exceptions, ops
@@ -73,18 +74,23 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
     """Pending Adasum allreduce of `tensor` in place over `process_set`;
     finish() returns `tensor`."""
     from hvdlite.common.basics import size
+
     members = size() if process_set is None or process_set.process_set_id == 0 else process_set.size()
     if not is_power_of_two(members):
-        raise AdasumNotSupportedError("Running Adasum with non-power of 2 ranks is not supported yet "
-                                      "(tensor '%s', %d ranks)" % (name, members))
+        raise AdasumNotSupportedError(
+            "Running Adasum with non-power of 2 ranks is not supported yet "
+            "(tensor '%s', %d ranks)" % (name, members)
+        )
     code = adapter.dtype_code(tensor)
     if code not in _FLOAT_CODES:
-        raise exceptions.NotSupportedError("Adasum needs a floating-point tensor; '%s' has dtype %s"
-                                           % (name, getattr(tensor, "dtype", "?")))
+        raise exceptions.NotSupportedError(
+            "Adasum needs a floating-point tensor; '%s' has dtype %s" % (name, getattr(tensor, "dtype", "?"))
+        )
     shape = tuple(adapter.shape(tensor))
     count = int(np.prod(shape, dtype=np.int64))
-    gather = collectives.with_output(adapter, "allreduce", ops.ALLGATHER, tensor, name, shape=(1, count),
-                                     process_set=resolve(process_set))
+    gather = collectives.with_output(
+        adapter, "allreduce", ops.ALLGATHER, tensor, name, shape=(1, count), process_set=resolve(process_set)
+    )
 
     def finish():
         data, _, _, _ = ops.take_output(gather.core)

@@ -1,4 +1,5 @@
 """init/shutdown and the topology queries, shared by every adapter."""
+
 import atexit
 
 from hvdlite import _core
@@ -22,8 +23,10 @@ def init(comm=None, process_sets=None):
     """
     global _atexit_registered
     if comm is not None:
-        raise exceptions.NotSupportedError("init(comm=...) needs the MPI backend; launch the ranks you want "
-                                           "with hvdliterun and call init() or init(process_sets=...)")
+        raise exceptions.NotSupportedError(
+            "init(comm=...) needs the MPI backend; launch the ranks you want "
+            "with hvdliterun and call init() or init(process_sets=...)"
+        )
     if _core.is_initialized():
         return
     code, message = _core.init()
@@ -33,6 +36,7 @@ def init(comm=None, process_sets=None):
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
     from hvdlite.common import process_sets as ps
+
     ps._reset_registry()
     for item in process_sets or ():
         ps.add_process_set(item)
@@ -76,7 +80,8 @@ def _query(index):
     value = _core.topology(index)
     if value < 0:
         raise exceptions.PreconditionError(
-            "hvdlite is not initialized; call hvd.init() before hvd.%s()" % _TOPOLOGY[index])
+            "hvdlite is not initialized; call hvd.init() before hvd.%s()" % _TOPOLOGY[index]
+        )
     return value
 
 

@@ -12,18 +12,22 @@ from hvdlite.common import exceptions
 # MPI_THREAD_MULTIPLE's value in Open MPI and MPICH alike.
 _MPI_THREAD_MULTIPLE = 3
 
+
 def _built(key):
     return bool(_core.build_info().get(key, False))
+
 
 def mpi_built():
     """True when hvdlite was built with its mpi backend (an MPI was found at build time)."""
     return _built("mpi")
+
 
 def mpi_enabled():
     """True when the current job uses MPI: it was started by mpirun (formed through MPI,
     and by default running large CPU collectives on MPI), or its CPU collectives run on
     the mpi backend (HVDLITE_CPU_OPERATIONS=mpi)."""
     return bool(_core.mpi_enabled())
+
 
 def mpi_threads_supported():
     """True when MPI runs with MPI_THREAD_MULTIPLE, so the script may use mpi4py while
@@ -33,34 +37,42 @@ def mpi_threads_supported():
     if level < 0:
         raise exceptions.PreconditionError(
             "MPI is not in use in this process: launch with mpirun (or hvdliterun --mpi) and call "
-            "hvd.init() first")
+            "hvd.init() first"
+        )
     return level >= _MPI_THREAD_MULTIPLE
+
 
 def nccl_built():
     """True when the NCCL/CUDA module of hvdlite was built and installed beside the core."""
     return _built("nccl")
 
+
 def cuda_built():
     """True when hvdlite's CUDA kernels were built (they ship with the NCCL module)."""
     return _built("cuda")
+
 
 def gloo_built():
     """True: hvdlite's native ring backend (its own TCP transport) plays the part of
     Horovod's Gloo and is always built."""
     return _built("ring")
 
+
 def gloo_enabled():
     """True when this job's CPU collectives may run on the native ring backend (any
     CPU_OPERATIONS other than mpi); False before init()."""
     from hvdlite.common import settings
-    return _core.is_initialized() and gloo_built() and \
-        settings.get("CPU_OPERATIONS").strip().lower() != "mpi"
+
+    return _core.is_initialized() and gloo_built() and settings.get("CPU_OPERATIONS").strip().lower() != "mpi"
+
 
 def rocm_built():
     return False
 
+
 def ddl_built():
     return False
+
 
 def ccl_built():
     return False

@@ -12,6 +12,7 @@ memory is used as it is; any other goes through a contiguous copy (written back
 after in-place operations). The tensors stay referenced until the handle is
 synchronized.
 """
+
 import collections
 
 from hvdlite.common import dtypes, exceptions, naming, ops
@@ -71,7 +72,8 @@ def describe(adapter, tensor, name):
     if code is None:
         raise exceptions.NotSupportedError(
             "tensor '%s' has dtype %s, which hvdlite does not support; use one of %s"
-            % (name, getattr(tensor, "dtype", type(tensor)), ", ".join(sorted(dtypes.CODE_BY_NAME))))
+            % (name, getattr(tensor, "dtype", type(tensor)), ", ".join(sorted(dtypes.CODE_BY_NAME)))
+        )
     return adapter.pointer(tensor), code, tuple(adapter.shape(tensor))
 
 
@@ -103,8 +105,15 @@ def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
     name = naming.auto_name(kind, name)
     work = _direct(adapter, tensor, name)
     ptr, code, own_shape = describe(adapter, work, name)
-    core = ops.submit(op_type, name, ptr, code, own_shape if shape is None else shape, **submit_kw,
-                      **adapter.device_kwargs(work))
+    core = ops.submit(
+        op_type,
+        name,
+        ptr,
+        code,
+        own_shape if shape is None else shape,
+        **submit_kw,
+        **adapter.device_kwargs(work),
+    )
 
     def finish():
         data, out_shape, splits, _ = ops.take_output(core)
@@ -131,13 +140,22 @@ def start_group(pendings, then=None):
     of their results (each passed through `then` when given)."""
     pendings = list(pendings)
     then = then or (lambda x: x)
-    return ops.register(tuple(p.core for p in pendings), lambda: [then(p.finish()) for p in pendings],
-                        tuple(p.keepalive for p in pendings))
+    return ops.register(
+        tuple(p.core for p in pendings),
+        lambda: [then(p.finish()) for p in pendings],
+        tuple(p.keepalive for p in pendings),
+    )
 
 
 def barrier(process_set):
     """Returns once every member of `process_set` has called barrier()."""
-    core = ops.submit(ops.BARRIER, naming.auto_name("barrier", None), 0, dtypes.UINT8, (0,),
-                      process_set=resolve(process_set))
+    core = ops.submit(
+        ops.BARRIER,
+        naming.auto_name("barrier", None),
+        0,
+        dtypes.UINT8,
+        (0,),
+        process_set=resolve(process_set),
+    )
     ops.wait(core)
     ops.release(core)

@@ -62,8 +62,12 @@ class FP16CompressorBase(Compressor):
 
 def make_compression(fp16_compressor):
     """Horovod's ``Compression`` namespace for one framework."""
-    return type("Compression", (), {
-        "__doc__": "Optional gradient compression for allreduce: Compression.none or Compression.fp16.",
-        "none": NoneCompressor,
-        "fp16": fp16_compressor,
-    })
+    return type(
+        "Compression",
+        (),
+        {
+            "__doc__": "Optional gradient compression for allreduce: Compression.none or Compression.fp16.",
+            "none": NoneCompressor,
+            "fp16": fp16_compressor,
+        },
+    )

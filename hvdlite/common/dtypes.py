@@ -1,8 +1,18 @@
 """Element types and reductions, with the codes the core uses (csrc/common/dtype.h)."""
+
 UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = range(9)
 
-NAMES = {UINT8: "uint8", INT8: "int8", INT32: "int32", INT64: "int64", FLOAT16: "float16",
-         BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64", BOOL: "bool"}
+NAMES = {
+    UINT8: "uint8",
+    INT8: "int8",
+    INT32: "int32",
+    INT64: "int64",
+    FLOAT16: "float16",
+    BFLOAT16: "bfloat16",
+    FLOAT32: "float32",
+    FLOAT64: "float64",
+    BOOL: "bool",
+}
 CODE_BY_NAME = {v: k for k, v in NAMES.items()}
 
 

@@ -14,6 +14,7 @@ these rules so that every framework differentiates the same way:
 The averaging choices follow Horovod >= 0.22 (its PR 2687 made the allgather
 and broadcast gradients averages), so scripts see the gradients they saw.
 """
+
 from hvdlite.common import dtypes
 
 ALLGATHER_GRAD_OP = dtypes.Average

@@ -1,6 +1,7 @@
 """Automatic tensor names. Every rank must give the same tensor the same name;
 unnamed operations are numbered per operation kind in call order, as Horovod
 does, so ranks that make the same calls in the same order agree."""
+
 import itertools
 
 _counters = {}

@@ -1,14 +1,21 @@
 """The BufferAdapter for NumPy arrays: used by the NumPy API (hvdlite.numpy_ops)
 and by framework-neutral helpers that move bytes (broadcast_object, ...)."""
+
 import numpy as np
 
 from hvdlite.common import dtypes
 from hvdlite.common.collectives import BufferAdapter
 
-_CODES = {np.dtype(np.uint8): dtypes.UINT8, np.dtype(np.int8): dtypes.INT8,
-          np.dtype(np.int32): dtypes.INT32, np.dtype(np.int64): dtypes.INT64,
-          np.dtype(np.float16): dtypes.FLOAT16, np.dtype(np.float32): dtypes.FLOAT32,
-          np.dtype(np.float64): dtypes.FLOAT64, np.dtype(np.bool_): dtypes.BOOL}
+_CODES = {
+    np.dtype(np.uint8): dtypes.UINT8,
+    np.dtype(np.int8): dtypes.INT8,
+    np.dtype(np.int32): dtypes.INT32,
+    np.dtype(np.int64): dtypes.INT64,
+    np.dtype(np.float16): dtypes.FLOAT16,
+    np.dtype(np.float32): dtypes.FLOAT32,
+    np.dtype(np.float64): dtypes.FLOAT64,
+    np.dtype(np.bool_): dtypes.BOOL,
+}
 
 
 class NumpyBuffers(BufferAdapter):

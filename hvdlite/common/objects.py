@@ -5,6 +5,7 @@ re-export these unchanged (the bytes never touch a framework tensor).
 cloudpickle is used when it is installed (it also pickles lambdas and local
 classes, as Horovod's does); otherwise the standard pickle.
 """
+
 import pickle
 
 import numpy as np
@@ -37,17 +38,24 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     Unnamed calls are numbered in call order (Horovod names them after
     type(obj), which deadlocks when non-roots pass a placeholder of another type)."""
     from hvdlite.common.basics import rank
-    name = naming.auto_name("broadcast_object", name)   # not type(obj): non-roots often pass None
+
+    name = naming.auto_name("broadcast_object", name)  # not type(obj): non-roots often pass None
     set_id = resolve(process_set)
     is_root = rank() == root_rank
     payload = _dumps(obj) if is_root else None
     length = np.array([payload.size if is_root else 0], dtype=np.int64)
-    _run(collectives.inplace(NUMPY, "broadcast", ops.BROADCAST, length, name + ".sz", root=root_rank,
-                             process_set=set_id))
+    _run(
+        collectives.inplace(
+            NUMPY, "broadcast", ops.BROADCAST, length, name + ".sz", root=root_rank, process_set=set_id
+        )
+    )
     if not is_root:
         payload = np.zeros(int(length[0]), dtype=np.uint8)
-    _run(collectives.inplace(NUMPY, "broadcast", ops.BROADCAST, payload, name + ".t", root=root_rank,
-                             process_set=set_id))
+    _run(
+        collectives.inplace(
+            NUMPY, "broadcast", ops.BROADCAST, payload, name + ".t", root=root_rank, process_set=set_id
+        )
+    )
     return obj if is_root else _loads(payload)
 
 
@@ -56,10 +64,18 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     name = naming.auto_name("allgather_object", name)
     set_id = resolve(process_set)
     payload = _dumps(obj)
-    sizes, _ = _run(collectives.with_output(NUMPY, "allgather", ops.ALLGATHER,
-                                            np.array([payload.size], dtype=np.int64), name + ".sz",
-                                            process_set=set_id))
-    gathered, _ = _run(collectives.with_output(NUMPY, "allgather", ops.ALLGATHER, payload, name + ".t",
-                                               process_set=set_id))
+    sizes, _ = _run(
+        collectives.with_output(
+            NUMPY,
+            "allgather",
+            ops.ALLGATHER,
+            np.array([payload.size], dtype=np.int64),
+            name + ".sz",
+            process_set=set_id,
+        )
+    )
+    gathered, _ = _run(
+        collectives.with_output(NUMPY, "allgather", ops.ALLGATHER, payload, name + ".t", process_set=set_id)
+    )
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    return [_loads(gathered[offsets[i]:offsets[i + 1]]) for i in range(len(sizes))]
+    return [_loads(gathered[offsets[i] : offsets[i + 1]]) for i in range(len(sizes))]

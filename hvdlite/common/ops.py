@@ -3,6 +3,7 @@ framework adapter. Adapters turn their tensors into (pointer, dtype code,
 shape) and keep them alive until the operation completes; this module owns
 the integer handles users see (Horovod's async API) and the waiting policy.
 """
+
 import threading
 
 from hvdlite import _core
@@ -17,16 +18,41 @@ JOIN = 9
 _WAIT_SLICE_S = 0.5
 
 
-def submit(op_type, name, ptr, dtype, shape, reduce_op=0, prescale=1.0, postscale=1.0, root=0,
-           splits=(), process_set=0, device=-1, stream=0):
+def submit(
+    op_type,
+    name,
+    ptr,
+    dtype,
+    shape,
+    reduce_op=0,
+    prescale=1.0,
+    postscale=1.0,
+    root=0,
+    splits=(),
+    process_set=0,
+    device=-1,
+    stream=0,
+):
     """Hands one operation to the core; returns its core handle. Raises at once
     if the core refuses it (not initialized, name in flight, broken job). `ptr` is
     the data's address, or a C-contiguous object with the buffer protocol.
     CUDA tensors: `device` is the tensor's CUDA device, `stream` the framework's
     current cudaStream_t as an int (see hvdlite_op in csrc/include/hvdlite/c_api.h)."""
-    code, message, handle = _core.enqueue(op_type, name, ptr, dtype, list(shape), int(reduce_op),
-                                          float(prescale), float(postscale), int(root),
-                                          [int(s) for s in splits], int(process_set), int(device), int(stream))
+    code, message, handle = _core.enqueue(
+        op_type,
+        name,
+        ptr,
+        dtype,
+        list(shape),
+        int(reduce_op),
+        float(prescale),
+        float(postscale),
+        int(root),
+        [int(s) for s in splits],
+        int(process_set),
+        int(device),
+        int(stream),
+    )
     exceptions.raise_for_status(code, message)
     return handle
 
@@ -118,7 +144,7 @@ def _wait_all(core_handles):
         except exceptions.HvdliteError as e:
             first_error = first_error or e
     if first_error is not None:
-        for core_handle in core_handles:   # all done now: free what the others produced
+        for core_handle in core_handles:  # all done now: free what the others produced
             _core.release(core_handle)
         raise first_error
 

@@ -1,18 +1,22 @@
 """Framework-neutral rules of Horovod's DistributedOptimizer: parameter
 naming and validation, gradient grouping, and its error messages. The
 PyTorch optimizer uses them directly; the TensorFlow one will too."""
+
 import warnings
 
 TOO_MANY_BACKWARD_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
-    "Increase backward_passes_per_step to accumulate gradients locally.")
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
 ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
-    "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
 STEP_AFTER_SYNCHRONIZE = (
     "optimizer.step() called without optimizer.skip_synchronize() context after optimizer.synchronize(). "
     "This can cause training slowdown. You may want to consider using optimizer.skip_synchronize() "
-    "context if you use optimizer.synchronize() in your code.")
+    "context if you use optimizer.synchronize() in your code."
+)
 
 
 def find_duplicates(names):
@@ -30,29 +34,41 @@ def name_parameters(named_parameters, param_groups_params):
     named 'allreduce.noname.<group>.<index>' (identical on every rank when the
     model is). Raises ValueError as Horovod does."""
     if named_parameters is None:
-        return [("allreduce.noname.%d.%d" % (i, j), p)
-                for i, params in enumerate(param_groups_params) for j, p in enumerate(params)]
+        return [
+            ("allreduce.noname.%d.%d" % (i, j), p)
+            for i, params in enumerate(param_groups_params)
+            for j, p in enumerate(params)
+        ]
     named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters().")
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), "
+            "usually produced by model.named_parameters()."
+        )
     dups = find_duplicates([name for name, _ in named])
     if dups:
-        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
-                         % ", ".join(sorted(dups)))
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. Found duplicates: %s"
+            % ", ".join(sorted(dups))
+        )
     named_ids = {id(p) for _, p in named}
     unnamed = [id(p) for params in param_groups_params for p in params if id(p) not in named_ids]
     if unnamed:
-        raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
-                         "Python object ids: %s" % ", ".join(str(i) for i in unnamed))
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were not named. "
+            "Python object ids: %s" % ", ".join(str(i) for i in unnamed)
+        )
     return named
 
 
 def resolve_groups(num_groups, groups):
     """Horovod's deprecated num_groups becomes groups; returns groups."""
     if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in a "
-                      "future release.", DeprecationWarning)
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed in a future release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         if groups is None:
             groups = num_groups
     return groups
@@ -79,7 +95,7 @@ def check_groups(groups, is_tensor):
 def split_list(items, n):
     """`items` in n contiguous chunks whose sizes differ by at most one."""
     k, m = divmod(len(items), n)
-    return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
+    return [items[i * k + min(i, m) : (i + 1) * k + min(i + 1, m)] for i in range(n)]
 
 
 def form_groups(params, groups):

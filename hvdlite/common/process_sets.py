@@ -5,6 +5,7 @@ Horovod's API: ``ProcessSet(ranks)``, ``add_process_set``,
 Adding and removing are collective over the whole job: every rank must make
 the same calls in the same order.
 """
+
 from hvdlite import _core
 from hvdlite.common import exceptions
 
@@ -23,13 +24,17 @@ class ProcessSet:
             ranks_or_comm = _world_ranks_of(ranks_or_comm)
         self.ranks = sorted(int(r) for r in ranks_or_comm)
         if len(set(self.ranks)) != len(self.ranks):
-            raise exceptions.InvalidArgumentError("ProcessSet ranks must be distinct, got %r" % (ranks_or_comm,))
+            raise exceptions.InvalidArgumentError(
+                "ProcessSet ranks must be distinct, got %r" % (ranks_or_comm,)
+            )
         self.process_set_id = None
 
     def _require_registered(self):
         if self.process_set_id is None:
             raise exceptions.PreconditionError(
-                "process set %r is not registered; call hvd.add_process_set() on every rank first" % (self.ranks,))
+                "process set %r is not registered; call hvd.add_process_set() on every rank first"
+                % (self.ranks,)
+            )
 
     def size(self):
         self._require_registered()
@@ -39,6 +44,7 @@ class ProcessSet:
         """This process's rank within the set, or -1 if it is not a member."""
         self._require_registered()
         from hvdlite.common.basics import rank
+
         me = rank()
         return self.ranks.index(me) if me in self.ranks else -1
 
@@ -46,8 +52,11 @@ class ProcessSet:
         return self.rank() >= 0
 
     def __eq__(self, other):
-        return isinstance(other, ProcessSet) and self.ranks == other.ranks and \
-            self.process_set_id == other.process_set_id
+        return (
+            isinstance(other, ProcessSet)
+            and self.ranks == other.ranks
+            and self.process_set_id == other.process_set_id
+        )
 
     def __hash__(self):
         return hash((tuple(self.ranks), self.process_set_id))
@@ -59,6 +68,7 @@ class ProcessSet:
 def _world_ranks_of(comm):
     """The MPI_COMM_WORLD ranks of an mpi4py intracommunicator's processes, in its rank order."""
     from mpi4py import MPI
+
     if comm == MPI.COMM_NULL:
         raise exceptions.InvalidArgumentError("ProcessSet(comm): comm is MPI.COMM_NULL")
     group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -70,7 +80,8 @@ def _world_ranks_of(comm):
     if any(r == MPI.UNDEFINED for r in ranks):
         raise exceptions.InvalidArgumentError(
             "ProcessSet(comm): comm has processes outside MPI_COMM_WORLD (spawned or connected); "
-            "hvdlite's ranks are MPI_COMM_WORLD's")
+            "hvdlite's ranks are MPI_COMM_WORLD's"
+        )
     return ranks
 
 
@@ -110,13 +121,16 @@ def add_process_set(process_set):
     if ps.mpi_comm is not None and not _core.mpi_enabled():
         raise exceptions.PreconditionError(
             "ProcessSet(comm) maps MPI_COMM_WORLD ranks to hvdlite ranks, so the job must be started by "
-            "mpirun (or hvdliterun --mpi); this one was not: pass a list of ranks instead")
+            "mpirun (or hvdliterun --mpi); this one was not: pass a list of ranks instead"
+        )
     from hvdlite.common.basics import size
+
     world = size()
     bad = [r for r in ps.ranks if r < 0 or r >= world]
     if bad or not ps.ranks:
         raise exceptions.InvalidArgumentError(
-            "process set ranks %r must be a non-empty list of ranks in [0, %d)" % (ps.ranks, world))
+            "process set ranks %r must be a non-empty list of ranks in [0, %d)" % (ps.ranks, world)
+        )
     if ps.mpi_comm is not None:
         return _add_comm_process_set(ps)
     code, message, set_id = _core.add_process_set(ps.ranks)
@@ -132,13 +146,15 @@ def _add_comm_process_set(ps):
     every rank; `ps` gets the id of its own. (Horovod gives all the parts one id; here each
     part has its own id, and remove_process_set(ps) removes them all.)"""
     import numpy as np
+
     from hvdlite.numpy_ops import allgather
+
     tag = "__comm_process_set__.%d" % len(_registry)
     lengths = allgather(np.array([len(ps.ranks)], np.int64), name=tag + ".n").tolist()
     flat = allgather(np.array(ps.ranks, np.int64), name=tag + ".ranks").tolist()
     groups, start = [], 0
     for n in lengths:
-        group = flat[start:start + n]
+        group = flat[start : start + n]
         start += n
         if group not in groups:
             groups.append(group)

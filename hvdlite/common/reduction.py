@@ -4,6 +4,7 @@ Shared by every adapter (NumPy, PyTorch, TensorFlow) so that ``op=``, the
 deprecated ``average=`` and DistributedOptimizer's ``gradient_predivide_factor``
 resolve the same way everywhere, as in Horovod.
 """
+
 from hvdlite.common import dtypes, exceptions
 
 

@@ -8,6 +8,7 @@ matching ``HOROVOD_*`` variable is honoured when the ``HVDLITE_*`` one is unset.
 
 This module imports nothing outside the standard library: the build runs it.
 """
+
 import os
 import sys
 from collections import namedtuple
@@ -29,25 +30,91 @@ SETTINGS = (
     Setting("SECRET", "str", "", "per-job secret (hex) proving membership to the store and to peers"),
     Setting("START_TIMEOUT", "float", 60.0, "seconds init() waits for every rank to reach the rendezvous"),
     # Runtime behaviour.
-    Setting("FUSION_THRESHOLD", "int", 64 * 1024 * 1024, "bytes: ready tensors of one kind are fused up to this size"),
-    Setting("CYCLE_TIME", "float", 0.0, "ms the coordinator holds ready tensors so more can join one fused collective; 0 = send at once"),
-    Setting("CACHE_CAPACITY", "int", 1024, "number of tensor signatures remembered so steady-state requests are a few bytes"),
+    Setting(
+        "FUSION_THRESHOLD",
+        "int",
+        64 * 1024 * 1024,
+        "bytes: ready tensors of one kind are fused up to this size",
+    ),
+    Setting(
+        "CYCLE_TIME",
+        "float",
+        0.0,
+        "ms the coordinator holds ready tensors so more can join one fused collective; 0 = send at once",
+    ),
+    Setting(
+        "CACHE_CAPACITY",
+        "int",
+        1024,
+        "number of tensor signatures remembered so steady-state requests are a few bytes",
+    ),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
-    Setting("STALL_CHECK_TIME_SECONDS", "float", 60.0, "warn when a tensor waits this long for some ranks to submit it"),
-    Setting("STALL_SHUTDOWN_TIME_SECONDS", "float", 600.0, "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail"),
-    Setting("TIMEOUT_SECONDS", "float", 120.0, "seconds a transfer may make no progress before it fails (a hung peer)"),
+    Setting(
+        "STALL_CHECK_TIME_SECONDS",
+        "float",
+        60.0,
+        "warn when a tensor waits this long for some ranks to submit it",
+    ),
+    Setting(
+        "STALL_SHUTDOWN_TIME_SECONDS",
+        "float",
+        600.0,
+        "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail",
+    ),
+    Setting(
+        "TIMEOUT_SECONDS",
+        "float",
+        120.0,
+        "seconds a transfer may make no progress before it fails (a hung peer)",
+    ),
     Setting("SHM_DISABLE", "bool", False, "use TCP even between ranks on the same host (no shared memory)"),
-    Setting("SHM_CHANNEL_BYTES", "int", 1 << 20, "bytes of the shared-memory data ring per ordered pair of ranks on a host"),
-    Setting("PIN_CORES", "bool", True, "when the ranks on a host exactly fill the CPUs they may use, pin each to its own core (as Open MPI does)"),
-    Setting("SPIN_US", "float", 50.0, "microseconds a waiting thread polls memory before it sleeps (transfers, idle background loop, synchronize): the most, lowered while waits keep ending in sleep (a busy host); 0 = sleep at once"),
-    Setting("SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"),
-    Setting("TIMELINE", "str", "", "write a Chrome trace of every tensor's life to this file (rank 0 writes it)"),
-    Setting("TIMELINE_MARK_CYCLES", "bool", False, "mark each background-loop cycle that did work in the timeline"),
-    Setting("AUTOTUNE", "bool", False, "tune fusion threshold and cycle time online by measured allreduce throughput"),
-    Setting("AUTOTUNE_LOG", "str", "", "CSV file where the autotuner logs every setting it tried and the one it chose"),
+    Setting(
+        "SHM_CHANNEL_BYTES",
+        "int",
+        1 << 20,
+        "bytes of the shared-memory data ring per ordered pair of ranks on a host",
+    ),
+    Setting(
+        "PIN_CORES",
+        "bool",
+        True,
+        "when the ranks on a host exactly fill the CPUs they may use, pin each to its own core (as Open MPI does)",
+    ),
+    Setting(
+        "SPIN_US",
+        "float",
+        50.0,
+        "microseconds a waiting thread polls memory before it sleeps (transfers, idle background loop, synchronize): the most, lowered while waits keep ending in sleep (a busy host); 0 = sleep at once",
+    ),
+    Setting(
+        "SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"
+    ),
+    Setting(
+        "TIMELINE", "str", "", "write a Chrome trace of every tensor's life to this file (rank 0 writes it)"
+    ),
+    Setting(
+        "TIMELINE_MARK_CYCLES", "bool", False, "mark each background-loop cycle that did work in the timeline"
+    ),
+    Setting(
+        "AUTOTUNE",
+        "bool",
+        False,
+        "tune fusion threshold and cycle time online by measured allreduce throughput",
+    ),
+    Setting(
+        "AUTOTUNE_LOG",
+        "str",
+        "",
+        "CSV file where the autotuner logs every setting it tried and the one it chose",
+    ),
     Setting("AUTOTUNE_WARMUP_SAMPLES", "int", 1, "samples discarded after each change of settings"),
     Setting("AUTOTUNE_STEPS_PER_SAMPLE", "int", 10, "executed allreduce responses per autotune sample"),
-    Setting("CPU_OPERATIONS", "str", "auto", "backend for CPU tensors: ring (native TCP transport), mpi (MPI collectives; needs a build with MPI and a job started by mpirun) or auto (ring, but in a job started by mpirun MPI for messages of 64 KiB and up, where it is faster)"),
+    Setting(
+        "CPU_OPERATIONS",
+        "str",
+        "auto",
+        "backend for CPU tensors: ring (native TCP transport), mpi (MPI collectives; needs a build with MPI and a job started by mpirun) or auto (ring, but in a job started by mpirun MPI for messages of 64 KiB and up, where it is faster)",
+    ),
     Setting("LOG_LEVEL", "str", "warning", "trace, debug, info, warning, error or fatal"),
 )
 
@@ -85,8 +152,10 @@ def _cpp_literal(setting):
 
 def cpp_header():
     """X-macro list consumed by csrc/common/config.h."""
-    lines = ["// Generated from hvdlite/common/settings.py. Do not edit.",
-             "// HVD_SETTING(name, cpp_type, default, doc)"]
+    lines = [
+        "// Generated from hvdlite/common/settings.py. Do not edit.",
+        "// HVD_SETTING(name, cpp_type, default, doc)",
+    ]
     cpp_types = {"int": "int64_t", "float": "double", "bool": "bool", "str": "std::string"}
     for s in SETTINGS:
         doc = s.doc.replace("\\", "\\\\").replace('"', '\\"')

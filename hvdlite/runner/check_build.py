@@ -4,6 +4,7 @@ Frameworks are checked without importing them (importlib.util.find_spec): a fram
 available when both it and its hvdlite adapter module are installed. Backends come from the
 core's build_info() dict, e.g. {"ring": True, "mpi": False, "nccl": False, "cuda": False}.
 """
+
 import importlib.util
 
 # (label, framework module, hvdlite adapter module)
@@ -31,6 +32,7 @@ def _build_info():
     """(build_info dict, error text or None)."""
     try:
         from hvdlite import _core
+
         return dict(_core.build_info()), None
     except Exception as e:  # not built, or an old core without build_info
         return {}, "%s: %s" % (type(e).__name__, e)
@@ -39,6 +41,7 @@ def _build_info():
 def _version():
     try:
         from importlib.metadata import version
+
         return version("hvdlite")
     except Exception:
         return "unknown"
@@ -59,6 +62,5 @@ def build_report():
         for label, key in entries:
             lines.append("    %s %s" % (_mark(bool(info.get(key))), label))
     if error:
-        lines += ["", "The core (hvdlite._core) is not usable: " + error,
-                  "Build it with `make install`."]
+        lines += ["", "The core (hvdlite._core) is not usable: " + error, "Build it with `make install`."]
     return "\n".join(lines)

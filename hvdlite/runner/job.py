@@ -11,6 +11,7 @@ Contract of LocalJob.run():
     signal) after a failure; 128 + signum when we were interrupted.
   Nothing waits unboundedly once the job is stopping: after SIGKILL we wait KILL_WAIT_S more.
 """
+
 import os
 import queue
 import signal
@@ -19,10 +20,10 @@ import sys
 import threading
 import time
 
-TERM_GRACE_S = 5.0     # SIGTERM -> SIGKILL
-KILL_WAIT_S = 5.0      # after SIGKILL, how long we still wait for the processes to be reaped
-READER_JOIN_S = 2.0    # after the processes are gone, how long we wait for their output to drain
-_TICK_S = 0.5          # the monitor wakes this often while waiting (no busy loop)
+TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL
+KILL_WAIT_S = 5.0  # after SIGKILL, how long we still wait for the processes to be reaped
+READER_JOIN_S = 2.0  # after the processes are gone, how long we wait for their output to drain
+_TICK_S = 0.5  # the monitor wakes this often while waiting (no busy loop)
 
 
 class _Sink:
@@ -71,21 +72,25 @@ class LocalJob:
         self._log = log or (lambda msg: self._err.write(("hvdliterun: %s\n" % msg).encode()))
         self._procs = []
         self._threads = []
-        self._exits = queue.Queue()         # (rank, returncode) as each process is reaped
-        self._stop_deadline = None          # when set: SIGKILL everyone still running at this time
+        self._exits = queue.Queue()  # (rank, returncode) as each process is reaped
+        self._stop_deadline = None  # when set: SIGKILL everyone still running at this time
         self._killed = False
-        self._signal = None                 # signum we were interrupted by, if any
-        self._notes = []                    # messages queued by the signal handler
+        self._signal = None  # signum we were interrupted by, if any
+        self._notes = []  # messages queued by the signal handler
 
     # -- starting -----------------------------------------------------------------------------
     def _start(self):
         for rank, env in enumerate(self.envs):
-            proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                self.command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
             self._procs.append(proc)
-            for pipe, name, sink in ((proc.stdout, "stdout", self._out),
-                                     (proc.stderr, "stderr", self._err)):
+            for pipe, name, sink in ((proc.stdout, "stdout", self._out), (proc.stderr, "stderr", self._err)):
                 prefix = ("[%d]<%s>:" % (rank, name)).encode()
                 self._spawn_thread(_pump, pipe, prefix, sink)
             self._spawn_thread(self._reap, rank, proc)
@@ -167,19 +172,19 @@ class LocalJob:
             except queue.Empty:
                 if self._stop_deadline is not None and time.monotonic() >= self._stop_deadline:
                     if self._killed:
-                        self._log("ranks %s did not exit after SIGKILL; giving up on them"
-                                  % sorted(running))
+                        self._log("ranks %s did not exit after SIGKILL; giving up on them" % sorted(running))
                         return failure
-                    self._log("ranks %s still running %.0f s after SIGTERM: sending SIGKILL"
-                              % (sorted(running), TERM_GRACE_S))
+                    self._log(
+                        "ranks %s still running %.0f s after SIGTERM: sending SIGKILL"
+                        % (sorted(running), TERM_GRACE_S)
+                    )
                     self._kill_all()
                 continue
             running.discard(rank)
             if code != 0 and failure is None and self._stop_deadline is None:
                 failure = (rank, code)
                 others = len(running)
-                self._log("rank %d %s; stopping the other %d rank(s)"
-                          % (rank, describe_exit(code), others))
+                self._log("rank %d %s; stopping the other %d rank(s)" % (rank, describe_exit(code), others))
                 self._begin_stop()
         return failure
 

@@ -9,6 +9,7 @@ clients proving the secret), starts the ranks with the HVDLITE_* identity variab
 their output with the rank, and stops the whole job as soon as one rank fails (see job.py).
 Any other launcher works too if it sets the same variables (rank_env() lists them).
 """
+
 import argparse
 import hashlib
 import hmac
@@ -16,23 +17,25 @@ import os
 import sys
 
 SECRET_BYTES = 32
-STORE_HOST = "127.0.0.1"   # one host only for now: the store listens on loopback
+STORE_HOST = "127.0.0.1"  # one host only for now: the store listens on loopback
 
 
 def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=None):
     """The environment of one rank: `base` plus the variables every launcher must set."""
     env = dict(base)
-    env.update({
-        "HVDLITE_RANK": str(rank),
-        "HVDLITE_SIZE": str(size),
-        "HVDLITE_LOCAL_RANK": str(rank),      # one host: local == global
-        "HVDLITE_LOCAL_SIZE": str(size),
-        "HVDLITE_CROSS_RANK": "0",
-        "HVDLITE_CROSS_SIZE": "1",
-        "HVDLITE_STORE_ADDR": store_addr,
-        "HVDLITE_SECRET": secret_hex,
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "HVDLITE_RANK": str(rank),
+            "HVDLITE_SIZE": str(size),
+            "HVDLITE_LOCAL_RANK": str(rank),  # one host: local == global
+            "HVDLITE_LOCAL_SIZE": str(size),
+            "HVDLITE_CROSS_RANK": "0",
+            "HVDLITE_CROSS_SIZE": "1",
+            "HVDLITE_STORE_ADDR": store_addr,
+            "HVDLITE_SECRET": secret_hex,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if verbose:
         env["HVDLITE_LOG_LEVEL"] = "debug"
     if timeline:
@@ -45,24 +48,43 @@ def parse_args(argv):
         prog="hvdliterun",
         description="Run N ranks of COMMAND on this host as one hvdlite job.",
         epilog="Only this host for now: there is no -H/--hosts; every rank runs locally. "
-               "Each output line is prefixed with [rank]<stdout>: or [rank]<stderr>:. "
-               "The job stops as soon as one rank exits non-zero, and hvdliterun exits "
-               "with that rank's code.")
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
-                        help="number of ranks to start")
-    parser.add_argument("--mpi", action="store_true",
-                        help="start the ranks with mpirun (--oversubscribe --bind-to none); they form "
-                             "the job through MPI")
-    parser.add_argument("--mpi-args", default="", metavar="ARGS",
-                        help="with --mpi: extra mpirun arguments, e.g. \"-H a:2,b:2\"")
-    parser.add_argument("--verbose", action="store_true",
-                        help="also set HVDLITE_LOG_LEVEL=debug in every rank")
-    parser.add_argument("--timeline-filename", metavar="FILE",
-                        help="write a Chrome trace of every tensor to FILE (sets HVDLITE_TIMELINE; rank 0 writes it)")
-    parser.add_argument("--check-build", action="store_true",
-                        help="list the frameworks and backends this installation supports, then exit")
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
-                        help="the program every rank runs, with its arguments")
+        "Each output line is prefixed with [rank]<stdout>: or [rank]<stderr>:. "
+        "The job stops as soon as one rank exits non-zero, and hvdliterun exits "
+        "with that rank's code.",
+    )
+    parser.add_argument(
+        "-np", "--num-proc", dest="np", type=int, metavar="N", help="number of ranks to start"
+    )
+    parser.add_argument(
+        "--mpi",
+        action="store_true",
+        help="start the ranks with mpirun (--oversubscribe --bind-to none); they form the job through MPI",
+    )
+    parser.add_argument(
+        "--mpi-args",
+        default="",
+        metavar="ARGS",
+        help="with --mpi: extra mpirun arguments, e.g. \"-H a:2,b:2\"",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="also set HVDLITE_LOG_LEVEL=debug in every rank"
+    )
+    parser.add_argument(
+        "--timeline-filename",
+        metavar="FILE",
+        help="write a Chrome trace of every tensor to FILE (sets HVDLITE_TIMELINE; rank 0 writes it)",
+    )
+    parser.add_argument(
+        "--check-build",
+        action="store_true",
+        help="list the frameworks and backends this installation supports, then exit",
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND ...",
+        help="the program every rank runs, with its arguments",
+    )
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
@@ -81,8 +103,10 @@ def start_store(secret):
     try:
         from hvdlite import _core
     except ImportError as e:
-        sys.exit("hvdliterun: the hvdlite core (hvdlite._core) cannot be imported (%s); "
-                 "build it with `make install`" % e)
+        sys.exit(
+            "hvdliterun: the hvdlite core (hvdlite._core) cannot be imported (%s); "
+            "build it with `make install`" % e
+        )
     return _core.TcpStoreServer(STORE_HOST, 0, secret)
 
 
@@ -108,6 +132,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.check_build:
         from hvdlite.runner.check_build import build_report
+
         try:
             print(build_report(), flush=True)
         except BrokenPipeError:  # `hvdliterun --check-build | head`
@@ -116,18 +141,25 @@ def main(argv=None):
 
     if args.mpi:
         from hvdlite.runner import mpi_launch
+
         return mpi_launch.run(args.np, args.command, args.mpi_args, args.verbose)
 
     from hvdlite.runner.job import LocalJob
+
     secret = os.urandom(SECRET_BYTES)
     server = start_store(secret)
     try:
         store_addr = "%s:%d" % (STORE_HOST, server.port)
-        envs = [rank_env(os.environ, r, args.np, store_addr, secret.hex(), args.verbose, args.timeline_filename)
-                for r in range(args.np)]
+        envs = [
+            rank_env(os.environ, r, args.np, store_addr, secret.hex(), args.verbose, args.timeline_filename)
+            for r in range(args.np)
+        ]
         if args.verbose:
-            print("hvdliterun: %d rank(s) of %s; store at %s"
-                  % (args.np, " ".join(args.command), store_addr), file=sys.stderr, flush=True)
+            print(
+                "hvdliterun: %d rank(s) of %s; store at %s" % (args.np, " ".join(args.command), store_addr),
+                file=sys.stderr,
+                flush=True,
+            )
         return LocalJob(args.command, envs).run()
     finally:
         server.stop()

@@ -10,6 +10,7 @@ no HVDLITE_RANK): no store is hosted here. Contract of run():
     whole line per rank at a time (see _Lines);
   - forwards SIGINT/SIGTERM to mpirun (which stops the ranks) and returns its exit code.
 """
+
 import os
 import re
 import shlex
@@ -68,11 +69,11 @@ class _Lines:
         if not matches:
             return self._write(line)
         if matches[0].start() > 0:
-            self._write(line[:matches[0].start()] + b"\n")
+            self._write(line[: matches[0].start()] + b"\n")
         for i, m in enumerate(matches):
             key = (m.group(1), m.group(2))
             end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-            text = self._pending.pop(key, b"") + line[m.end():end]
+            text = self._pending.pop(key, b"") + line[m.end() : end]
             if text.endswith(b"\n"):
                 self._write(b"[" + key[0] + b"]<" + key[1] + b">:" + text)
             else:
@@ -110,16 +111,20 @@ def run(np, command, mpi_args="", verbose=False):
     if verbose:
         env["HVDLITE_LOG_LEVEL"] = "debug"
         print("hvdliterun: " + " ".join(shlex.quote(a) for a in argv), file=sys.stderr, flush=True)
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    threads = [threading.Thread(target=_pump, args=(p, s), daemon=True)
-               for p, s in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    proc = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    threads = [
+        threading.Thread(target=_pump, args=(p, s), daemon=True)
+        for p, s in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+    ]
     for t in threads:
         t.start()
     in_main = threading.current_thread() is threading.main_thread()
     handled = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, _: proc.send_signal(signum)) for s in handled} \
-        if in_main else {}
+    previous = (
+        {s: signal.signal(s, lambda signum, _: proc.send_signal(signum)) for s in handled} if in_main else {}
+    )
     try:
         code = proc.wait()
     finally:

@@ -6,18 +6,58 @@ core: collectives run eagerly or inside tf.function (as a tf.numpy_function),
 are differentiable, and never compile a TensorFlow kernel. XLA
 (jit_compile=True) cannot contain them.
 """
-from hvdlite.common.basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
-                                   shutdown, size, start_timeline, stop_timeline)
-from hvdlite.common.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
-                                         mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
+
+from hvdlite.common.basics import (
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from hvdlite.common.capabilities import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
 from hvdlite.common.dtypes import Adasum, Average, Max, Min, Product, Sum
-from hvdlite.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt, HvdliteError,
-                                       HvdliteInternalError, HvdliteTimeoutError, InvalidArgumentError,
-                                       MismatchError, NotSupportedError, PreconditionError)
+from hvdlite.common.exceptions import (
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    HvdliteError,
+    HvdliteInternalError,
+    HvdliteTimeoutError,
+    InvalidArgumentError,
+    MismatchError,
+    NotSupportedError,
+    PreconditionError,
+)
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from hvdlite.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
-from hvdlite.tensorflow.mpi_ops import (allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather,
-                                        grouped_allreduce, grouped_reducescatter, join, reducescatter)
+from hvdlite.tensorflow.mpi_ops import (
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    join,
+    reducescatter,
+)
 from hvdlite.tensorflow.optimizer import DistributedOptimizer

@@ -14,6 +14,7 @@ Contracts:
     dependencies keep collectives in program order on every rank) and sets
     the static output shapes.
 """
+
 import numpy as np
 import tensorflow as tf
 
@@ -35,7 +36,7 @@ def aligned_copy(array):
     nbytes = array.size * array.dtype.itemsize
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT
-    out = raw[offset:offset + nbytes].view(array.dtype).reshape(array.shape)
+    out = raw[offset : offset + nbytes].view(array.dtype).reshape(array.shape)
     out[...] = array
     return out
 
@@ -49,8 +50,13 @@ def to_numpy(tensor):
 def to_tensor(array):
     """A tf.Tensor holding `array` (shared when DLPack is safe, see module doc)."""
     array = np.asarray(array)
-    if (array.size and array.flags.c_contiguous and array.flags.writeable and is_aligned(array)
-            and array.dtype != np.bool_):
+    if (
+        array.size
+        and array.flags.c_contiguous
+        and array.flags.writeable
+        and is_aligned(array)
+        and array.dtype != np.bool_
+    ):
         try:
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
         except Exception:  # a dtype DLPack does not carry (bfloat16 on old NumPy): copy instead
@@ -61,10 +67,12 @@ def to_tensor(array):
 def check_dtype(tensor, what):
     """Raises NotSupportedError for a dtype the core does not carry, naming the tensor."""
     from hvdlite.common import exceptions
+
     if tensor.dtype not in SUPPORTED:
         raise exceptions.NotSupportedError(
             "%s: tensor has dtype %s, which hvdlite does not support; use one of %s"
-            % (what, tensor.dtype.name, ", ".join(d.name for d in SUPPORTED)))
+            % (what, tensor.dtype.name, ", ".join(d.name for d in SUPPORTED))
+        )
 
 
 def call_numpy(fn, inputs, dtypes, shapes, name="hvdlite"):

@@ -1,5 +1,6 @@
 """Compression.none / Compression.fp16 for TensorFlow tensors (the policy is
 in hvdlite.common.compression; this binds it to tf dtypes)."""
+
 import tensorflow as tf
 
 from hvdlite.common.compression import FP16CompressorBase, make_compression

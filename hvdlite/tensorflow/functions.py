@@ -1,5 +1,6 @@
 """broadcast_variables, plus the object collectives shared with every adapter
 (hvdlite.common.objects)."""
+
 import tensorflow as tf
 
 from hvdlite.common import naming
@@ -17,6 +18,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         return []
     base = naming.auto_name("broadcast_variables", None)
     names = ["%s.%d" % (base, i) for i in range(len(variables))]
-    values = raw_ops.broadcast([tf.convert_to_tensor(v) for v in variables], names, int(root_rank),
-                               process_set)
+    values = raw_ops.broadcast(
+        [tf.convert_to_tensor(v) for v in variables], names, int(root_rank), process_set
+    )
     return [v.assign(value) for v, value in zip(variables, values)]

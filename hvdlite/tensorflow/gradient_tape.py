@@ -6,6 +6,7 @@ shares the tape's recorded state (its __dict__ is copied), so isinstance
 checks and every other tape method behave as before; only gradient() adds
 the allreduce (hvdlite.tensorflow.gradient_allreduce).
 """
+
 import tensorflow as tf
 
 from hvdlite.common import dtypes
@@ -24,10 +25,17 @@ class _DistributedMixin:
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         local = settings["local_ids"]
         shared = [i for i, s in enumerate(flat_sources) if id(s) not in local]
-        reduced = allreduce_gradients([flat_grads[i] for i in shared], [flat_sources[i] for i in shared],
-                                      settings["compression"], settings["sparse_as_dense"], settings["op"],
-                                      settings["predivide"], settings["groups"], settings["process_set"],
-                                      name="DistributedGradientTape")
+        reduced = allreduce_gradients(
+            [flat_grads[i] for i in shared],
+            [flat_sources[i] for i in shared],
+            settings["compression"],
+            settings["sparse_as_dense"],
+            settings["op"],
+            settings["predivide"],
+            settings["groups"],
+            settings["process_set"],
+            name="DistributedGradientTape",
+        )
         out = list(flat_grads)
         for i, g in zip(shared, reduced):
             out[i] = g
@@ -41,14 +49,26 @@ class _DistributedMixin:
 
 def _scale(grad, factor):
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
+        return tf.IndexedSlices(
+            grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape
+        )
     return grad * tf.cast(factor, grad.dtype)
 
 
-def DistributedGradientTape(gradtape, device_dense='', device_sparse='', compression=Compression.none,
-                            sparse_as_dense=False, op=dtypes.Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=global_process_set, scale_local_gradients=True,
-                            _local_vars=()):
+def DistributedGradientTape(
+    gradtape,
+    device_dense='',
+    device_sparse='',
+    compression=Compression.none,
+    sparse_as_dense=False,
+    op=dtypes.Average,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+    _local_vars=(),
+):
     """Wraps `gradtape` (after its `with` block) so that gradient() averages
     (op=Average; or Sum, Adasum) the gradients across `process_set`.
     device_dense / device_sparse are Horovod's, accepted and unused."""
@@ -56,16 +76,33 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='', compres
     cls = type(gradtape.__class__.__name__, (_DistributedMixin, gradtape.__class__), {})
     tape = object.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
-    tape._hvdlite = {"compression": compression, "sparse_as_dense": sparse_as_dense, "op": op,
-                     "predivide": gradient_predivide_factor, "groups": groups, "process_set": process_set,
-                     "scale_local_gradients": scale_local_gradients, "local_ids": {id(v) for v in _local_vars}}
+    tape._hvdlite = {
+        "compression": compression,
+        "sparse_as_dense": sparse_as_dense,
+        "op": op,
+        "predivide": gradient_predivide_factor,
+        "groups": groups,
+        "process_set": process_set,
+        "scale_local_gradients": scale_local_gradients,
+        "local_ids": {id(v) for v in _local_vars},
+    }
     return tape
 
 
-def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='', compression=Compression.none,
-                                   sparse_as_dense=False, op=dtypes.Average, gradient_predivide_factor=1.0,
-                                   num_groups=0, groups=None, process_set=global_process_set, local_layers=None,
-                                   scale_local_gradients=True):
+def PartialDistributedGradientTape(
+    gradtape,
+    device_dense='',
+    device_sparse='',
+    compression=Compression.none,
+    sparse_as_dense=False,
+    op=dtypes.Average,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    local_layers=None,
+    scale_local_gradients=True,
+):
     """A DistributedGradientTape that leaves the gradients of `local_layers`'
     trainable variables (a layer or a list of layers) un-reduced; with
     scale_local_gradients they are divided by the process set size, as in
@@ -75,6 +112,17 @@ def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='', 
     elif not isinstance(local_layers, (list, tuple)):
         local_layers = [local_layers]
     local_vars = [v for layer in local_layers for v in layer.trainable_weights]
-    return DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
-                                   gradient_predivide_factor, num_groups, groups, process_set,
-                                   scale_local_gradients, _local_vars=local_vars)
+    return DistributedGradientTape(
+        gradtape,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        num_groups,
+        groups,
+        process_set,
+        scale_local_gradients,
+        _local_vars=local_vars,
+    )

@@ -6,6 +6,7 @@ Names are resolved when the Python call runs (eagerly: every call; in a
 tf.function: once, at trace time), numbered per kind in call order when not
 given, so ranks making the same calls agree.
 """
+
 import tensorflow as tf
 
 from hvdlite.common import collectives, dtypes, gradients, naming, ops
@@ -23,6 +24,7 @@ def collectives_group_names(kind, name, count):
 def _differentiable(forward, backward, tensors):
     """forward(list of tensors) -> list of tensors, with gradient
     backward(list of upstream gradients) -> list (one per input)."""
+
     @tf.custom_gradient
     def fn(*xs):
         def grad(*dys):
@@ -40,9 +42,11 @@ def _grad_names(names):
 
 def _reduce_many(tensors, names, op, prescale, postscale, process_set):
     """Differentiable allreduce of a list: grad_i = the same allreduce of dy_i."""
-    return _differentiable(lambda xs: raw_ops.allreduce(xs, names, op, prescale, postscale, process_set),
-                           lambda dys: raw_ops.allreduce(dys, _grad_names(names), op, prescale, postscale,
-                                                         process_set), tensors)
+    return _differentiable(
+        lambda xs: raw_ops.allreduce(xs, names, op, prescale, postscale, process_set),
+        lambda dys: raw_ops.allreduce(dys, _grad_names(names), op, prescale, postscale, process_set),
+        tensors,
+    )
 
 
 def _sparse_allreduce(tensor, name, op, process_set):
@@ -55,9 +59,19 @@ def _sparse_allreduce(tensor, name, op, process_set):
     return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
 
 
-def allreduce(tensor, average=None, device_dense='', device_sparse='', compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
-              ignore_name_scope=False):
+def allreduce(
+    tensor,
+    average=None,
+    device_dense='',
+    device_sparse='',
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    name=None,
+    process_set=global_process_set,
+    ignore_name_scope=False,
+):
     """`tensor` reduced across the process set (default: averaged); an
     IndexedSlices is allgathered instead. device_* and ignore_name_scope are
     Horovod's arguments, accepted and unused (the core picks the device)."""
@@ -71,8 +85,18 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='', compressi
     return compression.decompress(out, ctx)
 
 
-def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='', compression=Compression.none,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set, name=None):
+def grouped_allreduce(
+    tensors,
+    average=None,
+    device_dense='',
+    device_sparse='',
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    name=None,
+):
     """allreduce of every tensor, submitted together (the core fuses them)."""
     op = resolve_op(op, average)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
@@ -88,15 +112,18 @@ def _gather_many(tensors, names, process_set):
     """Differentiable allgather of a list: grad = this member's rows of
     allreduce(dy, ALLGATHER_GRAD_OP); the members' row counts are gathered
     in the backward pass (as the torch adapter does)."""
-    mine = tf.stack([tf.shape(t, out_type=tf.int64)[0] if t.shape.rank else tf.constant(1, tf.int64)
-                     for t in tensors])
+    mine = tf.stack(
+        [tf.shape(t, out_type=tf.int64)[0] if t.shape.rank else tf.constant(1, tf.int64) for t in tensors]
+    )
 
     def backward(dys):
-        summed = raw_ops.allreduce(dys, _grad_names(names), gradients.ALLGATHER_GRAD_OP, 1.0, 1.0, process_set)
+        summed = raw_ops.allreduce(
+            dys, _grad_names(names), gradients.ALLGATHER_GRAD_OP, 1.0, 1.0, process_set
+        )
         table = raw_ops.allgather([mine[None, :]], [names[0] + ".rows"], process_set)[0]
         member = process_set.rank()
         starts = tf.reduce_sum(table[:member], axis=0)
-        return [s[starts[i]:starts[i] + mine[i]] for i, s in enumerate(summed)]
+        return [s[starts[i] : starts[i] + mine[i]] for i, s in enumerate(summed)]
 
     return _differentiable(lambda xs: raw_ops.allgather(xs, names, process_set), backward, tensors)
 
@@ -109,42 +136,75 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     tensors = [tf.convert_to_tensor(t) for t in tensors]
-    return _gather_many(tensors, collectives_group_names("allgather", name, len(tensors)), process_set) \
-        if tensors else []
+    return (
+        _gather_many(tensors, collectives_group_names("allgather", name, len(tensors)), process_set)
+        if tensors
+        else []
+    )
 
 
 def _scatter_many(tensors, names, op, prescale, postscale, process_set):
     """Differentiable reducescatter: grad = allgather(dy) * reducescatter_grad_scale(...)."""
+
     def backward(dys):
         gathered = raw_ops.allgather(dys, _grad_names(names), process_set)
         scale = gradients.reducescatter_grad_scale(op, prescale, postscale, process_set.size())
         return [g * tf.cast(scale, g.dtype) for g in gathered]
 
-    return _differentiable(lambda xs: raw_ops.reducescatter(xs, names, op, prescale, postscale, process_set),
-                           backward, tensors)
+    return _differentiable(
+        lambda xs: raw_ops.reducescatter(xs, names, op, prescale, postscale, process_set), backward, tensors
+    )
 
 
-def reducescatter(tensor, device_dense='', compression=Compression.none, op=dtypes.Average, name=None,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(
+    tensor,
+    device_dense='',
+    compression=Compression.none,
+    op=dtypes.Average,
+    name=None,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """Reduces `tensor` across members and returns this member's block of
     rows (the first rows % size members get one extra row)."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     wire, ctx = compression.compress(tensor)
-    out = _scatter_many([wire], [naming.auto_name("reducescatter", name)], resolve_op(op, None), prescale_factor,
-                        postscale_factor, process_set)[0]
+    out = _scatter_many(
+        [wire],
+        [naming.auto_name("reducescatter", name)],
+        resolve_op(op, None),
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )[0]
     return compression.decompress(out, ctx)
 
 
-def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=dtypes.Average,
-                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0, name=None):
+def grouped_reducescatter(
+    tensors,
+    device_dense='',
+    compression=Compression.none,
+    op=dtypes.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    name=None,
+):
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
     pairs = [compression.compress(t) for t in tensors]
-    outs = _scatter_many([w for w, _ in pairs], collectives_group_names("reducescatter", name, len(tensors)),
-                         resolve_op(op, None), prescale_factor, postscale_factor, process_set)
+    outs = _scatter_many(
+        [w for w, _ in pairs],
+        collectives_group_names("reducescatter", name, len(tensors)),
+        resolve_op(op, None),
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
@@ -158,12 +218,14 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
         reduced = raw_ops.allreduce(dys, [name + ".grad"], gradients.BROADCAST_GRAD_OP, 1.0, 1.0, process_set)
         return reduced if _global_rank() == int(root_rank) else [tf.zeros_like(reduced[0])]
 
-    return _differentiable(lambda xs: raw_ops.broadcast(xs, [name], int(root_rank), process_set), backward,
-                           [tensor])[0]
+    return _differentiable(
+        lambda xs: raw_ops.broadcast(xs, [name], int(root_rank), process_set), backward, [tensor]
+    )[0]
 
 
 def _global_rank():
     from hvdlite.common.basics import rank
+
     return rank()
 
 

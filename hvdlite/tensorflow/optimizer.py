@@ -6,6 +6,7 @@ hvdlite.tensorflow.keras's DistributedOptimizer; a TF1-style
 tf.compat.v1.train.Optimizer gets compute_gradients() overridden. Both go
 through hvdlite.tensorflow.gradient_allreduce (one policy).
 """
+
 import keras
 import tensorflow as tf
 
@@ -21,46 +22,88 @@ class _V1Mixin:
     def compute_gradients(self, *args, **kwargs):
         pairs = super().compute_gradients(*args, **kwargs)
         s = self._hvdlite
-        grads = allreduce_gradients([g for g, _ in pairs], [v for _, v in pairs], s["compression"],
-                                    s["sparse_as_dense"], s["op"], s["predivide"], s["groups"], s["process_set"],
-                                    name="DistributedOptimizer")
+        grads = allreduce_gradients(
+            [g for g, _ in pairs],
+            [v for _, v in pairs],
+            s["compression"],
+            s["sparse_as_dense"],
+            s["op"],
+            s["predivide"],
+            s["groups"],
+            s["process_set"],
+            name="DistributedOptimizer",
+        )
         return list(zip(grads, [v for _, v in pairs]))
 
 
 def _settings(compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set):
-    return {"compression": compression, "sparse_as_dense": sparse_as_dense, "op": op,
-            "predivide": gradient_predivide_factor, "groups": groups, "process_set": process_set}
+    return {
+        "compression": compression,
+        "sparse_as_dense": sparse_as_dense,
+        "op": op,
+        "predivide": gradient_predivide_factor,
+        "groups": groups,
+        "process_set": process_set,
+    }
 
 
 def check_backward_passes(backward_passes_per_step):
     if backward_passes_per_step != 1:
         raise exceptions.NotSupportedError(
             "backward_passes_per_step=%d: local gradient accumulation is not implemented in "
-            "hvdlite.tensorflow's tf.compat.v1 optimizers yet; use 1, or a Keras optimizer" % backward_passes_per_step)
+            "hvdlite.tensorflow's tf.compat.v1 optimizers yet; use 1, or a Keras optimizer"
+            % backward_passes_per_step
+        )
 
 
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='', device_sparse='',
-                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
-                         op=dtypes.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    use_locking=False,
+    device_dense='',
+    device_sparse='',
+    compression=Compression.none,
+    sparse_as_dense=False,
+    backward_passes_per_step=1,
+    op=dtypes.Average,
+    gradient_predivide_factor=1.0,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+):
     """Wraps `optimizer` so that gradients are reduced (op, default Average)
     across `process_set` before being applied. name, use_locking, device_*
     are Horovod's, accepted and unused; backward_passes_per_step and
     average_aggregated_gradients apply to Keras optimizers only."""
     if isinstance(optimizer, keras.optimizers.Optimizer):
         from hvdlite.tensorflow.keras import DistributedOptimizer as keras_distributed
-        return keras_distributed(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-                                 gradient_predivide_factor=gradient_predivide_factor, op=op,
-                                 backward_passes_per_step=backward_passes_per_step,
-                                 average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
-                                 groups=groups, process_set=process_set)
+
+        return keras_distributed(
+            optimizer,
+            name=name,
+            compression=compression,
+            sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor,
+            op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients,
+            num_groups=num_groups,
+            groups=groups,
+            process_set=process_set,
+        )
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        raise ValueError("DistributedOptimizer needs a Keras optimizer or a tf.compat.v1.train.Optimizer, got %s"
-                         % type(optimizer).__name__)
+        raise ValueError(
+            "DistributedOptimizer needs a Keras optimizer or a tf.compat.v1.train.Optimizer, got %s"
+            % type(optimizer).__name__
+        )
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
     check_backward_passes(backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
     wrapped = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._hvdlite = _settings(compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set)
+    wrapped._hvdlite = _settings(
+        compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set
+    )
     return wrapped

@@ -9,6 +9,7 @@ submission itself is hvdlite's framework-neutral NumPy path
 (hvdlite.common.collectives with the NUMPY buffer adapter): no TensorFlow
 kernel, no policy of its own.
 """
+
 import numpy as np
 import tensorflow as tf
 
@@ -38,9 +39,17 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
     _check(tensors, "allreduce")
 
     def fn(*arrays):
-        handles = [numpy_ops.allreduce_async_(aligned_copy(a), name=n, op=op, prescale_factor=prescale,
-                                              postscale_factor=postscale, process_set=process_set)
-                   for a, n in zip(arrays, names)]
+        handles = [
+            numpy_ops.allreduce_async_(
+                aligned_copy(a),
+                name=n,
+                op=op,
+                prescale_factor=prescale,
+                postscale_factor=postscale,
+                process_set=process_set,
+            )
+            for a, n in zip(arrays, names)
+        ]
         return [ops.synchronize(h) for h in handles]
 
     return call_numpy(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HvdliteAllreduce")
@@ -48,15 +57,26 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
 
 def _with_output(kind, op_type, tensors, names, process_set, **submit_kw):
     """Runs an op whose output the core allocates; returns the outputs."""
+
     def fn(*arrays):
         set_id = resolve(process_set)
-        handles = [collectives.start(collectives.with_output(NUMPY, kind, op_type, _writable(a), n,
-                                                             process_set=set_id, **submit_kw))
-                   for a, n in zip(arrays, names)]
+        handles = [
+            collectives.start(
+                collectives.with_output(
+                    NUMPY, kind, op_type, _writable(a), n, process_set=set_id, **submit_kw
+                )
+            )
+            for a, n in zip(arrays, names)
+        ]
         return [ops.synchronize(h)[0] for h in handles]
 
-    return call_numpy(fn, tensors, [t.dtype for t in tensors], [_rows_shape(t) for t in tensors],
-                      "Hvdlite" + kind.capitalize())
+    return call_numpy(
+        fn,
+        tensors,
+        [t.dtype for t in tensors],
+        [_rows_shape(t) for t in tensors],
+        "Hvdlite" + kind.capitalize(),
+    )
 
 
 def allgather(tensors, names, process_set):
@@ -68,8 +88,16 @@ def allgather(tensors, names, process_set):
 def reducescatter(tensors, names, op, prescale, postscale, process_set):
     """This member's block of rows of each reduced tensor."""
     _check(tensors, "reducescatter")
-    return _with_output("reducescatter", ops.REDUCESCATTER, tensors, names, process_set, reduce_op=op,
-                        prescale=prescale, postscale=postscale)
+    return _with_output(
+        "reducescatter",
+        ops.REDUCESCATTER,
+        tensors,
+        names,
+        process_set,
+        reduce_op=op,
+        prescale=prescale,
+        postscale=postscale,
+    )
 
 
 def alltoall(tensor, splits, name, process_set):
@@ -80,13 +108,23 @@ def alltoall(tensor, splits, name, process_set):
 
     def fn(array, split_values=None):
         split_list = [] if split_values is None else [int(s) for s in split_values]
-        handle = collectives.start(collectives.with_output(NUMPY, "alltoall", ops.ALLTOALL, _writable(array), name,
-                                                           splits=split_list, process_set=resolve(process_set)))
+        handle = collectives.start(
+            collectives.with_output(
+                NUMPY,
+                "alltoall",
+                ops.ALLTOALL,
+                _writable(array),
+                name,
+                splits=split_list,
+                process_set=resolve(process_set),
+            )
+        )
         out, received = ops.synchronize(handle)
         return [out, np.asarray(received, dtype=np.int32)]
 
-    out, received = call_numpy(fn, inputs, [tensor.dtype, tf.int32], [_rows_shape(tensor), tf.TensorShape([None])],
-                               "HvdliteAlltoall")
+    out, received = call_numpy(
+        fn, inputs, [tensor.dtype, tf.int32], [_rows_shape(tensor), tf.TensorShape([None])], "HvdliteAlltoall"
+    )
     return out, received
 
 
@@ -95,8 +133,10 @@ def broadcast(tensors, names, root_rank, process_set):
     _check(tensors, "broadcast")
 
     def fn(*arrays):
-        handles = [numpy_ops.broadcast_async_(aligned_copy(a), root_rank, name=n, process_set=process_set)
-                   for a, n in zip(arrays, names)]
+        handles = [
+            numpy_ops.broadcast_async_(aligned_copy(a), root_rank, name=n, process_set=process_set)
+            for a, n in zip(arrays, names)
+        ]
         return [ops.synchronize(h) for h in handles]
 
     return call_numpy(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HvdliteBroadcast")

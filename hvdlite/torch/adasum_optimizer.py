@@ -6,11 +6,13 @@ update delta = new - start is Adasum-allreduced across ranks (in place, in
 the parameter's memory; see hvdlite.common.adasum), and step() sets
 parameter = start + combined delta. The number of ranks must be a power of two.
 """
+
 from contextlib import contextmanager
 
 import torch
 
-from hvdlite.common import dtypes, optimizer_policy as policy
+from hvdlite.common import dtypes
+from hvdlite.common import optimizer_policy as policy
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer import init_bookkeeping, register_grad_ready_hook
 
@@ -46,7 +48,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             start.copy_(p)
             self._step_one(p)
-            p.sub_(start)                     # p now holds this rank's update
+            p.sub_(start)  # p now holds this rank's update
         compressed, ctx = self._compression.compress(p.detach())
         handle = mpi_ops.allreduce_async_(compressed, name=self._parameter_names.get(p), op=dtypes.Adasum)
         return handle, ctx
@@ -56,7 +58,10 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             if self._allreduce_delay[p] <= 0:
                 raise AssertionError(policy.TOO_MANY_BACKWARD_PASSES)
             self._allreduce_delay[p] -= 1
-            self._handles[p] = self._allreduce_grad_async(p) if self._allreduce_delay[p] == 0 else (None, None)
+            self._handles[p] = (
+                self._allreduce_grad_async(p) if self._allreduce_delay[p] == 0 else (None, None)
+            )
+
         return hook
 
     def synchronize(self):
@@ -72,7 +77,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         for p in sorted(self._requires_update - set(self._handles), key=lambda q: self._parameter_names[q]):
             self._handles[p] = (None, None)
         for p in sorted(self._handles, key=lambda q: self._parameter_names[q]):
-            if self._handles[p][0] is None:   # backward_passes_per_step not reached, or no backward
+            if self._handles[p][0] is None:  # backward_passes_per_step not reached, or no backward
                 self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, ctx) in self._handles.items():
             delta = self._compression.decompress(mpi_ops.synchronize(handle), ctx)

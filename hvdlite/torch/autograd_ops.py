@@ -6,6 +6,7 @@ Horovod defines as its gradient (the rules are in hvdlite.common.gradients).
 Every member must run the backward pass too, in the same order, since the
 backward collectives are collective.
 """
+
 import torch
 
 from hvdlite.common import dtypes, gradients
@@ -19,23 +20,40 @@ class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return mpi_ops.synchronize(mpi_ops.allreduce_async(tensor, average, name, op, prescale_factor,
-                                                           postscale_factor, process_set))
+        return mpi_ops.synchronize(
+            mpi_ops.allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        )
 
     @staticmethod
     def backward(ctx, grad_output):
         average, op, prescale, postscale, process_set = ctx.args
-        grad = allreduce(grad_output, average=average, op=op, prescale_factor=prescale,
-                         postscale_factor=postscale, process_set=process_set)
+        grad = allreduce(
+            grad_output,
+            average=average,
+            op=op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=process_set,
+        )
         return grad, None, None, None, None, None, None
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set):
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Returns a new tensor: `tensor` reduced (default: averaged) across the
     process set, optionally compressed on the wire. Differentiable."""
     compressed, ctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    reduced = HorovodAllreduce.apply(
+        compressed, average, name, op, prescale_factor, postscale_factor, process_set
+    )
     return compression.decompress(reduced, ctx)
 
 
@@ -43,23 +61,43 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return tuple(mpi_ops.synchronize(mpi_ops.grouped_allreduce_async(
-            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)))
+        return tuple(
+            mpi_ops.synchronize(
+                mpi_ops.grouped_allreduce_async(
+                    list(tensors), average, name, op, prescale_factor, postscale_factor, process_set
+                )
+            )
+        )
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         average, op, prescale, postscale, process_set = ctx.args
-        grads = grouped_allreduce(list(grad_outputs), average=average, op=op, prescale_factor=prescale,
-                                  postscale_factor=postscale, process_set=process_set)
+        grads = grouped_allreduce(
+            list(grad_outputs),
+            average=average,
+            op=op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=process_set,
+        )
         return (None,) * 6 + tuple(grads)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce(
+    tensors,
+    average=None,
+    name=None,
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """allreduce of a list of tensors as one group; returns the list. Differentiable."""
     pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
-                                            *[p[0] for p in pairs])
+    reduced = HorovodGroupedAllreduce.apply(
+        average, name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
+    )
     return [compression.decompress(t, p[1]) for t, p in zip(reduced, pairs)]
 
 
@@ -125,6 +163,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         from hvdlite.common.basics import rank
+
         grad = allreduce(grad_output, op=gradients.BROADCAST_GRAD_OP, process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             grad = torch.zeros_like(grad)
@@ -168,16 +207,24 @@ class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return mpi_ops.synchronize(mpi_ops.reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                                               postscale_factor))
+        return mpi_ops.synchronize(
+            mpi_ops.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
+        )
 
     @staticmethod
     def backward(ctx, grad_output):
         return (_reducescatter_grad([grad_output], *ctx.args)[0],) + (None,) * 5
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=dtypes.Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(
+    tensor,
+    name=None,
+    compression=Compression.none,
+    op=dtypes.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """This member's block of rows of `tensor` reduced across members. Differentiable."""
     op = resolve_op(op, None)
     compressed, ctx = compression.compress(tensor)
@@ -189,18 +236,31 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return tuple(mpi_ops.synchronize(mpi_ops.grouped_reducescatter_async(
-            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+        return tuple(
+            mpi_ops.synchronize(
+                mpi_ops.grouped_reducescatter_async(
+                    list(tensors), name, op, process_set, prescale_factor, postscale_factor
+                )
+            )
+        )
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         return (None,) * 5 + tuple(_reducescatter_grad(grad_outputs, *ctx.args))
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=dtypes.Average,
-                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(
+    tensors,
+    name=None,
+    compression=Compression.none,
+    op=dtypes.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     op = resolve_op(op, None)
     pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
-                                             *[p[0] for p in pairs])
+    outs = HorovodGroupedReducescatter.apply(
+        name, op, process_set, prescale_factor, postscale_factor, *[p[0] for p in pairs]
+    )
     return [compression.decompress(t, p[1]) for t, p in zip(outs, pairs)]

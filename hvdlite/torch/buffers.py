@@ -7,15 +7,24 @@ other collectives at submission with NotSupportedError). Outputs the core alloca
 as uint8 NumPy arrays and are wrapped with ``torch.from_numpy(...).view(dtype)``
 (no copy; the array's owner frees the core's buffer when the tensor dies).
 """
+
 import numpy as np
 import torch
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.collectives import BufferAdapter
 
-CODES = {torch.uint8: dtypes.UINT8, torch.int8: dtypes.INT8, torch.int32: dtypes.INT32,
-         torch.int64: dtypes.INT64, torch.float16: dtypes.FLOAT16, torch.bfloat16: dtypes.BFLOAT16,
-         torch.float32: dtypes.FLOAT32, torch.float64: dtypes.FLOAT64, torch.bool: dtypes.BOOL}
+CODES = {
+    torch.uint8: dtypes.UINT8,
+    torch.int8: dtypes.INT8,
+    torch.int32: dtypes.INT32,
+    torch.int64: dtypes.INT64,
+    torch.float16: dtypes.FLOAT16,
+    torch.bfloat16: dtypes.BFLOAT16,
+    torch.float32: dtypes.FLOAT32,
+    torch.float64: dtypes.FLOAT64,
+    torch.bool: dtypes.BOOL,
+}
 
 
 class TorchBuffers(BufferAdapter):
@@ -26,11 +35,13 @@ class TorchBuffers(BufferAdapter):
         if tensor.device.type not in ("cpu", "cuda"):
             raise exceptions.NotSupportedError(
                 "tensor '%s' is on %s; hvdlite runs collectives on CPU and CUDA tensors (move it with .cpu())"
-                % (name, tensor.device))
+                % (name, tensor.device)
+            )
         if tensor.is_sparse:
             raise exceptions.InvalidArgumentError(
                 "tensor '%s' is sparse; use sparse_allreduce_async or DistributedOptimizer(sparse_as_dense=True)"
-                % name)
+                % name
+            )
 
     def is_direct(self, tensor):
         return tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()

@@ -1,5 +1,6 @@
 """Compression.none / Compression.fp16 for torch tensors (the policy is in
 hvdlite.common.compression; this binds it to torch dtypes)."""
+
 import torch
 
 from hvdlite.common.compression import FP16CompressorBase, make_compression

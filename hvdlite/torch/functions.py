@@ -1,6 +1,7 @@
 """Broadcasting model and optimizer state from one rank (Horovod's
 broadcast_parameters / broadcast_optimizer_state), plus the object
 collectives shared with every adapter."""
+
 import collections
 import inspect
 
@@ -19,7 +20,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     model.named_parameters()."""
     if isinstance(params, dict):
         items = sorted(params.items())
-    elif isinstance(params, (list, tuple)) or inspect.isgenerator(params):   # e.g. model.named_parameters()
+    elif isinstance(params, (list, tuple)) or inspect.isgenerator(params):  # e.g. model.named_parameters()
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError("invalid params of type: %s" % type(params))
@@ -60,7 +61,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
         state_dict = optimizer.state_dict()
     tensors, plain = [], {"groups": [], "state": {}}
     occurrences = collections.defaultdict(int)
-    for index, group in enumerate(state_dict["param_groups"]):
+    for _index, group in enumerate(state_dict["param_groups"]):
         plain["groups"].append({k: v for k, v in group.items() if k != "params"})
         for pid in group["params"]:
             for key, value in state_dict["state"].get(pid, {}).items():

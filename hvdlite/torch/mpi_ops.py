@@ -5,6 +5,7 @@ are in hvdlite.torch.autograd_ops.
 Every ``*_async`` function returns an integer handle for ``poll`` /
 ``synchronize``; the tensors involved stay referenced until then.
 """
+
 import torch
 
 from hvdlite.common import adasum, collectives, dtypes, naming, ops
@@ -36,6 +37,7 @@ def synchronize(handle):
 
 
 # ---- allreduce ---------------------------------------------------------------
+
 
 def _output_on_host(kind, op_type, tensor, name, **submit_kw):
     """with_output for any tensor: a CUDA tensor (whose core path has only
@@ -71,58 +73,119 @@ def _allreduce_pending(tensor, average, name, op, prescale_factor, postscale_fac
     reduce_op = resolve_op(op, average)
     if reduce_op == dtypes.Adasum:
         return _adasum_pending(tensor, name, prescale_factor, postscale_factor, process_set)
-    return collectives.inplace(TORCH, "allreduce", ops.ALLREDUCE, tensor, name, reduce_op=reduce_op,
-                               prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
+    return collectives.inplace(
+        TORCH,
+        "allreduce",
+        ops.ALLREDUCE,
+        tensor,
+        name,
+        reduce_op=reduce_op,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        process_set=resolve(process_set),
+    )
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
+def allreduce_async_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Starts reducing `tensor` in place (default op: Average); returns a handle."""
-    return collectives.start(_allreduce_pending(tensor, average, name, op, prescale_factor, postscale_factor,
-                                                process_set))
+    return collectives.start(
+        _allreduce_pending(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
+def allreduce_async(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Starts reducing a copy of `tensor`; synchronize() returns the new tensor."""
-    return allreduce_async_(_copy(tensor, name), average, name, op, prescale_factor, postscale_factor, process_set)
+    return allreduce_async_(
+        _copy(tensor, name), average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               process_set=global_process_set):
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Reduces `tensor` in place across the process set and returns it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                        process_set))
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce_async_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Starts reducing every tensor in place; one handle, whose synchronize()
     returns the list of tensors."""
     names = collectives.group_names("allreduce", name, len(tensors))
     return collectives.start_group(
-        [_allreduce_pending(t, average, n, op, prescale_factor, postscale_factor, process_set)
-         for t, n in zip(tensors, names)])
+        [
+            _allreduce_pending(t, average, n, op, prescale_factor, postscale_factor, process_set)
+            for t, n in zip(tensors, names)
+        ]
+    )
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set):
-    return grouped_allreduce_async_([_copy(t) for t in tensors], average, name, op, prescale_factor,
-                                    postscale_factor, process_set)
+def grouped_allreduce_async(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
+    return grouped_allreduce_async_(
+        [_copy(t) for t in tensors], average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set=global_process_set):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                process_set))
+def grouped_allreduce_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
+    return synchronize(
+        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Reduces a sparse COO tensor by allgathering its indices and values (as
     Horovod does); returns a callable handle for synchronize()."""
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices = allgather_async(t.indices().transpose(0, 1).contiguous(), name="%s.indices" % name,
-                              process_set=process_set)
+    indices = allgather_async(
+        t.indices().transpose(0, 1).contiguous(), name="%s.indices" % name, process_set=process_set
+    )
     values = allgather_async(t.values(), name="%s.values" % name, process_set=process_set)
     members = process_set.size()
 
@@ -138,6 +201,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 # ---- allgather, broadcast, alltoall, reducescatter ---------------------------------
 
+
 def _allgather_pending(tensor, name, process_set):
     return _output_on_host("allgather", ops.ALLGATHER, tensor, name, process_set=resolve(process_set))
 
@@ -149,13 +213,15 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     names = collectives.group_names("allgather", name, len(tensors))
-    return collectives.start_group([_allgather_pending(t, n, process_set) for t, n in zip(tensors, names)],
-                                   then=_first)
+    return collectives.start_group(
+        [_allgather_pending(t, n, process_set) for t, n in zip(tensors, names)], then=_first
+    )
 
 
 def _broadcast_pending(tensor, root_rank, name, process_set):
-    return collectives.inplace(TORCH, "broadcast", ops.BROADCAST, tensor, name, root=int(root_rank),
-                               process_set=resolve(process_set))
+    return collectives.inplace(
+        TORCH, "broadcast", ops.BROADCAST, tensor, name, root=int(root_rank), process_set=resolve(process_set)
+    )
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -185,32 +251,58 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     dim 0 without splits); synchronize() returns (output, received_splits)."""
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
-    pending = _output_on_host("alltoall", ops.ALLTOALL, tensor, name, splits=_split_list(splits),
-                              process_set=resolve(process_set))
+    pending = _output_on_host(
+        "alltoall", ops.ALLTOALL, tensor, name, splits=_split_list(splits), process_set=resolve(process_set)
+    )
     return collectives.start(pending, then=lambda r: (r[0], torch.tensor(r[1], dtype=torch.int32)))
 
 
 def _reducescatter_pending(tensor, name, op, process_set, prescale_factor, postscale_factor):
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
-    return _output_on_host("reducescatter", ops.REDUCESCATTER, tensor, name, reduce_op=resolve_op(op, None),
-                           prescale=prescale_factor, postscale=postscale_factor, process_set=resolve(process_set))
+    return _output_on_host(
+        "reducescatter",
+        ops.REDUCESCATTER,
+        tensor,
+        name,
+        reduce_op=resolve_op(op, None),
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        process_set=resolve(process_set),
+    )
 
 
-def reducescatter_async(tensor, name=None, op=dtypes.Average, process_set=global_process_set, prescale_factor=1.0,
-                        postscale_factor=1.0):
+def reducescatter_async(
+    tensor,
+    name=None,
+    op=dtypes.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """Starts reducing `tensor` across members; synchronize() returns this
     member's block of rows (the first rows % size members get one extra)."""
-    return collectives.start(_reducescatter_pending(tensor, name, op, process_set, prescale_factor,
-                                                    postscale_factor), then=_first)
+    return collectives.start(
+        _reducescatter_pending(tensor, name, op, process_set, prescale_factor, postscale_factor), then=_first
+    )
 
 
-def grouped_reducescatter_async(tensors, name=None, op=dtypes.Average, process_set=global_process_set,
-                                prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(
+    tensors,
+    name=None,
+    op=dtypes.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     names = collectives.group_names("reducescatter", name, len(tensors))
     return collectives.start_group(
-        [_reducescatter_pending(t, n, op, process_set, prescale_factor, postscale_factor)
-         for t, n in zip(tensors, names)], then=_first)
+        [
+            _reducescatter_pending(t, n, op, process_set, prescale_factor, postscale_factor)
+            for t, n in zip(tensors, names)
+        ],
+        then=_first,
+    )
 
 
 def join(device=-1):

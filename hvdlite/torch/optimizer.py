@@ -7,12 +7,14 @@ to the core the moment it is accumulated, so communication overlaps the rest
 of backward and the core fuses what is ready together. ``step()`` waits for
 the outstanding allreduces, writes the results into ``p.grad``, then steps.
 """
-from contextlib import contextmanager
+
 import warnings
+from contextlib import contextmanager
 
 import torch
 
-from hvdlite.common import dtypes, optimizer_policy as policy
+from hvdlite.common import dtypes
+from hvdlite.common import optimizer_policy as policy
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.common.reduction import check_predivide, gradient_scale_factors
@@ -39,7 +41,7 @@ def init_bookkeeping(opt, named_parameters, compression, backward_passes_per_ste
     opt._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
     opt.backward_passes_per_step = backward_passes_per_step
     opt._allreduce_delay = {p: backward_passes_per_step for p in opt._parameter_names}
-    opt._handles = {}           # param, or tuple of params (a group) -> (handle or None, ctx)
+    opt._handles = {}  # param, or tuple of params (a group) -> (handle or None, ctx)
     opt._hook_refs = []
     opt._requires_update = set()
 
@@ -49,9 +51,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     _hvdlite_distributed = True
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=dtypes.Average,
-                 gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
-                 process_set=global_process_set):
+    def __init__(
+        self,
+        params,
+        named_parameters,
+        compression,
+        backward_passes_per_step=1,
+        op=dtypes.Average,
+        gradient_predivide_factor=1.0,
+        groups=None,
+        sparse_as_dense=False,
+        process_set=global_process_set,
+    ):
         super(self.__class__, self).__init__(params)
         init_bookkeeping(self, named_parameters, compression, backward_passes_per_step)
         self.op = op
@@ -87,8 +98,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._groups is not None:
             params = self._trainable()
             # Every rank must form the same groups: order parameters as rank 0 names them.
-            order = broadcast_object([self._parameter_names.get(p) for p in params], root_rank=0,
-                                     name="DistributedOptimizer.order", process_set=self.process_set)
+            order = broadcast_object(
+                [self._parameter_names.get(p) for p in params],
+                root_rank=0,
+                name="DistributedOptimizer.order",
+                process_set=self.process_set,
+            )
             position = {name: i for i, name in enumerate(order)}
             params.sort(key=lambda p: position.get(self._parameter_names.get(p), len(position)))
             for group in policy.form_groups(params, self._groups):
@@ -110,13 +125,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         tensor = p.grad
         if tensor.is_sparse:
             if not self.sparse_as_dense:
-                return mpi_ops.sparse_allreduce_async(tensor, name=name, op=self.op,
-                                                      process_set=self.process_set), None
+                return mpi_ops.sparse_allreduce_async(
+                    tensor, name=name, op=self.op, process_set=self.process_set
+                ), None
             tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
         prescale, postscale = self._scale_factors()
-        handle = mpi_ops.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=prescale,
-                                          postscale_factor=postscale, process_set=self.process_set)
+        handle = mpi_ops.allreduce_async_(
+            compressed,
+            name=name,
+            op=self.op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=self.process_set,
+        )
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, group):
@@ -125,14 +147,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = torch.zeros_like(p)
         compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in group])
         prescale, postscale = self._scale_factors()
-        handle = mpi_ops.grouped_allreduce_async_(list(compressed), name=self._parameter_names.get(group[0]),
-                                                  op=self.op, prescale_factor=prescale, postscale_factor=postscale,
-                                                  process_set=self.process_set)
+        handle = mpi_ops.grouped_allreduce_async_(
+            list(compressed),
+            name=self._parameter_names.get(group[0]),
+            op=self.op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=self.process_set,
+        )
         return handle, ctxs
 
     def _make_hook(self, p):
         def hook():
-            if self._allreduce_delay[p] <= 0:   # already submitted since the last step()
+            if self._allreduce_delay[p] <= 0:  # already submitted since the last step()
                 raise AssertionError(policy.TOO_MANY_BACKWARD_PASSES)
             assert not p.grad.requires_grad
             self._allreduce_delay[p] -= 1
@@ -142,6 +169,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[p] = self._allreduce_grad_async(p)
             else:
                 self._group_ready(p)
+
         return hook
 
     def _group_ready(self, p):
@@ -214,7 +242,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn(policy.STEP_AFTER_SYNCHRONIZE)
+                warnings.warn(policy.STEP_AFTER_SYNCHRONIZE, stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
@@ -234,9 +262,18 @@ def _wrap(base_optimizer, mixin, *args):
     return wrapped
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=dtypes.Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
+def DistributedOptimizer(
+    optimizer,
+    named_parameters=None,
+    compression=Compression.none,
+    backward_passes_per_step=1,
+    op=dtypes.Average,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    sparse_as_dense=False,
+    process_set=global_process_set,
+):
     """Wraps `optimizer` so that gradients are averaged (op) across the ranks of
     `process_set` before each step. Arguments as in Horovod:
 
@@ -248,12 +285,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     allreduce gradients in that many groups, or a list of lists of params;
     sparse_as_dense: allreduce sparse gradients as dense tensors."""
     from hvdlite.common.basics import size
+
     check_predivide(op, gradient_predivide_factor)
     groups = policy.resolve_groups(num_groups, groups)
     if op != dtypes.Adasum or size() == 1:
-        return _wrap(optimizer, _DistributedOptimizer, named_parameters, compression, backward_passes_per_step,
-                     op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
+        return _wrap(
+            optimizer,
+            _DistributedOptimizer,
+            named_parameters,
+            compression,
+            backward_passes_per_step,
+            op,
+            gradient_predivide_factor,
+            groups,
+            sparse_as_dense,
+            process_set,
+        )
     if process_set is not global_process_set and process_set.process_set_id != 0:
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
     from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
-    return _wrap(optimizer, _DistributedAdasumOptimizer, named_parameters, compression, backward_passes_per_step)
+
+    return _wrap(
+        optimizer, _DistributedAdasumOptimizer, named_parameters, compression, backward_passes_per_step
+    )

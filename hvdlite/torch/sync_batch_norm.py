@@ -9,6 +9,7 @@ dy * x_hat are allreduced so the input gradient is that of the global batch;
 the weight and bias gradients stay local sums, which the DistributedOptimizer
 reduces like any other gradient. Works on CPU tensors (Horovod's needs CUDA).
 """
+
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -39,13 +40,16 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         stats = _allreduce_sum(stats, process_set)
         count = stats[-1].item()
         if count <= 1:
-            raise ValueError("Expected more than 1 value per channel when training, got input size %s"
-                             % (list(x.shape),))
+            raise ValueError(
+                "Expected more than 1 value per channel when training, got input size %s" % (list(x.shape),)
+            )
         mean = stats[:channels] / count
-        var = (stats[channels:2 * channels] / count - mean * mean).clamp_(min=0.0)
+        var = (stats[channels : 2 * channels] / count - mean * mean).clamp_(min=0.0)
         if running_mean is not None:
             running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-            running_var.mul_(1.0 - momentum).add_((var * count / (count - 1)).to(running_var.dtype), alpha=momentum)
+            running_var.mul_(1.0 - momentum).add_(
+                (var * count / (count - 1)).to(running_var.dtype), alpha=momentum
+            )
         invstd = torch.rsqrt(var + eps)
         x_hat = (x64 - _channel_view(mean, x.dim())) * _channel_view(invstd, x.dim())
         out = x_hat
@@ -84,20 +88,27 @@ class SyncBatchNorm(_BatchNorm):
     """Drop-in for torch.nn.BatchNorm1d/2d/3d that normalizes with the
     statistics of the global batch across the ranks of `process_set`."""
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                 process_set=global_process_set):
+    def __init__(
+        self,
+        num_features,
+        eps=1e-5,
+        momentum=0.1,
+        affine=True,
+        track_running_stats=True,
+        process_set=global_process_set,
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_set = process_set
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
-            raise ValueError("expected at least 2D input (got {}D input)".format(input.dim()))
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def _average_factor(self):
         if not (self.training and self.track_running_stats):
             return 0.0
         self.num_batches_tracked.add_(1)
-        if self.momentum is None:   # cumulative moving average
+        if self.momentum is None:  # cumulative moving average
             return 1.0 / float(self.num_batches_tracked)
         return self.momentum
 
@@ -109,6 +120,9 @@ class SyncBatchNorm(_BatchNorm):
         track_var = self.running_var if not self.training or self.track_running_stats else None
         members = self.process_set.size() if self.process_set.process_set_id else size()
         if not use_batch_stats or members == 1:
-            return F.batch_norm(input, track, track_var, self.weight, self.bias, use_batch_stats, factor, self.eps)
-        return _SyncBatchNormFunction.apply(input, self.weight, self.bias, track, track_var, self.eps, factor,
-                                            self.process_set)
+            return F.batch_norm(
+                input, track, track_var, self.weight, self.bias, use_batch_stats, factor, self.eps
+            )
+        return _SyncBatchNormFunction.apply(
+            input, self.weight, self.bias, track, track_var, self.eps, factor, self.process_set
+        )

@@ -35,7 +35,9 @@ inline void CheckOk(const hvdlite::Status& st, const std::string& what) {
   Check(st.ok(), what + (st.ok() ? "" : " -> " + st.message()));
 }
 
-inline bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+inline bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 inline double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -59,8 +61,8 @@ inline Mesh BuildMesh(hvdlite::Store* store, const std::string& prefix, int n, d
                       double connect_timeout_s = 10.0) {
   Mesh mesh(n);
   RunThreads(n, [&](int r) {
-    hvdlite::Status st = hvdlite::CreateTcpTransport(store, prefix, r, n, "127.0.0.1", kSecret, connect_timeout_s,
-                                                     io_timeout_s, &mesh[r]);
+    hvdlite::Status st = hvdlite::CreateTcpTransport(store, prefix, r, n, "127.0.0.1", kSecret,
+                                                     connect_timeout_s, io_timeout_s, &mesh[r]);
     CheckOk(st, prefix + " mesh rank " + std::to_string(r));
   });
   for (auto& t : mesh) {

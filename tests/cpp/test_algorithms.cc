@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
   using hvdlite::ReduceOp;
   if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
     algtest::UseTransport(argc > 3 ? argv[3] : "shm");
-    algtest::ShmChannelBytes() = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : hvdlite::ShmOptions().channel_bytes;
+    algtest::ShmChannelBytes() =
+        argc > 4 ? std::strtoull(argv[4], nullptr, 10) : hvdlite::ShmOptions().channel_bytes;
     return algtest::RunBench(argc > 2 ? std::atoi(argv[2]) : 2);
   }
   if (argc > 1) g_filter = argv[1];
@@ -74,8 +75,9 @@ int main(int argc, char** argv) {
       }
       for (DataType dt : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64}) {
         for (ReduceOp op : algtest::ReduceOps()) {
-          RunCase(k + "allreduce_agreement/" + hvdlite::DataTypeName(dt) + "/" + hvdlite::ReduceOpName(op) + w,
-                  [&] { algtest::TestAllreduceAgreement(world, dt, op); });
+          RunCase(
+              k + "allreduce_agreement/" + hvdlite::DataTypeName(dt) + "/" + hvdlite::ReduceOpName(op) + w,
+              [&] { algtest::TestAllreduceAgreement(world, dt, op); });
         }
       }
       RunCase(k + "allreduce_postscale" + w, [&] { algtest::TestAllreducePostscale(world); });

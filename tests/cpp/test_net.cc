@@ -20,8 +20,10 @@ namespace {
 std::string Hex(const Digest256& d) { return HexEncode(d.data(), d.size()); }
 
 void TestSha256() {
-  Check(Hex(Sha256("", 0)) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "sha256 empty");
-  Check(Hex(Sha256("abc", 3)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", "sha256 abc");
+  Check(Hex(Sha256("", 0)) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        "sha256 empty");
+  Check(Hex(Sha256("abc", 3)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+        "sha256 abc");
   std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
   Check(Hex(Sha256(two_blocks.data(), two_blocks.size())) ==
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
@@ -69,7 +71,8 @@ void TestStoreBasics(Store* store, const std::string& name) {
   double t0 = Now();
   Status st = store->Get("missing", 0.2, &v);
   double dt = Now() - t0;
-  Check(st.code() == StatusCode::kTimeout && Contains(st.message(), "missing"), name + " get timeout names key");
+  Check(st.code() == StatusCode::kTimeout && Contains(st.message(), "missing"),
+        name + " get timeout names key");
   Check(dt >= 0.19 && dt < 1.5, name + " get timeout duration " + std::to_string(dt));
   // Get waits for a Set made later by another thread (through the same store object).
   std::thread setter([&] {
@@ -163,7 +166,8 @@ void TestTcpStore() {
 
 // Fills a buffer with a pattern that depends on the sender and the size.
 void Fill(std::vector<char>* buf, int sender) {
-  for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = char((i * 131 + size_t(sender) * 7 + buf->size()) & 0xff);
+  for (size_t i = 0; i < buf->size(); ++i)
+    (*buf)[i] = char((i * 131 + size_t(sender) * 7 + buf->size()) & 0xff);
 }
 
 void TestMeshExchange(Store* store, int n) {
@@ -204,7 +208,8 @@ void TestTagMismatch(Store* store) {
   char buf[4] = {1, 2, 3, 4};
   CheckOk(mesh[0]->Send(1, 5, buf, 4), "tag mismatch: send");
   Status st = mesh[1]->Recv(0, 6, buf, 4);
-  Check(st.code() == StatusCode::kInternal && Contains(st.message(), "tag 6") && Contains(st.message(), "tag 5"),
+  Check(st.code() == StatusCode::kInternal && Contains(st.message(), "tag 6") &&
+            Contains(st.message(), "tag 5"),
         "tag mismatch is an Internal error naming both tags: " + st.message());
   double t0 = Now();
   Status again = mesh[1]->SendRecv(0, 1, buf, 4, 0, 1, buf, 4);
@@ -226,7 +231,8 @@ void TestControl(Store* store) {
       CheckOk(t->SendControl(1, "hello"), "control send 1");
       CheckOk(t->SendControl(1, ""), "control send empty");
       std::vector<char> from1(big.size());
-      CheckOk(t->SendRecv(1, 1, big.data(), big.size(), 1, 1, from1.data(), from1.size()), "control: data after control");
+      CheckOk(t->SendRecv(1, 1, big.data(), big.size(), 1, 1, from1.data(), from1.size()),
+              "control: data after control");
       CheckOk(t->Send(1, 2, big.data(), 100), "data before control");
       CheckOk(t->SendControl(1, "after"), "control after data");
       return;
@@ -278,7 +284,8 @@ void TestTimeout(Store* store) {
   double t0 = Now();
   Status st = mesh[1]->Recv(0, 42, buf, 8);
   double dt = Now() - t0;
-  Check(st.code() == StatusCode::kTimeout && Contains(st.message(), "rank 0") && Contains(st.message(), "tag 42"),
+  Check(st.code() == StatusCode::kTimeout && Contains(st.message(), "rank 0") &&
+            Contains(st.message(), "tag 42"),
         "io timeout names peer and tag: " + st.message());
   Check(dt >= 0.29 && dt < 2.0, "io timeout duration " + std::to_string(dt));
 }
@@ -369,8 +376,8 @@ void TestMeshStrangers(Store* store) {
 void TestWrongSecretAndSizeOne(Store* store) {
   std::unique_ptr<Transport> t0, t1;
   RunThreads(2, [&](int r) {
-    Status st = CreateTcpTransport(store, "badsecret/", r, 2, "127.0.0.1", r == 0 ? kSecret : "other", 1.0, 1.0,
-                                   r == 0 ? &t0 : &t1);
+    Status st = CreateTcpTransport(store, "badsecret/", r, 2, "127.0.0.1", r == 0 ? kSecret : "other", 1.0,
+                                   1.0, r == 0 ? &t0 : &t1);
     Check(!st.ok(), "wrong secret fails mesh on rank " + std::to_string(r) + ": " + st.message());
   });
   std::unique_ptr<Transport> solo;
@@ -394,10 +401,12 @@ void BenchRing(Store* store) {
     std::vector<char> out(len, char(r)), in(len);
     t->SendRecv(1 - r, 0, out.data(), len, 1 - r, 0, in.data(), len);
     double t0 = Now();
-    for (int i = 0; i < iters; ++i) CheckOk(t->SendRecv(1 - r, 0, out.data(), len, 1 - r, 0, in.data(), len), "bench");
+    for (int i = 0; i < iters; ++i)
+      CheckOk(t->SendRecv(1 - r, 0, out.data(), len, 1 - r, 0, in.data(), len), "bench");
     if (r == 0) secs = Now() - t0;
   });
-  std::printf("info: 2-rank loopback SendRecv of 64 MiB: %.2f GB/s per direction\n", iters * len / secs / 1e9);
+  std::printf("info: 2-rank loopback SendRecv of 64 MiB: %.2f GB/s per direction\n",
+              iters * len / secs / 1e9);
 }
 
 }  // namespace

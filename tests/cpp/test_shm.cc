@@ -48,7 +48,8 @@ int LinkedPeers(Transport* t) {
 }
 
 void Fill(std::vector<char>* buf, int sender) {
-  for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = char((i * 131 + size_t(sender) * 7 + buf->size()) & 0xff);
+  for (size_t i = 0; i < buf->size(); ++i)
+    (*buf)[i] = char((i * 131 + size_t(sender) * 7 + buf->size()) & 0xff);
 }
 
 // Ring both ways and rank 0 to all, for sizes around the slot and ring sizes.
@@ -129,8 +130,8 @@ void TestControl(Store* store) {
     Check(v == 42, "data after control content");
     std::vector<ControlMessage> msgs;
     CheckOk(t->WaitControl(-1, 1000, &msgs), "control wait");
-    Check(msgs.size() == 3 && msgs[0].payload == "first" && msgs[1].payload == big && msgs[2].payload.empty() &&
-              msgs[1].peer == 0,
+    Check(msgs.size() == 3 && msgs[0].payload == "first" && msgs[1].payload == big &&
+              msgs[2].payload.empty() && msgs[1].peer == 0,
           "control messages complete and in order");
   });
   int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -168,7 +169,8 @@ void TestTagMismatchAndTimeout(Store* store) {
   char buf[4] = {1, 2, 3, 4};
   CheckOk(mesh[0]->Send(1, 5, buf, 4), "shm tag mismatch: send");
   Status st = mesh[1]->Recv(0, 6, buf, 4);
-  Check(st.code() == StatusCode::kInternal && Contains(st.message(), "tag 6") && Contains(st.message(), "tag 5"),
+  Check(st.code() == StatusCode::kInternal && Contains(st.message(), "tag 6") &&
+            Contains(st.message(), "tag 5"),
         "shm tag mismatch names both tags: " + st.message());
   std::vector<ControlMessage> msgs;
   st = mesh[0]->WaitControl(-1, 2000, &msgs);
@@ -180,7 +182,8 @@ void TestTagMismatchAndTimeout(Store* store) {
   double t0 = Now();
   st = slow[1]->Recv(0, 42, buf, 4);
   double dt = Now() - t0;
-  Check(st.code() == StatusCode::kTimeout && Contains(st.message(), "rank 0") && Contains(st.message(), "tag 42"),
+  Check(st.code() == StatusCode::kTimeout && Contains(st.message(), "rank 0") &&
+            Contains(st.message(), "tag 42"),
         "shm io timeout names peer and tag: " + st.message());
   Check(dt >= 0.29 && dt < 2.0, "shm io timeout duration " + std::to_string(dt));
 }
@@ -227,7 +230,8 @@ void TestDepart(Store* store) {
     for (int i = 0; i < 3; ++i) CheckOk(t->WaitControl(-1, 100, &msgs), "shm wait after a peer departed");
     Check(t->PeerDeparted(0) && !t->PeerDeparted(3 - r), "shm PeerDeparted");
     int other = 3 - r, out = r, in = -1;
-    CheckOk(t->SendRecv(other, 3, &out, sizeof(out), other, 3, &in, sizeof(in)), "shm survivors still exchange");
+    CheckOk(t->SendRecv(other, 3, &out, sizeof(out), other, 3, &in, sizeof(in)),
+            "shm survivors still exchange");
     Check(in == other, "shm survivors exchange content");
   });
   int x = 0;

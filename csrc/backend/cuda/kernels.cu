@@ -80,29 +80,42 @@ size_t ElementSize(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8:
     case DataType::kInt8:
-    case DataType::kBool: return 1;
+    case DataType::kBool:
+      return 1;
     case DataType::kFloat16:
-    case DataType::kBFloat16: return 2;
+    case DataType::kBFloat16:
+      return 2;
     case DataType::kInt32:
-    case DataType::kFloat32: return 4;
+    case DataType::kFloat32:
+      return 4;
     case DataType::kInt64:
-    case DataType::kFloat64: return 8;
+    case DataType::kFloat64:
+      return 8;
   }
   return 0;
 }
 
-cudaError_t BatchedScaledCopy(const CopySpec* specs, int n, DataType dtype, double factor, cudaStream_t stream) {
+cudaError_t BatchedScaledCopy(const CopySpec* specs, int n, DataType dtype, double factor,
+                              cudaStream_t stream) {
   switch (dtype) {
-    case DataType::kUInt8: return LaunchBatches<uint8_t>(specs, n, factor, stream);
-    case DataType::kInt8: return LaunchBatches<int8_t>(specs, n, factor, stream);
-    case DataType::kInt32: return LaunchBatches<int32_t>(specs, n, factor, stream);
-    case DataType::kInt64: return LaunchBatches<int64_t>(specs, n, factor, stream);
-    case DataType::kFloat16: return LaunchBatches<__half>(specs, n, factor, stream);
-    case DataType::kBFloat16: return LaunchBatches<__nv_bfloat16>(specs, n, factor, stream);
-    case DataType::kFloat32: return LaunchBatches<float>(specs, n, factor, stream);
-    case DataType::kFloat64: return LaunchBatches<double>(specs, n, factor, stream);
-    case DataType::kBool: return factor == 1.0 ? LaunchBatches<uint8_t>(specs, n, 1.0, stream)
-                                               : cudaErrorInvalidValue;
+    case DataType::kUInt8:
+      return LaunchBatches<uint8_t>(specs, n, factor, stream);
+    case DataType::kInt8:
+      return LaunchBatches<int8_t>(specs, n, factor, stream);
+    case DataType::kInt32:
+      return LaunchBatches<int32_t>(specs, n, factor, stream);
+    case DataType::kInt64:
+      return LaunchBatches<int64_t>(specs, n, factor, stream);
+    case DataType::kFloat16:
+      return LaunchBatches<__half>(specs, n, factor, stream);
+    case DataType::kBFloat16:
+      return LaunchBatches<__nv_bfloat16>(specs, n, factor, stream);
+    case DataType::kFloat32:
+      return LaunchBatches<float>(specs, n, factor, stream);
+    case DataType::kFloat64:
+      return LaunchBatches<double>(specs, n, factor, stream);
+    case DataType::kBool:
+      return factor == 1.0 ? LaunchBatches<uint8_t>(specs, n, 1.0, stream) : cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }

@@ -24,7 +24,8 @@ struct CopySpec {
 // Copies every spec (up to any number; launched in groups of kCopyBatch per
 // kernel) multiplying each element by `factor`; a plain copy when factor == 1.
 constexpr int kCopyBatch = 32;
-cudaError_t BatchedScaledCopy(const CopySpec* specs, int n, DataType dtype, double factor, cudaStream_t stream);
+cudaError_t BatchedScaledCopy(const CopySpec* specs, int n, DataType dtype, double factor,
+                              cudaStream_t stream);
 
 // buf[i] *= factor for i < count; nothing when factor == 1.
 cudaError_t ScaleInPlace(void* buf, int64_t count, DataType dtype, double factor, cudaStream_t stream);

@@ -31,15 +31,19 @@ int Fail(StatusCode code, const std::string& message, char* err, size_t err_len)
 HVD_EXPORT int hvdlite_gpu_backend_create(int abi_version, GpuHost* host, GpuBackend** out, char* err,
                                           size_t err_len) {
   if (abi_version != kGpuAbiVersion) {
-    return Fail(StatusCode::kInternal, "libhvdlite_cuda.so was built for another hvdlite core (ABI " +
-                std::to_string(kGpuAbiVersion) + ", core " + std::to_string(abi_version) + "): rebuild hvdlite",
+    return Fail(StatusCode::kInternal,
+                "libhvdlite_cuda.so was built for another hvdlite core (ABI " +
+                    std::to_string(kGpuAbiVersion) + ", core " + std::to_string(abi_version) +
+                    "): rebuild hvdlite",
                 err, err_len);
   }
   int devices = 0;
   cudaError_t e = cudaGetDeviceCount(&devices);
   if (e != cudaSuccess || devices == 0) {
-    return Fail(StatusCode::kNotSupported, std::string("no usable CUDA device for hvdlite's NCCL module: ") +
-                (e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"), err, err_len);
+    return Fail(StatusCode::kNotSupported,
+                std::string("no usable CUDA device for hvdlite's NCCL module: ") +
+                    (e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"),
+                err, err_len);
   }
   *out = new cuda::NcclBackend(host);
   return 0;
@@ -66,8 +70,8 @@ HVD_EXPORT int hvdlite_cuda_test_copy(void* dst, const void* src, size_t bytes, 
 
 // One batched scaled copy of n (src, dst, count) device triples, on the
 // default stream, then a synchronisation.
-HVD_EXPORT int hvdlite_cuda_test_batched_copy(void* const* srcs, void* const* dsts, const int64_t* counts, int n,
-                                              int dtype, double factor) {
+HVD_EXPORT int hvdlite_cuda_test_batched_copy(void* const* srcs, void* const* dsts, const int64_t* counts,
+                                              int n, int dtype, double factor) {
   std::vector<cuda::CopySpec> specs;
   for (int i = 0; i < n; ++i) specs.push_back(cuda::CopySpec{srcs[i], dsts[i], counts[i]});
   cudaError_t e = cuda::BatchedScaledCopy(specs.data(), n, static_cast<DataType>(dtype), factor, nullptr);

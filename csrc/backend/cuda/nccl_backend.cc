@@ -10,39 +10,67 @@ namespace hvdlite {
 namespace cuda {
 namespace {
 
-#define HVD_CUDA_CALL(call)                                                                      \
-  do {                                                                                           \
-    cudaError_t _e = (call);                                                                     \
-    if (_e != cudaSuccess) return Status::Internal(std::string(#call) + " failed: " + cudaGetErrorString(_e)); \
+#define HVD_CUDA_CALL(call)                                                               \
+  do {                                                                                    \
+    cudaError_t _e = (call);                                                              \
+    if (_e != cudaSuccess)                                                                \
+      return Status::Internal(std::string(#call) + " failed: " + cudaGetErrorString(_e)); \
   } while (0)
 
-#define HVD_NCCL_CALL(call)                                                                      \
-  do {                                                                                           \
-    ncclResult_t _r = (call);                                                                    \
-    if (_r != ncclSuccess) return Status::Internal(std::string(#call) + " failed: " + ncclGetErrorString(_r)); \
+#define HVD_NCCL_CALL(call)                                                               \
+  do {                                                                                    \
+    ncclResult_t _r = (call);                                                             \
+    if (_r != ncclSuccess)                                                                \
+      return Status::Internal(std::string(#call) + " failed: " + ncclGetErrorString(_r)); \
   } while (0)
 
 Status NcclType(DataType dtype, ncclDataType_t* out) {
   switch (dtype) {
-    case DataType::kUInt8: *out = ncclUint8; return Status::OK();
-    case DataType::kInt8: *out = ncclInt8; return Status::OK();
-    case DataType::kInt32: *out = ncclInt32; return Status::OK();
-    case DataType::kInt64: *out = ncclInt64; return Status::OK();
-    case DataType::kFloat16: *out = ncclFloat16; return Status::OK();
-    case DataType::kBFloat16: *out = ncclBfloat16; return Status::OK();
-    case DataType::kFloat32: *out = ncclFloat32; return Status::OK();
-    case DataType::kFloat64: *out = ncclFloat64; return Status::OK();
-    default: return Status::NotSupported(std::string("NCCL cannot reduce ") + DataTypeName(dtype));
+    case DataType::kUInt8:
+      *out = ncclUint8;
+      return Status::OK();
+    case DataType::kInt8:
+      *out = ncclInt8;
+      return Status::OK();
+    case DataType::kInt32:
+      *out = ncclInt32;
+      return Status::OK();
+    case DataType::kInt64:
+      *out = ncclInt64;
+      return Status::OK();
+    case DataType::kFloat16:
+      *out = ncclFloat16;
+      return Status::OK();
+    case DataType::kBFloat16:
+      *out = ncclBfloat16;
+      return Status::OK();
+    case DataType::kFloat32:
+      *out = ncclFloat32;
+      return Status::OK();
+    case DataType::kFloat64:
+      *out = ncclFloat64;
+      return Status::OK();
+    default:
+      return Status::NotSupported(std::string("NCCL cannot reduce ") + DataTypeName(dtype));
   }
 }
 
 Status NcclOp(ReduceOp op, ncclRedOp_t* out) {
   switch (op) {
-    case ReduceOp::kSum: *out = ncclSum; return Status::OK();
-    case ReduceOp::kMin: *out = ncclMin; return Status::OK();
-    case ReduceOp::kMax: *out = ncclMax; return Status::OK();
-    case ReduceOp::kProduct: *out = ncclProd; return Status::OK();
-    default: return Status::NotSupported(std::string("NCCL reduction ") + ReduceOpName(op));
+    case ReduceOp::kSum:
+      *out = ncclSum;
+      return Status::OK();
+    case ReduceOp::kMin:
+      *out = ncclMin;
+      return Status::OK();
+    case ReduceOp::kMax:
+      *out = ncclMax;
+      return Status::OK();
+    case ReduceOp::kProduct:
+      *out = ncclProd;
+      return Status::OK();
+    default:
+      return Status::NotSupported(std::string("NCCL reduction ") + ReduceOpName(op));
   }
 }
 
@@ -69,7 +97,8 @@ NcclBackend::~NcclBackend() {
 Status NcclBackend::Prepare(int device) {
   if (device_ >= 0 && device != device_) {
     return Status::NotSupported("CUDA tensors on device " + std::to_string(device) + " after device " +
-                                std::to_string(device_) + ": hvdlite uses one GPU per process (pick it with "
+                                std::to_string(device_) +
+                                ": hvdlite uses one GPU per process (pick it with "
                                 "torch.cuda.set_device(hvd.local_rank()))");
   }
   HVD_CUDA_CALL(cudaSetDevice(device));

@@ -58,16 +58,22 @@ class MpiBackend : public Backend {
   const char* name() const override { return "mpi"; }
   std::string Describe(Collective c, int64_t bytes, int members) const override {
     switch (c) {  // MPI picks its own algorithm inside these calls
-      case Collective::kAllreduce: return "mpi/MPI_Allreduce";  // float16/bfloat16: reduce-scatter + allgatherv
-      case Collective::kAllgather: return "mpi/MPI_Allgatherv";
-      case Collective::kBroadcast: return "mpi/MPI_Bcast";
-      case Collective::kAlltoall: return "mpi/MPI_Alltoallv";
-      case Collective::kReducescatter: return "mpi/MPI_Reduce_scatter";
+      case Collective::kAllreduce:
+        return "mpi/MPI_Allreduce";  // float16/bfloat16: reduce-scatter + allgatherv
+      case Collective::kAllgather:
+        return "mpi/MPI_Allgatherv";
+      case Collective::kBroadcast:
+        return "mpi/MPI_Bcast";
+      case Collective::kAlltoall:
+        return "mpi/MPI_Alltoallv";
+      case Collective::kReducescatter:
+        return "mpi/MPI_Reduce_scatter";
     }
     return "mpi";
   }
 
-  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
+                   ReduceOp op) override;
   Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
                     const std::vector<int64_t>& bytes) override;
   Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) override;
@@ -84,7 +90,8 @@ class MpiBackend : public Backend {
                         MPI_Op op);
   Status BroadcastBytes(MPI_Comm comm, char* buf, int64_t len, int root);
   Status PairwiseAlltoallv(MPI_Comm comm, const CollectiveContext& ctx, const char* send,
-                           const std::vector<int64_t>& send_bytes, char* recv, const std::vector<int64_t>& recv_bytes);
+                           const std::vector<int64_t>& send_bytes, char* recv,
+                           const std::vector<int64_t>& recv_bytes);
 
   std::map<int32_t, MPI_Comm> comms_;  // process set id -> communicator (members only)
   std::vector<char> scratch_;
@@ -93,13 +100,15 @@ class MpiBackend : public Backend {
 Status MpiBackend::Comm(const CollectiveContext& ctx, MPI_Comm* out) const {
   auto it = comms_.find(ctx.process_set);
   if (it == comms_.end()) {
-    return Status::Internal("the mpi backend has no communicator for process set " + std::to_string(ctx.process_set));
+    return Status::Internal("the mpi backend has no communicator for process set " +
+                            std::to_string(ctx.process_set));
   }
   *out = it->second;
   return Status::OK();
 }
 
-Status MpiBackend::Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status MpiBackend::Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
+                             ReduceOp op) {
   MPI_Comm comm;
   MPI_Op mop;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
@@ -133,7 +142,8 @@ Status MpiBackend::SplitAllreduce(MPI_Comm comm, const CollectiveContext& ctx, c
     if (scratch_.size() < static_cast<size_t>(counts[0] * esize)) scratch_.resize(counts[0] * esize);
     char* p = buf + done * esize;
     HVD_MPI_CALL(MPI_Reduce_scatter(p, scratch_.data(), counts.data(), type, op, comm));
-    HVD_MPI_CALL(MPI_Allgatherv(scratch_.data(), counts[ctx.me], type, p, counts.data(), displs.data(), type, comm));
+    HVD_MPI_CALL(
+        MPI_Allgatherv(scratch_.data(), counts[ctx.me], type, p, counts.data(), displs.data(), type, comm));
   }
   return Status::OK();
 }
@@ -150,11 +160,13 @@ Status MpiBackend::Allgatherv(const CollectiveContext& ctx, const void* send, vo
     IntCountsAndDispls(bytes, &counts, &displs);
     const bool in_place = static_cast<const char*>(send) == out + mine_at;
     const void* src = in_place ? MPI_IN_PLACE : send;
-    HVD_MPI_CALL(MPI_Allgatherv(src, counts[ctx.me], MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE, comm));
+    HVD_MPI_CALL(
+        MPI_Allgatherv(src, counts[ctx.me], MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE, comm));
     return Status::OK();
   }
   // Beyond int displacements: every member broadcasts its own block.
-  if (static_cast<const char*>(send) != out + mine_at && bytes[ctx.me] > 0) std::memcpy(out + mine_at, send, bytes[ctx.me]);
+  if (static_cast<const char*>(send) != out + mine_at && bytes[ctx.me] > 0)
+    std::memcpy(out + mine_at, send, bytes[ctx.me]);
   int64_t off = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
     HVD_RETURN_IF_ERROR(BroadcastBytes(comm, out + off, bytes[i], static_cast<int>(i)));
@@ -177,8 +189,9 @@ Status MpiBackend::Broadcast(const CollectiveContext& ctx, void* buf, int64_t le
   return BroadcastBytes(comm, static_cast<char*>(buf), len, root_member);
 }
 
-Status MpiBackend::Alltoallv(const CollectiveContext& ctx, const void* send, const std::vector<int64_t>& send_bytes,
-                             void* recv, const std::vector<int64_t>& recv_bytes) {
+Status MpiBackend::Alltoallv(const CollectiveContext& ctx, const void* send,
+                             const std::vector<int64_t>& send_bytes, void* recv,
+                             const std::vector<int64_t>& recv_bytes) {
   MPI_Comm comm;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
   if (!FitsInt(send_bytes) || !FitsInt(recv_bytes)) {
@@ -188,8 +201,8 @@ Status MpiBackend::Alltoallv(const CollectiveContext& ctx, const void* send, con
   std::vector<int> scounts, sdispls, rcounts, rdispls;
   IntCountsAndDispls(send_bytes, &scounts, &sdispls);
   IntCountsAndDispls(recv_bytes, &rcounts, &rdispls);
-  HVD_MPI_CALL(MPI_Alltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv, rcounts.data(), rdispls.data(),
-                             MPI_BYTE, comm));
+  HVD_MPI_CALL(MPI_Alltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv, rcounts.data(),
+                             rdispls.data(), MPI_BYTE, comm));
   return Status::OK();
 }
 
@@ -211,7 +224,8 @@ Status MpiBackend::PairwiseAlltoallv(MPI_Comm comm, const CollectiveContext& ctx
       int sn = static_cast<int>(std::max<int64_t>(0, std::min(kMaxChunk, send_bytes[to] - done)));
       int rn = static_cast<int>(std::max<int64_t>(0, std::min(kMaxChunk, recv_bytes[from] - done)));
       HVD_MPI_CALL(MPI_Sendrecv(send + soff[to] + (sn ? done : 0), sn, MPI_BYTE, to, 0,
-                                recv + roff[from] + (rn ? done : 0), rn, MPI_BYTE, from, 0, comm, MPI_STATUS_IGNORE));
+                                recv + roff[from] + (rn ? done : 0), rn, MPI_BYTE, from, 0, comm,
+                                MPI_STATUS_IGNORE));
     }
   }
   return Status::OK();
@@ -277,14 +291,17 @@ Status CreateMpiBackendImpl(Transport* transport, std::unique_ptr<Backend>* out)
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size != transport->size() || rank != transport->rank()) {
     return Status::InvalidArgument(
-        "HVDLITE_CPU_OPERATIONS=mpi needs the job to be launched by mpirun (mpirun -n N, or hvdliterun --mpi): "
-        "MPI_COMM_WORLD has " + std::to_string(size) + " process(es) but the job has " +
-        std::to_string(transport->size()) + "; use HVDLITE_CPU_OPERATIONS=ring with this launcher");
+        "HVDLITE_CPU_OPERATIONS=mpi needs the job to be launched by mpirun (mpirun -n N, or hvdliterun "
+        "--mpi): "
+        "MPI_COMM_WORLD has " +
+        std::to_string(size) + " process(es) but the job has " + std::to_string(transport->size()) +
+        "; use HVDLITE_CPU_OPERATIONS=ring with this launcher");
   }
   if (size > 1 && MpiProvidedThreadLevel() < MPI_THREAD_SERIALIZED) {
-    return Status::NotSupported("HVDLITE_CPU_OPERATIONS=mpi needs MPI_THREAD_SERIALIZED or better (the "
-                                "collectives run on hvdlite's background thread); this MPI provides level " +
-                                std::to_string(MpiProvidedThreadLevel()));
+    return Status::NotSupported(
+        "HVDLITE_CPU_OPERATIONS=mpi needs MPI_THREAD_SERIALIZED or better (the "
+        "collectives run on hvdlite's background thread); this MPI provides level " +
+        std::to_string(MpiProvidedThreadLevel()));
   }
   MPI_Comm world;
   HVD_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &world));

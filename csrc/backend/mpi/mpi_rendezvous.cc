@@ -1,11 +1,11 @@
 // Job formation under mpirun: MPI provides rank and size, rank 0 hosts a TCP
 // store for the rest of the bootstrap (host names, transport addresses), and
 // MPI_Bcast tells everyone where it is and the secret that admits them.
+#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -77,8 +77,9 @@ void HostStore(bool one_host, MpiJob* job, char* msg) {
   Status st;
   std::unique_ptr<TcpStoreServer> server;
   if (advertise.empty()) {
-    st = Status::Internal("rank 0 has no non-loopback IPv4 address for the other hosts to reach its "
-                          "rendezvous store");
+    st = Status::Internal(
+        "rank 0 has no non-loopback IPv4 address for the other hosts to reach its "
+        "rendezvous store");
   } else {
     job->secret = RandomSecret();
     st = StartTcpStoreServer(bind, 0, job->secret, &server);
@@ -107,8 +108,8 @@ Status Await(MPI_Request* req, double timeout_s, const char* what) {
     if (done) return Status::OK();
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status::Timeout(std::string("not every rank of MPI_COMM_WORLD reached hvd.init() within ") +
-                             std::to_string(static_cast<int>(timeout_s)) + " s (HVDLITE_START_TIMEOUT) while " +
-                             what);
+                             std::to_string(static_cast<int>(timeout_s)) +
+                             " s (HVDLITE_START_TIMEOUT) while " + what);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -121,8 +122,8 @@ Status AllOnOneHost(MPI_Comm comm, int size, double timeout_s, bool* out) {
   MPI_Get_processor_name(mine, &len);
   std::vector<char> all(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
   MPI_Request req;
-  HVD_MPI_CALL(MPI_Iallgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-                              comm, &req));
+  HVD_MPI_CALL(MPI_Iallgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                              MPI_CHAR, comm, &req));
   HVD_RETURN_IF_ERROR(Await(&req, timeout_s, "exchanging host names"));
   *out = true;
   for (int r = 1; r < size; ++r) {
@@ -163,7 +164,8 @@ Status MpiRendezvousImpl(double timeout_s, MpiJob* out) {
   Status st = out->size > 1 ? Exchange(comm, timeout_s, out) : Status::OK();
   MPI_Comm_free(&comm);
   if (st.ok() && out->size > 1) {
-    HVD_LOG(kDebug, "MPI rendezvous: rank " << out->rank << " of " << out->size << ", store at " << out->store_addr);
+    HVD_LOG(kDebug,
+            "MPI rendezvous: rank " << out->rank << " of " << out->size << ", store at " << out->store_addr);
   }
   return st.WithContext("forming the job through MPI (rank " + std::to_string(out->rank) + ")");
 }

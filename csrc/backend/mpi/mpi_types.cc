@@ -44,11 +44,16 @@ Status CreateAll() {
 
 int OpIndex(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return 0;
-    case ReduceOp::kMin: return 1;
-    case ReduceOp::kMax: return 2;
-    case ReduceOp::kProduct: return 3;
-    default: return -1;
+    case ReduceOp::kSum:
+      return 0;
+    case ReduceOp::kMin:
+      return 1;
+    case ReduceOp::kMax:
+      return 2;
+    case ReduceOp::kProduct:
+      return 3;
+    default:
+      return -1;
   }
 }
 
@@ -61,15 +66,24 @@ Status InitMpiTypes() {
 
 MPI_Datatype ToMpiType(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8: return MPI_UINT8_T;
-    case DataType::kInt8: return MPI_INT8_T;
-    case DataType::kInt32: return MPI_INT32_T;
-    case DataType::kInt64: return MPI_INT64_T;
-    case DataType::kFloat16: return g_half;
-    case DataType::kBFloat16: return g_bfloat;
-    case DataType::kFloat32: return MPI_FLOAT;
-    case DataType::kFloat64: return MPI_DOUBLE;
-    case DataType::kBool: return MPI_C_BOOL;
+    case DataType::kUInt8:
+      return MPI_UINT8_T;
+    case DataType::kInt8:
+      return MPI_INT8_T;
+    case DataType::kInt32:
+      return MPI_INT32_T;
+    case DataType::kInt64:
+      return MPI_INT64_T;
+    case DataType::kFloat16:
+      return g_half;
+    case DataType::kBFloat16:
+      return g_bfloat;
+    case DataType::kFloat32:
+      return MPI_FLOAT;
+    case DataType::kFloat64:
+      return MPI_DOUBLE;
+    case DataType::kBool:
+      return MPI_C_BOOL;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -79,8 +93,8 @@ bool UsesUserOp(DataType dtype) { return dtype == DataType::kFloat16 || dtype ==
 Status ToMpiOp(DataType dtype, ReduceOp op, MPI_Op* out) {
   int index = OpIndex(op);
   if (index < 0 || dtype == DataType::kBool) {
-    return Status::NotSupported(std::string("the mpi backend cannot reduce ") + DataTypeName(dtype) + " with " +
-                                ReduceOpName(op));
+    return Status::NotSupported(std::string("the mpi backend cannot reduce ") + DataTypeName(dtype) +
+                                " with " + ReduceOpName(op));
   }
   if (UsesUserOp(dtype)) {
     *out = g_user_ops[dtype == DataType::kFloat16 ? 0 : 1][index];

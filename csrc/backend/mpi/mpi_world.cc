@@ -33,8 +33,9 @@ Status EnsureMpiInitialized() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) {
-    return Status::Precondition("MPI has already been finalized in this process (MPI.Finalize()?); "
-                                "hvdlite cannot use MPI any more: restart the process");
+    return Status::Precondition(
+        "MPI has already been finalized in this process (MPI.Finalize()?); "
+        "hvdlite cannot use MPI any more: restart the process");
   }
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -48,8 +49,9 @@ Status EnsureMpiInitialized() {
   g_thread_level = provided;
   std::atexit(FinalizeAtExit);
   if (provided < MPI_THREAD_MULTIPLE) {
-    HVD_LOG(kDebug, "MPI provides thread level " << provided << " (< MPI_THREAD_MULTIPLE): do not call MPI "
-                    "from other threads while hvdlite runs MPI collectives");
+    HVD_LOG(kDebug, "MPI provides thread level " << provided
+                                                 << " (< MPI_THREAD_MULTIPLE): do not call MPI "
+                                                    "from other threads while hvdlite runs MPI collectives");
   }
   return Status::OK();
 }

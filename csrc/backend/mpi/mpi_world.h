@@ -23,9 +23,9 @@ int MpiProvidedThreadLevel();
 // Turns an MPI error code into a Status naming the call.
 Status MpiError(int code, const char* call);
 
-#define HVD_MPI_CALL(call)                                         \
-  do {                                                             \
-    int _rc = (call);                                              \
+#define HVD_MPI_CALL(call)                                          \
+  do {                                                              \
+    int _rc = (call);                                               \
     if (_rc != MPI_SUCCESS) return ::hvdlite::MpiError(_rc, #call); \
   } while (0)
 

@@ -20,13 +20,13 @@ extern "C" {
 #define HVDLITE_MAX_DIMS 32
 
 typedef struct hvdlite_op {
-  int32_t type;          /* OpType: 0 allreduce, 1 allgather, 2 broadcast, 3 alltoall, 4 reducescatter, 5 barrier */
-  const char* name;      /* unique among operations in flight in the process set */
-  void* data;            /* input; allreduce and broadcast write the result here in place */
-  int32_t dtype;         /* DataType */
+  int32_t type; /* OpType: 0 allreduce, 1 allgather, 2 broadcast, 3 alltoall, 4 reducescatter, 5 barrier */
+  const char* name; /* unique among operations in flight in the process set */
+  void* data;       /* input; allreduce and broadcast write the result here in place */
+  int32_t dtype;    /* DataType */
   const int64_t* shape;
   int32_t ndim;
-  int32_t reduce_op;     /* ReduceOp */
+  int32_t reduce_op; /* ReduceOp */
   double prescale;
   double postscale;
   int32_t root;          /* broadcast: global root rank */
@@ -39,17 +39,17 @@ typedef struct hvdlite_op {
    * complete when the handle completes (the core waits on an event of its own
    * stream, and also makes `stream` wait on it). */
   int32_t device;
-  void* stream;          /* cudaStream_t of the framework (NULL = legacy default stream) */
+  void* stream; /* cudaStream_t of the framework (NULL = legacy default stream) */
 } hvdlite_op;
 
 typedef struct hvdlite_output {
-  void* data;            /* owned by the caller afterwards: free with hvdlite_free_output */
+  void* data; /* owned by the caller afterwards: free with hvdlite_free_output */
   int64_t nbytes;
   int64_t shape[HVDLITE_MAX_DIMS];
   int32_t ndim;
   int64_t* received_splits; /* alltoall; owned by the caller: free with hvdlite_free_output */
   int32_t nsplits;
-  int32_t value;         /* add_process_set: the new id */
+  int32_t value; /* add_process_set: the new id */
 } hvdlite_output;
 
 int hvdlite_init(char* err, size_t err_len);
@@ -78,8 +78,8 @@ int hvdlite_start_timeline(const char* path, int mark_cycles, char* err, size_t 
 int hvdlite_stop_timeline(char* err, size_t err_len);
 
 /* Rendezvous store server (hvdliterun, tests). Returns an opaque pointer or NULL. */
-void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len, int* bound_port,
-                                 char* err, size_t err_len);
+void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len,
+                                 int* bound_port, char* err, size_t err_len);
 void hvdlite_store_server_stop(void* server);
 
 /* Comma-separated names of the CPU backends compiled in, e.g. "ring,mpi". */

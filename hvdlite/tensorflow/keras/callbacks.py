@@ -14,6 +14,7 @@
 momentum_correction is accepted for Horovod compatibility and has no effect:
 Keras 3 optimizers read momentum as a constant when the train step is traced.
 """
+
 import keras
 import numpy as np
 
@@ -68,8 +69,17 @@ def _set_lr(optimizer, value):
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
-    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 momentum_correction=True, steps_per_epoch=None, *args):
+    def __init__(
+        self,
+        initial_lr,
+        multiplier,
+        start_epoch=0,
+        end_epoch=None,
+        staircase=True,
+        momentum_correction=True,
+        steps_per_epoch=None,
+        *args,
+    ):
         super().__init__()
         self.initial_lr = initial_lr
         self.start_epoch = start_epoch
@@ -89,8 +99,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = (self.params or {}).get("steps")
             if not self.steps_per_epoch:
-                raise ValueError("steps_per_epoch is needed for a per-batch (staircase=False) schedule: pass it, "
-                                 "or call fit() with steps_per_epoch")
+                raise ValueError(
+                    "steps_per_epoch is needed for a per-batch (staircase=False) schedule: pass it, "
+                    "or call fit() with steps_per_epoch"
+                )
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
@@ -111,18 +123,29 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+    def __init__(
+        self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0
+    ):
         def multiplier(epoch):
             size = basics.size()
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
 
-        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
-                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        super().__init__(
+            initial_lr,
+            multiplier,
+            start_epoch=0,
+            end_epoch=warmup_epochs,
+            staircase=False,
+            momentum_correction=momentum_correction,
+            steps_per_epoch=steps_per_epoch,
+        )
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
         if epoch == self.warmup_epochs - 1 and self.verbose > 0:
-            print("\nEpoch %d: finished gradual learning rate warmup to %g." % (epoch + 1,
-                                                                                _get_lr(self.model.optimizer)))
+            print(
+                "\nEpoch %d: finished gradual learning rate warmup to %g."
+                % (epoch + 1, _get_lr(self.model.optimizer))
+            )

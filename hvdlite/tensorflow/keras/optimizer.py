@@ -6,6 +6,7 @@ through) first reduces the gradients across ranks with
 hvdlite.tensorflow.gradient_allreduce. Everything else (variables, config,
 serialization under the original class name) is the original optimizer's.
 """
+
 import keras
 import tensorflow as tf
 
@@ -33,8 +34,17 @@ class _KerasMixin:
 
 
 def _reduce(s, grads, variables):
-    return allreduce_gradients(grads, variables, s["compression"], s["sparse_as_dense"], s["op"], s["predivide"],
-                               s["groups"], s["process_set"], name="DistributedOptimizer")
+    return allreduce_gradients(
+        grads,
+        variables,
+        s["compression"],
+        s["sparse_as_dense"],
+        s["op"],
+        s["predivide"],
+        s["groups"],
+        s["process_set"],
+        name="DistributedOptimizer",
+    )
 
 
 def _accumulate(opt, grads, variables):
@@ -56,7 +66,9 @@ def _accumulate(opt, grads, variables):
 
     def flush():
         scale = 1.0 / s["passes"] if s["average_aggregated"] else 1.0
-        summed = [acc.read_value() * scale if g is not None else None for acc, g in zip(s["accumulators"], grads)]
+        summed = [
+            acc.read_value() * scale if g is not None else None for acc, g in zip(s["accumulators"], grads)
+        ]
         super(_KerasMixin, opt).apply(_reduce(s, summed, variables), variables)
         for acc in s["accumulators"]:
             acc.assign(tf.zeros_like(acc))
@@ -78,10 +90,22 @@ def _attach(optimizer, settings):
     return optimizer
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='', compression=Compression.none,
-                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=dtypes.Average,
-                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=global_process_set, scale_local_gradients=True):
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense='',
+    device_sparse='',
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=dtypes.Average,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+):
     """A new optimizer of `optimizer`'s class and config whose gradients are
     reduced (op, default Average) across `process_set` before each update
     (every backward_passes_per_step-th call, see _accumulate). name and
@@ -94,7 +118,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     config = optimizer.get_config()
     new = _distributed_class(optimizer.__class__).from_config(config)
     settings = _settings(compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set)
-    settings.update(passes=int(backward_passes_per_step), average_aggregated=bool(average_aggregated_gradients))
+    settings.update(
+        passes=int(backward_passes_per_step), average_aggregated=bool(average_aggregated_gradients)
+    )
     return _attach(new, settings)
 
 

@@ -38,17 +38,18 @@ inline void TestAllreduceExact(int world, DataType dt) {
     }
   }
   const size_t es = hvdlite::DataTypeSize(dt);
-  RunRanks(world, std::string("allreduce-") + hvdlite::DataTypeName(dt), [&](int rank, Transport* t, SpinBarrier*) {
-    uint32_t tag = 1000;
-    for (const Job& job : jobs) {
-      std::vector<char> buf = job.in[rank];
-      const Group g = MakeGroup(t, Iota(world), rank, tag += 64);
-      const std::string where = Where("Allreduce", world, rank, dt, job.op, job.count);
-      if (!Check().ExpectOk(hvdlite::Allreduce(g, buf.data(), job.count, dt, job.op), where)) return;
-      const int64_t d = FirstDiff(buf.data(), job.ref.data(), static_cast<size_t>(job.count) * es);
-      Check().Expect(d < 0, where + ": wrong result at byte " + std::to_string(d));
-    }
-  });
+  RunRanks(world, std::string("allreduce-") + hvdlite::DataTypeName(dt),
+           [&](int rank, Transport* t, SpinBarrier*) {
+             uint32_t tag = 1000;
+             for (const Job& job : jobs) {
+               std::vector<char> buf = job.in[rank];
+               const Group g = MakeGroup(t, Iota(world), rank, tag += 64);
+               const std::string where = Where("Allreduce", world, rank, dt, job.op, job.count);
+               if (!Check().ExpectOk(hvdlite::Allreduce(g, buf.data(), job.count, dt, job.op), where)) return;
+               const int64_t d = FirstDiff(buf.data(), job.ref.data(), static_cast<size_t>(job.count) * es);
+               Check().Expect(d < 0, where + ": wrong result at byte " + std::to_string(d));
+             }
+           });
 }
 
 // Random data with NaNs and signed zeros: results need not match a reference
@@ -70,14 +71,15 @@ inline void TestAllreduceAgreement(int world, DataType dt, ReduceOp op) {
     for (size_t c = 0; c < counts.size(); ++c) {
       const Group g = MakeGroup(t, Iota(world), rank, 500 + 64 * static_cast<uint32_t>(c));
       if (!Check().ExpectOk(hvdlite::Allreduce(g, out[c][rank].data(), counts[c], dt, op),
-                            Where("Allreduce", world, rank, dt, op, counts[c]))) return;
+                            Where("Allreduce", world, rank, dt, op, counts[c])))
+        return;
     }
   });
   for (size_t c = 0; c < counts.size(); ++c) {
     for (int r = 1; r < world; ++r) {
       const int64_t d = FirstDiff(out[c][r].data(), out[c][0].data(), counts[c] * es);
-      Check().Expect(d < 0, Where("Allreduce agreement", world, r, dt, op, counts[c]) + " differs from rank 0 at byte " +
-                                std::to_string(d));
+      Check().Expect(d < 0, Where("Allreduce agreement", world, r, dt, op, counts[c]) +
+                                " differs from rank 0 at byte " + std::to_string(d));
     }
     if (op != ReduceOp::kSum || dt != DataType::kFloat64) continue;
     for (int64_t i = 0; i < counts[c]; ++i) {  // sanity: close to the exact sum
@@ -108,12 +110,14 @@ inline void TestAllreducePostscale(int world) {
           b = a;
           const std::string where = Where("Allreduce postscale", world, rank, dt, ReduceOp::kSum, count);
           Group g = MakeGroup(t, Iota(world), rank, tag += 64);
-          if (!Check().ExpectOk(hvdlite::Allreduce(g, a.data(), count, dt, ReduceOp::kSum, factor), where)) return;
+          if (!Check().ExpectOk(hvdlite::Allreduce(g, a.data(), count, dt, ReduceOp::kSum, factor), where))
+            return;
           g.tag = tag += 64;
           if (!Check().ExpectOk(hvdlite::Allreduce(g, b.data(), count, dt, ReduceOp::kSum), where)) return;
           Check().ExpectOk(hvdlite::ScaleBuffer(b.data(), count, dt, factor), where);
           const int64_t d = FirstDiff(a.data(), b.data(), count * es);
-          Check().Expect(d < 0, where + " factor " + std::to_string(factor) + " differs at byte " + std::to_string(d));
+          Check().Expect(
+              d < 0, where + " factor " + std::to_string(factor) + " differs at byte " + std::to_string(d));
         }
       });
     }
@@ -137,8 +141,8 @@ inline void TestSubgroups() {
         const std::vector<char> ref = MakeReference(dt, ReduceOp::kSum, *grp, 0, count);
         const uint32_t tag = static_cast<uint32_t>(64 * (1 + 2 * ci + (grp == &trio ? 1 : 0)));
         const Group g = MakeGroup(t, *grp, rank, tag);
-        const std::string where = Where("subgroup Allreduce", static_cast<int>(grp->size()), rank, dt,
-                                        ReduceOp::kSum, count);
+        const std::string where =
+            Where("subgroup Allreduce", static_cast<int>(grp->size()), rank, dt, ReduceOp::kSum, count);
         if (!Check().ExpectOk(hvdlite::Allreduce(g, buf.data(), count, dt, ReduceOp::kSum), where)) return;
         Check().Expect(FirstDiff(buf.data(), ref.data(), count * 4) < 0, where + ": wrong result");
       }
@@ -154,20 +158,27 @@ inline void TestArgumentErrors() {
     char b[16] = {0};
     auto code = [](const Status& s) { return s.code(); };
     using hvdlite::StatusCode;
-    Check().Expect(code(hvdlite::Allreduce(g, b, 4, DataType::kBool, ReduceOp::kSum)) == StatusCode::kNotSupported,
-                   "bool allreduce");
-    Check().Expect(code(hvdlite::Allreduce(g, b, 1, DataType::kFloat32, ReduceOp::kAdasum)) ==
-                       StatusCode::kNotSupported, "Adasum allreduce");
-    Check().Expect(code(hvdlite::Broadcast(g, b, 4, 2)) == StatusCode::kInvalidArgument, "broadcast root 2 of 2");
-    Check().Expect(code(hvdlite::Allgatherv(g, b, b, {1})) == StatusCode::kInvalidArgument, "allgatherv sizes");
+    Check().Expect(
+        code(hvdlite::Allreduce(g, b, 4, DataType::kBool, ReduceOp::kSum)) == StatusCode::kNotSupported,
+        "bool allreduce");
+    Check().Expect(
+        code(hvdlite::Allreduce(g, b, 1, DataType::kFloat32, ReduceOp::kAdasum)) == StatusCode::kNotSupported,
+        "Adasum allreduce");
+    Check().Expect(code(hvdlite::Broadcast(g, b, 4, 2)) == StatusCode::kInvalidArgument,
+                   "broadcast root 2 of 2");
+    Check().Expect(code(hvdlite::Allgatherv(g, b, b, {1})) == StatusCode::kInvalidArgument,
+                   "allgatherv sizes");
     Check().Expect(code(hvdlite::ReduceScatter(g, b, {1, 1, 1}, b, DataType::kInt32, ReduceOp::kSum)) ==
-                       StatusCode::kInvalidArgument, "reducescatter counts");
+                       StatusCode::kInvalidArgument,
+                   "reducescatter counts");
     Group bad = g;
     bad.me = 1 - g.me;
     Check().Expect(code(hvdlite::Allreduce(bad, b, 1, DataType::kFloat32, ReduceOp::kSum)) ==
-                       StatusCode::kInvalidArgument, "group member is another rank");
+                       StatusCode::kInvalidArgument,
+                   "group member is another rank");
     int32_t v = rank + 1;
-    Check().ExpectOk(hvdlite::Allreduce(g, &v, 1, DataType::kInt32, ReduceOp::kSum), "allreduce after errors");
+    Check().ExpectOk(hvdlite::Allreduce(g, &v, 1, DataType::kInt32, ReduceOp::kSum),
+                     "allreduce after errors");
     Check().Expect(v == 3, "allreduce after errors: value");
   });
 }

@@ -22,9 +22,8 @@ struct BenchSize {
 };
 
 inline int RunBench(int world) {
-  const std::vector<BenchSize> sizes = {
-      {4 << 10, 30, 200}, {64 << 10, 30, 50}, {1 << 20, 30, 10}, {16 << 20, 15, 1}, {64 << 20, 8, 1},
-      {256 << 20, 5, 1}};
+  const std::vector<BenchSize> sizes = {{4 << 10, 30, 200}, {64 << 10, 30, 50}, {1 << 20, 30, 10},
+                                        {16 << 20, 15, 1},  {64 << 20, 8, 1},   {256 << 20, 5, 1}};
   std::vector<std::vector<double>> secs(sizes.size());  // per repetition, max over ranks
   std::vector<double> rank_time(world);
   int wrong = 0;
@@ -36,17 +35,19 @@ inline int RunBench(int world) {
       Group g = MakeGroup(t, Iota(world), rank, tag += 64);
       Check().ExpectOk(hvdlite::Allreduce(g, buf.data(), count, DataType::kFloat32, ReduceOp::kSum), "bench");
       const float want = static_cast<float>(world * (world + 1) / 2);
-      if (rank == 0) wrong += static_cast<int>(std::count_if(buf.begin(), buf.end(), [&](float v) { return v != want; }));
+      if (rank == 0)
+        wrong += static_cast<int>(std::count_if(buf.begin(), buf.end(), [&](float v) { return v != want; }));
       std::fill(buf.begin(), buf.end(), 0.0f);
-      for (int w = 0; w < 3; ++w) hvdlite::Allreduce(g, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      for (int w = 0; w < 3; ++w)
+        hvdlite::Allreduce(g, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
       for (int r = 0; r < sizes[s].reps; ++r) {
         barrier->Wait();
         const auto t0 = std::chrono::steady_clock::now();
         for (int k = 0; k < sizes[s].calls; ++k) {
           hvdlite::Allreduce(g, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
         }
-        rank_time[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                          sizes[s].calls;
+        rank_time[rank] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / sizes[s].calls;
         barrier->Wait();
         if (rank == 0) secs[s].push_back(*std::max_element(rank_time.begin(), rank_time.end()));
       }

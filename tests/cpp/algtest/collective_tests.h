@@ -44,8 +44,9 @@ inline void TestAllgatherv(int world) {
           src = recv.data() + off;
         }
         const Group g = MakeGroup(t, Iota(world), rank, tag += 64);
-        const std::string where = "Allgatherv world=" + std::to_string(world) + " rank=" + std::to_string(rank) +
-                                  " pattern=" + std::to_string(p) + " alias=" + std::to_string(alias);
+        const std::string where = "Allgatherv world=" + std::to_string(world) +
+                                  " rank=" + std::to_string(rank) + " pattern=" + std::to_string(p) +
+                                  " alias=" + std::to_string(alias);
         if (!Check().ExpectOk(hvdlite::Allgatherv(g, src, recv.data(), bytes), where)) return;
         int64_t pos = 0;
         for (int m = 0; m < world; ++m) {
@@ -73,8 +74,9 @@ inline void TestBroadcast(int world) {
           for (int64_t i = 0; i < len; ++i) buf[i] = PatternByte(root, len, i);
         }
         const Group g = MakeGroup(t, Iota(world), rank, tag += 64);
-        const std::string where = "Broadcast world=" + std::to_string(world) + " rank=" + std::to_string(rank) +
-                                  " root=" + std::to_string(root) + " len=" + std::to_string(len);
+        const std::string where = "Broadcast world=" + std::to_string(world) +
+                                  " rank=" + std::to_string(rank) + " root=" + std::to_string(root) +
+                                  " len=" + std::to_string(len);
         if (!Check().ExpectOk(hvdlite::Broadcast(g, buf.data(), len, root), where)) return;
         for (int64_t i = 0; i < len; ++i) {
           if (buf[i] != PatternByte(root, len, i)) {
@@ -147,7 +149,8 @@ inline void TestReduceScatter(int world) {
           const std::vector<char> ref = MakeReference(dt, op, Iota(world), off, counts[rank]);
           const Group g = MakeGroup(t, Iota(world), rank, tag += 64);
           const std::string where = Where("ReduceScatter", world, rank, dt, op, total);
-          if (!Check().ExpectOk(hvdlite::ReduceScatter(g, buf.data(), counts, out.data(), dt, op), where)) return;
+          if (!Check().ExpectOk(hvdlite::ReduceScatter(g, buf.data(), counts, out.data(), dt, op), where))
+            return;
           const int64_t d = FirstDiff(out.data(), ref.data(), counts[rank] * es);
           Check().Expect(d < 0, where + ": wrong byte " + std::to_string(d));
           Check().Expect(buf == MakeInput(dt, op, rank, total), where + ": the input was modified");

@@ -73,10 +73,12 @@ inline void CheckEncode(float f) {
   }
   const uint16_t h = hvdlite::FloatToHalf(f), rh = RefDoubleToHalf(f);
   const uint16_t b = hvdlite::FloatToBFloat16(f), rb = RefDoubleToBFloat16(f);
-  if (h != rh) Check().Fail("FloatToHalf(" + std::to_string(f) + " bits " + std::to_string(Bits(f)) + ") = " +
-                            std::to_string(h) + " want " + std::to_string(rh));
-  if (b != rb) Check().Fail("FloatToBFloat16(bits " + std::to_string(Bits(f)) + ") = " + std::to_string(b) +
-                            " want " + std::to_string(rb));
+  if (h != rh)
+    Check().Fail("FloatToHalf(" + std::to_string(f) + " bits " + std::to_string(Bits(f)) +
+                 ") = " + std::to_string(h) + " want " + std::to_string(rh));
+  if (b != rb)
+    Check().Fail("FloatToBFloat16(bits " + std::to_string(Bits(f)) + ") = " + std::to_string(b) + " want " +
+                 std::to_string(rb));
 }
 
 // Every half pattern decodes exactly and round-trips; values next to every
@@ -93,12 +95,15 @@ inline void TestConversions() {
                    "HalfToFloat " + std::to_string(h));
     Check().Expect(hvdlite::FloatToHalf(f) == h, "half round trip " + std::to_string(h));
     const float fb = hvdlite::BFloat16ToFloat(static_cast<uint16_t>(h));
-    if (!std::isnan(fb)) Check().Expect(hvdlite::FloatToBFloat16(fb) == h, "bf16 round trip " + std::to_string(h));
+    if (!std::isnan(fb))
+      Check().Expect(hvdlite::FloatToBFloat16(fb) == h, "bf16 round trip " + std::to_string(h));
   }
   for (uint32_t h = 0; h < 0x7c00; ++h) {  // boundaries: each value, midpoints and neighbours
     for (int fmt = 0; fmt < 2; ++fmt) {
-      const float x = fmt ? hvdlite::BFloat16ToFloat(static_cast<uint16_t>(h)) : hvdlite::HalfToFloat(static_cast<uint16_t>(h));
-      const float y = fmt ? hvdlite::BFloat16ToFloat(static_cast<uint16_t>(h + 1)) : hvdlite::HalfToFloat(static_cast<uint16_t>(h + 1));
+      const float x = fmt ? hvdlite::BFloat16ToFloat(static_cast<uint16_t>(h))
+                          : hvdlite::HalfToFloat(static_cast<uint16_t>(h));
+      const float y = fmt ? hvdlite::BFloat16ToFloat(static_cast<uint16_t>(h + 1))
+                          : hvdlite::HalfToFloat(static_cast<uint16_t>(h + 1));
       const float mid = static_cast<float>((static_cast<double>(x) + y) / 2);
       for (float v : {x, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) {
         CheckEncode(v);
@@ -116,7 +121,8 @@ inline void TestConversions() {
     CheckEncode(-v);
   }
   Check().Expect(hvdlite::FloatToHalf(1.0f + std::ldexp(1.0f, -11)) == 0x3c00, "1+2^-11 ties to 1");
-  Check().Expect(hvdlite::FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02, "1+3*2^-11 ties up to even");
+  Check().Expect(hvdlite::FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02,
+                 "1+3*2^-11 ties up to even");
   Check().Expect(hvdlite::FloatToHalf(65520.0f) == 0x7c00, "65520 -> inf");
   Check().Expect(hvdlite::FloatToHalf(std::ldexp(1.0f, -25)) == 0x0000, "2^-25 ties to 0");
   Check().Expect(hvdlite::FloatToHalf(3 * std::ldexp(1.0f, -25)) == 0x0002, "3*2^-25 ties to 2 ulp");
@@ -151,9 +157,12 @@ inline uint64_t RefReduce(DataType dt, ReduceOp op, uint64_t a, uint64_t b, bool
     return 0;
   }
   switch (dt) {
-    case DataType::kFloat16: return RefDoubleToHalf(r);
-    case DataType::kBFloat16: return RefDoubleToBFloat16(r);
-    case DataType::kFloat32: return Bits(static_cast<float>(r));
+    case DataType::kFloat16:
+      return RefDoubleToHalf(r);
+    case DataType::kBFloat16:
+      return RefDoubleToBFloat16(r);
+    case DataType::kFloat32:
+      return Bits(static_cast<float>(r));
     default: {
       uint64_t u;
       std::memcpy(&u, &r, 8);
@@ -222,16 +231,21 @@ inline void TestScalarCases() {
   Check().Expect(ReduceOne<uint8_t>(200, 100, DataType::kUInt8, ReduceOp::kSum) == 44, "uint8 200+100");
   Check().Expect(ReduceOne<uint8_t>(16, 17, DataType::kUInt8, ReduceOp::kProduct) == 16, "uint8 16*17");
   Check().Expect(ReduceOne<int8_t>(-128, -1, DataType::kInt8, ReduceOp::kProduct) == -128, "int8 -128*-1");
-  Check().Expect(ReduceOne<int32_t>(L32::max(), 1, DataType::kInt32, ReduceOp::kSum) == L32::min(), "int32 max+1");
-  Check().Expect(ReduceOne<int64_t>(L64::max(), 1, DataType::kInt64, ReduceOp::kSum) == L64::min(), "int64 max+1");
+  Check().Expect(ReduceOne<int32_t>(L32::max(), 1, DataType::kInt32, ReduceOp::kSum) == L32::min(),
+                 "int32 max+1");
+  Check().Expect(ReduceOne<int64_t>(L64::max(), 1, DataType::kInt64, ReduceOp::kSum) == L64::min(),
+                 "int64 max+1");
   Check().Expect(ReduceOne<int64_t>(L64::min(), -1, DataType::kInt64, ReduceOp::kProduct) == L64::min(),
                  "int64 min*-1");
   Check().Expect(ReduceOne<int32_t>(-5, 3, DataType::kInt32, ReduceOp::kMin) == -5, "int32 min");
   Check().Expect(ReduceOne<int8_t>(-5, 3, DataType::kInt8, ReduceOp::kMax) == 3, "int8 max");
-  Check().Expect(ReduceOne<uint8_t>(250, 3, DataType::kUInt8, ReduceOp::kMax) == 250, "uint8 max is unsigned");
+  Check().Expect(ReduceOne<uint8_t>(250, 3, DataType::kUInt8, ReduceOp::kMax) == 250,
+                 "uint8 max is unsigned");
   auto h = [](float f) { return hvdlite::FloatToHalf(f); };
-  Check().Expect(ReduceOne<uint16_t>(h(2048), h(1), DataType::kFloat16, ReduceOp::kSum) == h(2048), "f16 2048+1");
-  Check().Expect(ReduceOne<uint16_t>(h(2048), h(3), DataType::kFloat16, ReduceOp::kSum) == h(2052), "f16 2048+3");
+  Check().Expect(ReduceOne<uint16_t>(h(2048), h(1), DataType::kFloat16, ReduceOp::kSum) == h(2048),
+                 "f16 2048+1");
+  Check().Expect(ReduceOne<uint16_t>(h(2048), h(3), DataType::kFloat16, ReduceOp::kSum) == h(2052),
+                 "f16 2048+3");
   Check().Expect(ReduceOne<uint16_t>(h(60000), h(10000), DataType::kFloat16, ReduceOp::kSum) == 0x7c00,
                  "f16 overflow");
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -259,13 +273,17 @@ inline void TestScalarCases() {
 
   char b[4] = {1, 0, 1, 0};
   Check().Expect(hvdlite::ReduceInto(b, b + 2, 2, DataType::kBool, ReduceOp::kSum).code() ==
-                     hvdlite::StatusCode::kNotSupported, "bool reduce NotSupported");
-  Check().Expect(hvdlite::ScaleBuffer(b, 2, DataType::kBool, 2.0).code() == hvdlite::StatusCode::kNotSupported,
-                 "bool scale NotSupported");
+                     hvdlite::StatusCode::kNotSupported,
+                 "bool reduce NotSupported");
+  Check().Expect(
+      hvdlite::ScaleBuffer(b, 2, DataType::kBool, 2.0).code() == hvdlite::StatusCode::kNotSupported,
+      "bool scale NotSupported");
   Check().Expect(hvdlite::ReduceInto(f32, f32 + 1, 1, DataType::kFloat32, ReduceOp::kAdasum).code() ==
-                     hvdlite::StatusCode::kNotSupported, "Adasum NotSupported");
+                     hvdlite::StatusCode::kNotSupported,
+                 "Adasum NotSupported");
   Check().Expect(hvdlite::ReduceInto(f32, f32 + 1, 1, DataType::kFloat32, ReduceOp::kAverage).code() ==
-                     hvdlite::StatusCode::kNotSupported, "Average in a kernel NotSupported");
+                     hvdlite::StatusCode::kNotSupported,
+                 "Average in a kernel NotSupported");
 }
 
 // The dispatched block conversions (F16C where available) agree bit for bit

@@ -101,15 +101,16 @@ inline size_t& ShmChannelBytes() {
   return bytes;
 }
 
-inline Status CreateTestTransport(const std::string& prefix, int rank, int world, std::unique_ptr<Transport>* t) {
+inline Status CreateTestTransport(const std::string& prefix, int rank, int world,
+                                  std::unique_ptr<Transport>* t) {
   if (TransportKind() == "shm") {
     hvdlite::ShmOptions opts;
     opts.channel_bytes = ShmChannelBytes();
-    return hvdlite::CreateShmTransport(SharedStore(), prefix, rank, world, "127.0.0.1", "algtest-secret", 30.0,
-                                       30.0, std::vector<std::string>(world, "host"), opts, t);
+    return hvdlite::CreateShmTransport(SharedStore(), prefix, rank, world, "127.0.0.1", "algtest-secret",
+                                       30.0, 30.0, std::vector<std::string>(world, "host"), opts, t);
   }
-  return hvdlite::CreateTcpTransport(SharedStore(), prefix, rank, world, "127.0.0.1", "algtest-secret", 30.0, 30.0,
-                                     t);
+  return hvdlite::CreateTcpTransport(SharedStore(), prefix, rank, world, "127.0.0.1", "algtest-secret", 30.0,
+                                     30.0, t);
 }
 
 // Body of one rank: `t` is its transport (world rank `rank` of `world`).

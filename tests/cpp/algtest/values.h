@@ -20,36 +20,62 @@ inline double FloatInput(ReduceOp op, int rank, int64_t i) {
   static const double kFactors[] = {-2.0, -1.0, -0.5, 0.5, 1.0, 2.0};
   const uint64_t h = Mix(static_cast<uint64_t>(rank), static_cast<uint64_t>(i), 11);
   switch (op) {
-    case ReduceOp::kSum: return static_cast<double>(static_cast<int>(h % 17) - 8);
-    case ReduceOp::kProduct: return kFactors[h % 6];
-    default: return static_cast<double>(static_cast<int>(h % 201) - 100);
+    case ReduceOp::kSum:
+      return static_cast<double>(static_cast<int>(h % 17) - 8);
+    case ReduceOp::kProduct:
+      return kFactors[h % 6];
+    default:
+      return static_cast<double>(static_cast<int>(h % 201) - 100);
   }
 }
 
-inline uint64_t IntInput(int rank, int64_t i) { return Mix(static_cast<uint64_t>(rank), static_cast<uint64_t>(i), 7); }
+inline uint64_t IntInput(int rank, int64_t i) {
+  return Mix(static_cast<uint64_t>(rank), static_cast<uint64_t>(i), 7);
+}
 
 // Signed (or, for uint8, non-negative) value of the integer element `bits`.
 inline int64_t IntValue(DataType dt, uint64_t bits) {
   switch (dt) {
-    case DataType::kUInt8: return static_cast<uint8_t>(bits);
-    case DataType::kInt8: return static_cast<int8_t>(static_cast<uint8_t>(bits));
-    case DataType::kInt32: return static_cast<int32_t>(static_cast<uint32_t>(bits));
-    default: return static_cast<int64_t>(bits);
+    case DataType::kUInt8:
+      return static_cast<uint8_t>(bits);
+    case DataType::kInt8:
+      return static_cast<int8_t>(static_cast<uint8_t>(bits));
+    case DataType::kInt32:
+      return static_cast<int32_t>(static_cast<uint32_t>(bits));
+    default:
+      return static_cast<int64_t>(bits);
   }
 }
 
 // Writes element i: floats take `fv` (exactly representable), integers the low bits of `iv`.
 inline void Put(DataType dt, void* buf, int64_t i, double fv, uint64_t iv) {
   switch (dt) {
-    case DataType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(iv); break;
-    case DataType::kInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(iv); break;
-    case DataType::kInt32: static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(iv); break;
-    case DataType::kInt64: static_cast<uint64_t*>(buf)[i] = iv; break;
-    case DataType::kFloat16: static_cast<uint16_t*>(buf)[i] = hvdlite::FloatToHalf(static_cast<float>(fv)); break;
-    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = hvdlite::FloatToBFloat16(static_cast<float>(fv)); break;
-    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(fv); break;
-    case DataType::kFloat64: static_cast<double*>(buf)[i] = fv; break;
-    default: break;
+    case DataType::kUInt8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(iv);
+      break;
+    case DataType::kInt8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(iv);
+      break;
+    case DataType::kInt32:
+      static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(iv);
+      break;
+    case DataType::kInt64:
+      static_cast<uint64_t*>(buf)[i] = iv;
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(buf)[i] = hvdlite::FloatToHalf(static_cast<float>(fv));
+      break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(buf)[i] = hvdlite::FloatToBFloat16(static_cast<float>(fv));
+      break;
+    case DataType::kFloat32:
+      static_cast<float*>(buf)[i] = static_cast<float>(fv);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(buf)[i] = fv;
+      break;
+    default:
+      break;
   }
 }
 
@@ -61,19 +87,27 @@ inline std::vector<char> MakeInput(DataType dt, ReduceOp op, int rank, int64_t c
 
 inline double CombineFloat(ReduceOp op, double a, double b) {
   switch (op) {
-    case ReduceOp::kSum: return a + b;
-    case ReduceOp::kProduct: return a * b;
-    case ReduceOp::kMin: return a < b ? a : b;  // the kernels' choice for (-0, +0)
-    default: return a > b ? a : b;
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kProduct:
+      return a * b;
+    case ReduceOp::kMin:
+      return a < b ? a : b;  // the kernels' choice for (-0, +0)
+    default:
+      return a > b ? a : b;
   }
 }
 
 inline uint64_t CombineInt(DataType dt, ReduceOp op, uint64_t a, uint64_t b) {
   switch (op) {
-    case ReduceOp::kSum: return a + b;  // low bits wrap like the narrow type
-    case ReduceOp::kProduct: return a * b;
-    case ReduceOp::kMin: return IntValue(dt, b) < IntValue(dt, a) ? b : a;
-    default: return IntValue(dt, b) > IntValue(dt, a) ? b : a;
+    case ReduceOp::kSum:
+      return a + b;  // low bits wrap like the narrow type
+    case ReduceOp::kProduct:
+      return a * b;
+    case ReduceOp::kMin:
+      return IntValue(dt, b) < IntValue(dt, a) ? b : a;
+    default:
+      return IntValue(dt, b) > IntValue(dt, a) ? b : a;
   }
 }
 
