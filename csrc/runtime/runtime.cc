@@ -159,6 +159,31 @@ Status Runtime::Coordinate() {
   return Status::OK();
 }
 
+// Ranks other than 0 (engine holder; never blocks): rank 0 departed (its
+// shutdown gave up waiting for this rank) without announcing the end of the
+// job, so nothing this rank submits can be decided any more: transports treat
+// a departed peer's close as orderly, so without this check every wait here
+// would last forever. Whatever rank 0 sent before its DEPART is taken in and
+// run first. Then: leave, when this rank is shutting down too; otherwise an
+// error that fails every pending and later operation (Break).
+Status Runtime::CheckCoordinatorStays() {
+  if (coordinator_ || finished_ || !transport_->PeerDeparted(0)) return Status::OK();
+  HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));
+  HVD_RETURN_IF_ERROR(HandleIncoming());
+  Status st;
+  for (size_t i = 0; st.ok() && i < todo_.size(); ++i) st = executor_->Execute(todo_[i]);
+  todo_.clear();
+  HVD_RETURN_IF_ERROR(st);
+  if (finished_ || shutdown_requested_.load()) {
+    finished_ = true;
+    return Status::OK();
+  }
+  return Status::Aborted("rank 0 (the coordinator) has shut down and left the job while rank " +
+                         std::to_string(topo_.rank) +
+                         " was still running collectives (did rank 0 raise, return or call shutdown() "
+                         "early?); call shutdown() and then init() on every rank to start a new job");
+}
+
 int Runtime::WaitBudgetMs(bool shutting_down) {
   int budget = 1000;  // idle: wake once a second at most (stall checks)
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});

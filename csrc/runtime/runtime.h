@@ -80,6 +80,7 @@ class Runtime {
   Status SendNewRequests();
   Status HandleIncoming();
   Status Coordinate();
+  Status CheckCoordinatorStays();
   int WaitBudgetMs(bool shutting_down);
   void Break(const Status& st);
   Status AdmitCudaTensor(const Request& request);

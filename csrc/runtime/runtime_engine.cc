@@ -79,7 +79,7 @@ Status Runtime::Turn() {
     coordinator_->SetFusionThreshold(autotuner_->fusion_threshold());
     coordinator_->SetCycleTimeMs(autotuner_->cycle_time_ms());
   }
-  return st;
+  return st.ok() ? CheckCoordinatorStays() : st;
 }
 
 // Returns when there may be something to do: new submissions, control

@@ -1,0 +1,102 @@
+"""A derailed job never hangs (issue 9).
+
+Horovod's test suites run one pytest process per rank with init()/shutdown() around each
+test. When the ranks fail differently, one rank shuts down and re-inits while another still
+waits on a collective. Every rank must get an error within a bound, and the next shutdown()
+and init() must start clean in the same processes, over shared memory and over TCP alike.
+
+No wall time is asserted: the bounds are the tests' timeouts, far below the default stall
+(600 s), I/O (120 s) and shutdown (15 s) timeouts that would otherwise be the only way out.
+"""
+
+import os
+import time
+
+import numpy as np
+import pytest
+from helpers import run_ranks
+
+TRANSPORTS = {"shm": {}, "tcp": {"HVDLITE_SHM_DISABLE": "1"}}
+
+
+def _next_job_works(hvd):
+    """The clean restart every rank must be able to make: init(), one collective, shutdown()."""
+    hvd.init()
+    out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="next.job").tolist()
+    hvd.shutdown()
+    return out
+
+
+def _failure(call):
+    try:
+        call()
+        return None
+    except Exception as e:
+        return type(e).__name__, isinstance(e, __import__("hvdlite").HvdliteInternalError), str(e)
+
+
+def _coordinator_leaves(marker, when):
+    """Rank 0 (the coordinator) raises before a collective rank 1 runs, shuts down and
+    inits again; rank 1 submits the collective before rank 0 has left, or after."""
+    import hvdlite as hvd
+
+    hvd.init()
+    hvd.allreduce(np.ones(2), name="warmup")
+    if hvd.rank() == 0:
+        if when == "before_leave":
+            time.sleep(0.5)  # rank 1 is waiting on 'late' by now
+        hvd.shutdown()  # gives up on rank 1 after HVDLITE_SHUTDOWN_TIMEOUT_SECONDS
+        open(marker, "w").close()
+        return None, _next_job_works(hvd)
+    if when == "after_leave":
+        while not os.path.exists(marker):  # rank 0 has shut down and closed its connections
+            time.sleep(0.05)
+    failures = (
+        _failure(lambda: hvd.synchronize(hvd.allreduce_async(np.ones(2), name="late"))),
+        _failure(lambda: hvd.allreduce(np.ones(2), name="later")),
+    )
+    hvd.shutdown()
+    return failures, _next_job_works(hvd)
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("when", ["before_leave", "after_leave"])
+def test_rank_waiting_on_a_departed_coordinator_fails_then_reinits(tmp_path, transport, when):
+    env = dict(TRANSPORTS[transport], HVDLITE_SHUTDOWN_TIMEOUT_SECONDS="1")
+    results = run_ranks(_coordinator_leaves, 2, args=(str(tmp_path / "left"), when), env=env, timeout=45)
+    for failure in results[1][0]:
+        assert failure is not None, results[1]
+        _, internal, message = failure
+        assert internal, failure  # Horovod's HorovodInternalError
+        assert "rank 0" in message and "shut down" in message, message
+    assert [out for _, out in results] == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def _peer_leaves_mid_wait(marker):
+    """Rank 1 (not the coordinator) leaves while rank 0 waits on a collective it never
+    submits, then inits again."""
+    import hvdlite as hvd
+
+    hvd.init()
+    hvd.allreduce(np.ones(2), name="warmup")
+    if hvd.rank() == 1:
+        time.sleep(0.5)  # rank 0 is waiting on 'late' by now
+        hvd.shutdown()
+        return None, _next_job_works(hvd)
+    failures = (
+        _failure(lambda: hvd.synchronize(hvd.allreduce_async(np.ones(2), name="late"))),
+        _failure(lambda: hvd.allreduce(np.ones(2), name="later")),
+    )
+    hvd.shutdown()
+    return failures, _next_job_works(hvd)
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_rank_waiting_on_a_departed_peer_fails_then_reinits(tmp_path, transport):
+    results = run_ranks(
+        _peer_leaves_mid_wait, 2, args=(str(tmp_path / "left"),), env=TRANSPORTS[transport], timeout=45
+    )
+    for failure in results[0][0]:
+        assert failure is not None and failure[1], results[0]
+        assert "rank 1" in failure[2] and "shut down" in failure[2], failure
+    assert [out for _, out in results] == [[2.0, 2.0], [2.0, 2.0]]
