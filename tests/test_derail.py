@@ -100,3 +100,32 @@ def test_rank_waiting_on_a_departed_peer_fails_then_reinits(tmp_path, transport)
         assert failure is not None and failure[1], results[0]
         assert "rank 1" in failure[2] and "shut down" in failure[2], failure
     assert [out for _, out in results] == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def _diverged(log_path):
+    """Rank 0 waits in a barrier, rank 1 in a reducescatter of 'x': neither can complete."""
+    import hvdlite as hvd
+
+    if int(os.environ["HVDLITE_RANK"]) == 0:  # capture the coordinator's warnings
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
+    hvd.init()
+    if hvd.rank() == 0:
+        failure = _failure(hvd.barrier)
+    else:
+        failure = _failure(lambda: hvd.reducescatter(np.ones(4), name="x"))
+    hvd.shutdown()
+    return failure, _next_job_works(hvd)
+
+
+def test_diverged_ranks_all_raise_then_reinit_and_the_warning_names_the_mismatch(tmp_path):
+    log = str(tmp_path / "rank0.err")
+    env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+    results = run_ranks(_diverged, 2, args=(log,), env=env, timeout=45)
+    for failure, out in results:
+        assert failure is not None and failure[1], failure  # HvdliteTimeoutError is an internal error
+        assert "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'" in failure[2], failure
+        assert out == [2.0, 2.0]
+    with open(log) as f:
+        warnings = f.read()
+    assert "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'" in warnings, warnings

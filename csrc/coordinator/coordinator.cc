@@ -321,12 +321,47 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
   return true;
 }
 
+// What each of `ranks` waits in: its oldest undecided submission, or nothing.
+// Lists at most kMaxListed ranks (a warning must stay readable at any scale).
+std::string Coordinator::DescribeWaits(const std::vector<int>& ranks) const {
+  constexpr size_t kMaxListed = 8;
+  std::map<int, std::pair<Clock::time_point, const Request*>> oldest;  // rank -> submission
+  for (const auto& kv : pending_) {
+    std::vector<int> members = sets_->Ranks(kv.first.first);
+    for (size_t i = 0; i < members.size() && i < kv.second.have.size(); ++i) {
+      if (!kv.second.have[i]) continue;
+      auto it = oldest.find(members[i]);
+      if (it == oldest.end() || kv.second.first_seen < it->second.first)
+        oldest[members[i]] = {kv.second.first_seen, &kv.second.reqs[i]};
+    }
+  }
+  std::ostringstream os;
+  for (size_t k = 0; k < ranks.size() && k < kMaxListed; ++k) {
+    os << (k ? ", rank " : "rank ") << ranks[k];
+    auto it = oldest.find(ranks[k]);
+    if (it == oldest.end()) {
+      os << " has submitted nothing";
+      continue;
+    }
+    const Request& r = *it->second.second;
+    os << (k ? " in " : " waits in ");
+    if (r.type == OpType::kBarrier) {
+      os << "a barrier";
+    } else {
+      os << OpTypeName(r.type) << " of '" << r.name << "'";
+    }
+  }
+  if (ranks.size() > kMaxListed) os << ", ... (" << ranks.size() - kMaxListed << " more)";
+  return os.str();
+}
+
 int Coordinator::CheckStalls() {
   if (cfg_.STALL_CHECK_DISABLE || pending_.empty()) return 1000;
   const auto now = Clock::now();
   const auto warn_after = std::chrono::duration<double>(cfg_.STALL_CHECK_TIME_SECONDS);
   const auto fail_after = std::chrono::duration<double>(cfg_.STALL_SHUTDOWN_TIME_SECONDS);
-  for (auto it = pending_.begin(); it != pending_.end();) {
+  std::vector<Key> failed;  // erased after the loop: DescribeWaits sees every rank's submission
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     Pending& p = it->second;
     std::vector<int> ranks = sets_->Ranks(it->first.first), missing, ready;
     for (size_t i = 0; i < ranks.size(); ++i) (p.have[i] ? ready : missing).push_back(ranks[i]);
@@ -335,10 +370,11 @@ int Coordinator::CheckStalls() {
       std::ostringstream os;
       os << "tensor '" << it->first.second << "' stalled for " << static_cast<int>(waited) << " s: ranks "
          << JoinRanks(missing) << " never submitted it (ranks " << JoinRanks(ready)
-         << " did). Make every rank run the same collectives, or raise HVDLITE_STALL_SHUTDOWN_TIME_SECONDS.";
+         << " did): " << DescribeWaits(ranks)
+         << ". Make every rank run the same collectives, or raise HVDLITE_STALL_SHUTDOWN_TIME_SECONDS.";
       const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
       DecideError(any, ranks, Status::Timeout(os.str()));
-      it = pending_.erase(it);
+      failed.push_back(it->first);
       continue;
     }
     if (now - p.last_warned >= warn_after) {
@@ -346,11 +382,12 @@ int Coordinator::CheckStalls() {
       HVD_LOG(kWarning, "Stalled tensor '" << it->first.second << "' (process set " << it->first.first
                                            << "): waiting " << static_cast<int>(waited) << " s for ranks "
                                            << JoinRanks(missing) << " to submit it; ranks "
-                                           << JoinRanks(ready) << " are ready. One or more ranks may have "
-                                           << "diverged (different collectives or names) or be stuck.");
+                                           << JoinRanks(ready) << " are ready: " << DescribeWaits(ranks)
+                                           << ". One or more ranks may have diverged (different collectives "
+                                           << "or names) or be stuck.");
     }
-    ++it;
   }
+  for (const Key& key : failed) pending_.erase(key);
   return static_cast<int>(std::min(1000.0, std::max(10.0, cfg_.STALL_CHECK_TIME_SECONDS * 1000 / 4)));
 }
 

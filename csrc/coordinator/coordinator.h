@@ -77,6 +77,8 @@ class Coordinator {
   // Joined members take part with identity values: refuse what they cannot.
   Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const;
   void FuseInto(std::vector<Decided>* out);
+  // For the stall warning: "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'".
+  std::string DescribeWaits(const std::vector<int>& ranks) const;
 
   Config cfg_;
   ProcessSetTable* sets_;
