@@ -51,8 +51,9 @@ def _coordinator_leaves(marker, when):
     if when == "after_leave":
         while not os.path.exists(marker):  # rank 0 has shut down and closed its connections
             time.sleep(0.05)
+    late = [np.ones(2), np.ones(3)]  # a grouped allreduce, as in the hang seen with Horovod's suite
     failures = (
-        _failure(lambda: hvd.synchronize(hvd.allreduce_async(np.ones(2), name="late"))),
+        _failure(lambda: [hvd.synchronize(h) for h in hvd.grouped_allreduce_async(late, name="late")]),
         _failure(lambda: hvd.allreduce(np.ones(2), name="later")),
     )
     hvd.shutdown()
