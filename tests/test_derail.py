@@ -73,6 +73,20 @@ def test_rank_waiting_on_a_departed_coordinator_fails_then_reinits(tmp_path, tra
     assert [out for _, out in results] == [[2.0, 2.0], [2.0, 2.0]]
 
 
+def test_every_waiting_rank_names_the_departed_coordinator(tmp_path):
+    """With 3 ranks, ranks 1 and 2 both blame rank 0, never each other."""
+    env = {"HVDLITE_SHUTDOWN_TIMEOUT_SECONDS": "1"}
+    results = run_ranks(
+        _coordinator_leaves, 3, args=(str(tmp_path / "left"), "after_leave"), env=env, timeout=45
+    )
+    for failures, out in results[1:]:
+        for failure in failures:
+            assert failure is not None and failure[1], failures
+            assert "rank 0" in failure[2] and "shut down" in failure[2], failure
+            assert "crashed" not in failure[2], failure
+        assert out == [3.0, 3.0]
+
+
 def _peer_leaves_mid_wait(marker):
     """Rank 1 (not the coordinator) leaves while rank 0 waits on a collective it never
     submits, then inits again."""

@@ -165,7 +165,9 @@ Status Runtime::Coordinate() {
 // a departed peer's close as orderly, so without this check every wait here
 // would last forever. Whatever rank 0 sent before its DEPART is taken in and
 // run first. Then: leave, when this rank is shutting down too; otherwise an
-// error that fails every pending and later operation (Break).
+// error that fails every pending and later operation (Break). Either way this
+// rank departs, so the ranks still here blame rank 0 for the end of the job,
+// not this rank's closing connections (each of them notices rank 0 itself).
 Status Runtime::CheckCoordinatorStays() {
   if (coordinator_ || finished_ || !transport_->PeerDeparted(0)) return Status::OK();
   HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));
@@ -178,6 +180,7 @@ Status Runtime::CheckCoordinatorStays() {
     finished_ = true;
     return Status::OK();
   }
+  transport_->Depart();  // bounded: at most min(HVDLITE_TIMEOUT_SECONDS, 2 s)
   return Status::Aborted("rank 0 (the coordinator) has shut down and left the job while rank " +
                          std::to_string(topo_.rank) +
                          " was still running collectives (did rank 0 raise, return or call shutdown() "
