@@ -65,6 +65,7 @@ std::string NegotiatePhase(OpType t) {
 }  // namespace
 
 void Coordinator::Add(int rank, const RequestList& list) {
+  cache_.Acknowledge(rank, list.cache_ack);
   for (const Request& in : list.requests) {
     Request r = in;
     r.rank = rank;
@@ -314,6 +315,13 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
   for (auto& d : fused) {
     for (int rank : d.recipients) (*per_rank)[rank].responses.push_back(d.response);
   }
+  // Evictions travel after the responses that bound those ids (they were
+  // decided earlier), so a rank that applies them after executing the list
+  // never keeps a stale id.
+  for (const CacheEviction& ev : cache_.TakeEvictions()) {
+    for (int rank : ev.ranks) (*per_rank)[rank].evicted_cache_ids.push_back(ev.id);
+  }
+  for (auto& l : *per_rank) l.eviction_seq = cache_.eviction_seq();
   if (announce) {
     shutdown_announced_ = true;
     for (auto& l : *per_rank) l.shutdown = true;

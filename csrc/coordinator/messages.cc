@@ -161,6 +161,7 @@ bool Request::SameSignature(const Request& o) const {
 
 std::string Serialize(const RequestList& list) {
   Writer w(ControlKind::kRequests);
+  w.I64(list.cache_ack);
   w.I32(static_cast<int32_t>(list.requests.size()));
   for (const auto& r : list.requests) WriteRequest(w, r);
   return w.Take();
@@ -169,6 +170,9 @@ std::string Serialize(const RequestList& list) {
 std::string Serialize(const ResponseList& list) {
   Writer w(ControlKind::kResponses);
   w.U8(list.shutdown ? 1 : 0);
+  w.I64(list.eviction_seq);
+  w.I32(static_cast<int32_t>(list.evicted_cache_ids.size()));
+  for (int32_t id : list.evicted_cache_ids) w.I32(id);
   w.I32(static_cast<int32_t>(list.responses.size()));
   for (const auto& r : list.responses) {
     w.I32(static_cast<int32_t>(r.type));
@@ -194,6 +198,7 @@ std::string Serialize(const ResponseList& list) {
 Status Deserialize(const std::string& bytes, RequestList* out) {
   if (PeekControlKind(bytes) != ControlKind::kRequests) return Status::Internal("not a request list");
   Reader rd(bytes);
+  out->cache_ack = rd.I64();
   int32_t n = rd.I32();
   if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt request list");
   out->requests.clear();
@@ -206,6 +211,12 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
   if (PeekControlKind(bytes) != ControlKind::kResponses) return Status::Internal("not a response list");
   Reader rd(bytes);
   out->shutdown = rd.U8() != 0;
+  out->eviction_seq = rd.I64();
+  int32_t evicted = rd.I32();
+  if (evicted < 0 || static_cast<size_t>(evicted) > bytes.size())
+    return Status::Internal("corrupt response list");
+  out->evicted_cache_ids.clear();
+  for (int32_t i = 0; i < evicted && rd.ok(); ++i) out->evicted_cache_ids.push_back(rd.I32());
   int32_t n = rd.I32();
   if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt response list");
   out->responses.clear();

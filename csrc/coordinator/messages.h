@@ -66,11 +66,18 @@ struct Response {
 
 struct RequestList {
   std::vector<Request> requests;
+  // The highest cache eviction sequence number this rank has applied
+  // (ResponseList::eviction_seq); the coordinator then drops retired ids.
+  int64_t cache_ack = 0;
 };
 
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;  // every rank asked to shut down: leave the loop
+  // Cache ids the coordinator evicted: the rank forgets them once it has
+  // executed `responses`, and acknowledges `eviction_seq` (RequestList::cache_ack).
+  std::vector<int32_t> evicted_cache_ids;
+  int64_t eviction_seq = 0;
 };
 
 std::string Serialize(const RequestList& list);
