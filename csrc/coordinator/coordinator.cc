@@ -39,8 +39,10 @@ bool Cacheable(OpType t) {
 
 }  // namespace
 
-Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline)
+Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline,
+                         NowFn now)
     : cfg_(cfg),
+      now_(now ? std::move(now) : NowFn([] { return Clock::now(); })),
       sets_(sets),
       world_size_(world_size),
       cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))),
@@ -52,7 +54,7 @@ int Coordinator::MsUntilDue() const {
   if (decided_.empty() || cycle_time_ms_ <= 0) return 1000;
   const auto due = decided_.front().at + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double, std::milli>(cycle_time_ms_));
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count();
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - now_()).count();
   return static_cast<int>(std::max<long long>(0, std::min<long long>(left + 1, 1000)));
 }
 
@@ -78,6 +80,11 @@ void Coordinator::Add(int rank, const RequestList& list) {
     }
     AddOne(std::move(r));
   }
+}
+
+void Coordinator::Push(Decided d) {
+  d.at = now_();
+  decided_.push_back(std::move(d));
 }
 
 void Coordinator::AddOne(Request r) {
@@ -121,7 +128,7 @@ void Coordinator::AddOne(Request r) {
   if (p.reqs.empty()) {
     p.reqs.resize(ranks.size());
     p.have.assign(ranks.size(), false);
-    p.first_seen = p.last_warned = Clock::now();
+    p.first_seen = p.last_warned = now_();
     if (timeline_) timeline_->Begin(r.name, NegotiatePhase(r.type));
   }
   if (timeline_) timeline_->Mark(r.name, "READY", "\"rank\": " + std::to_string(r.rank));
@@ -161,7 +168,7 @@ void Coordinator::OnJoin(int rank) {
     d.response.names.push_back("__join__");
     d.response.cache_ids.push_back(-1);
     d.response.sizes = {last_joined_};
-    decided_.push_back(std::move(d));
+    Push(std::move(d));
     joined_ranks_.clear();
     return;
   }
@@ -228,7 +235,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     }
     d.response.specs.push_back(r0);
     d.response.cache_ids.push_back(-1);
-    decided_.push_back(std::move(d));
+    Push(std::move(d));
     return;
   }
   if (r0.type == OpType::kAddProcessSet) {
@@ -244,7 +251,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     d.fusion_key = FusionKey(r0);
     d.bytes = TensorBytes(r0);
   }
-  decided_.push_back(std::move(d));
+  Push(std::move(d));
 }
 
 void Coordinator::DecideError(const Request& r, const std::vector<int>& recipients, const Status& st) {
@@ -256,7 +263,7 @@ void Coordinator::DecideError(const Request& r, const std::vector<int>& recipien
   d.response.cache_ids.push_back(-1);
   d.response.error_code = st.code();
   d.response.error = st.message();
-  decided_.push_back(std::move(d));
+  Push(std::move(d));
 }
 
 // A rank that shuts down can no longer take part in collectives: every
@@ -331,7 +338,7 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
 
 int Coordinator::CheckStalls() {
   if (cfg_.STALL_CHECK_DISABLE || pending_.empty()) return 1000;
-  const auto now = Clock::now();
+  const auto now = now_();
   const auto warn_after = std::chrono::duration<double>(cfg_.STALL_CHECK_TIME_SECONDS);
   const auto fail_after = std::chrono::duration<double>(cfg_.STALL_SHUTDOWN_TIME_SECONDS);
   for (auto it = pending_.begin(); it != pending_.end();) {

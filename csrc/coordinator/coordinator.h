@@ -10,11 +10,16 @@
 // so any two ranks execute the collectives they share in the same order
 // whatever order their callers submitted them in.
 //
+// It is pure planning: requests in, responses out, no I/O (the runtime moves
+// the bytes), and time comes from an injectable clock, so tests drive it
+// without sockets or wall time (tests/cpp/test_coordinator.cc).
+//
 // Threading: single-threaded (rank 0's background thread). Never blocks.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -30,8 +35,11 @@ namespace hvdlite {
 
 class Coordinator {
  public:
-  // `timeline` (may be null) receives each tensor's negotiation span.
-  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline);
+  using Clock = std::chrono::steady_clock;
+  using NowFn = std::function<Clock::time_point()>;
+  // `timeline` (may be null) receives each tensor's negotiation span; `now`
+  // (default: the steady clock) times cycle holds and stalls.
+  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline, NowFn now = {});
 
   // Takes the requests `rank` sent; expands cached (compact) requests.
   void Add(int rank, const RequestList& list);
@@ -48,9 +56,9 @@ class Coordinator {
   void SetCycleTimeMs(double ms) { cycle_time_ms_ = ms; }
   // Milliseconds until held responses are due (a large value when none are held).
   int MsUntilDue() const;
+  const ResponseCache& cache() const { return cache_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
   using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
   struct Pending {
     std::vector<Request> reqs;  // by member index
@@ -64,10 +72,11 @@ class Coordinator {
     std::vector<int> recipients;  // global ranks
     int64_t bytes = 0;            // for fusion
     std::string fusion_key;       // empty = never fused
-    Clock::time_point at = Clock::now();
+    Clock::time_point at;         // when it was decided
   };
 
   void AddOne(Request r);
+  void Push(Decided d);  // stamps it with now_() and queues it
   void Decide(const Key& key, Pending& p);
   void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
   void OnShutdown(int rank);
@@ -79,6 +88,7 @@ class Coordinator {
   void FuseInto(std::vector<Decided>* out);
 
   Config cfg_;
+  NowFn now_;
   ProcessSetTable* sets_;
   int world_size_;
   std::map<Key, Pending> pending_;
