@@ -25,7 +25,7 @@ bool ResponseCache::SeenBefore(const Key& key) {
   }
   seen_once_.push_front(key);
   seen_at_[key] = seen_once_.begin();
-  if (seen_once_.size() > capacity_) {
+  if (seen_once_.size() > 2 * capacity_ + 16) {
     seen_at_.erase(seen_once_.back());
     seen_once_.pop_back();
   }

@@ -5,9 +5,10 @@
 // A bounded LRU (Horovod's HOROVOD_CACHE_CAPACITY; 0 disables it) with
 // admission on the second sighting: a (process set, name) is cached only when
 // it is decided a second time while it is still remembered among the recently
-// seen once names (a key-only list of the same capacity). Unnamed operations
-// get a fresh `*.noname.N` name per call, so they never get past that list and
-// never push the steady-state set out of the cache.
+// seen once names (a key-only list of 2 * capacity + 16 entries: room for a
+// full steady-state set plus as many one-offs between two of its sightings).
+// Unnamed operations get a fresh `*.noname.N` name per call, so they never get
+// past that list and never push the steady-state set out of the cache.
 //
 // Consistency across ranks: only the coordinator decides what is cached and
 // evicted. Ids are never reused, so an id means one thing for the life of the
