@@ -235,4 +235,19 @@ int hvdlite_mpi_thread_level(void) { return MpiThreadLevel(); }
 
 int hvdlite_gpu_module_installed(void) { return GpuModuleInstalled() ? 1 : 0; }
 
+int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len) {
+  *out = hvdlite_stats{};
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  const Executor::Stats& s = rt->executor_stats();
+  out->allreduce_responses = s.allreduce_responses.load(std::memory_order_relaxed);
+  out->allreduce_tensors = s.allreduce_tensors.load(std::memory_order_relaxed);
+  out->fused_responses = s.fused_responses.load(std::memory_order_relaxed);
+  if (const Coordinator* c = rt->coordinator()) {
+    out->cache_entries = c->cache_entries();
+    out->cache_evictions = c->cache_evictions();
+  }
+  return 0;
+}
+
 }  // extern "C"

@@ -10,6 +10,7 @@ from helpers import run_ranks
 
 def _churn(steps):
     import hvdlite as hvd
+    from hvdlite.common.basics import runtime_stats
 
     hvd.init()
     r = hvd.rank()
@@ -25,14 +26,24 @@ def _churn(steps):
         ]
         metric = hvd.allreduce(np.array([float(r)]), op=hvd.Sum)  # unnamed: a one-off name
         out.append(([hvd.synchronize(h).tolist() for h in handles], metric.tolist()))
+    stats = runtime_stats()
     hvd.shutdown()
-    return out
+    return out, stats
 
 
 @pytest.mark.parametrize("capacity", ["0", "3", "1024"])
 def test_names_survive_eviction(capacity):
     size, steps = 3, 16
-    results = run_ranks(_churn, size, args=(steps,), env={"HVDLITE_CACHE_CAPACITY": capacity}, timeout=120)
+    runs = run_ranks(_churn, size, args=(steps,), env={"HVDLITE_CACHE_CAPACITY": capacity}, timeout=120)
+    results = [out for out, _ in runs]
+    stats = runs[0][1]  # rank 0 hosts the coordinator and its cache
+    assert stats["cache_entries"] <= int(capacity), stats
+    if capacity == "3":
+        assert stats["cache_evictions"] > 0, stats  # the phases evicted each other
+    else:
+        assert stats["cache_evictions"] == 0, stats
+    if capacity == "1024":
+        assert stats["cache_entries"] == 6, stats  # a0-a2, b0-b2; no one-off metric name
     for step in range(steps):
         tensors, metric = results[0][step]
         for i in range(3):

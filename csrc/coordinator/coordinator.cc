@@ -329,6 +329,8 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
     for (int rank : ev.ranks) (*per_rank)[rank].evicted_cache_ids.push_back(ev.id);
   }
   for (auto& l : *per_rank) l.eviction_seq = cache_.eviction_seq();
+  cache_entries_.store(static_cast<int64_t>(cache_.size()), std::memory_order_relaxed);
+  cache_evictions_.store(cache_.eviction_seq(), std::memory_order_relaxed);
   if (announce) {
     shutdown_announced_ = true;
     for (auto& l : *per_rank) l.shutdown = true;

@@ -16,6 +16,7 @@
 //
 // Threading: single-threaded (rank 0's background thread). Never blocks.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -57,6 +58,10 @@ class Coordinator {
   // Milliseconds until held responses are due (a large value when none are held).
   int MsUntilDue() const;
   const ResponseCache& cache() const { return cache_; }
+  // Any thread: tensors in the response cache, and evictions so far, as of
+  // the last Drain (hvdlite_get_stats).
+  int64_t cache_entries() const { return cache_entries_.load(std::memory_order_relaxed); }
+  int64_t cache_evictions() const { return cache_evictions_.load(std::memory_order_relaxed); }
 
  private:
   using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
@@ -102,6 +107,7 @@ class Coordinator {
   int last_joined_ = -1;
   bool shutdown_announced_ = false;
   int32_t next_set_id_ = 1;
+  std::atomic<int64_t> cache_entries_{0}, cache_evictions_{0};
 };
 
 }  // namespace hvdlite

@@ -185,6 +185,11 @@ Status Executor::Execute(const Response& response) {
   for (auto& ch : phase) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   if (tracing) TraceBegin(entries, phase);
   Status st = Run(response, entries, &result);
+  if (st.ok() && response.type == OpType::kAllreduce) {
+    stats_.allreduce_responses.fetch_add(1, std::memory_order_relaxed);
+    stats_.allreduce_tensors.fetch_add(static_cast<int64_t>(entries.size()), std::memory_order_relaxed);
+    if (entries.size() > 1) stats_.fused_responses.fetch_add(1, std::memory_order_relaxed);
+  }
   if (tracing)
     TraceEnd(entries, phase,
              Describe(response, entries) + (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
