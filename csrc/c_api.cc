@@ -162,7 +162,7 @@ int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t* id, char* 
   Request r;
   r.type = OpType::kAddProcessSet;
   r.name = "__add_process_set__";
-  r.splits.assign(ranks, ranks + n);
+  r.set_members.assign(ranks, ranks + n);
   return RunProcessSetOp(r, id, err, err_len);
 }
 
@@ -170,7 +170,7 @@ int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len) {
   Request r;
   r.type = OpType::kRemoveProcessSet;
   r.name = "__remove_process_set__";
-  r.root = id;
+  r.target_set = id;
   return RunProcessSetOp(r, nullptr, err, err_len);
 }
 

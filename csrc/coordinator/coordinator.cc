@@ -167,7 +167,7 @@ void Coordinator::OnJoin(int rank) {
     d.response.type = OpType::kJoin;
     d.response.names.push_back("__join__");
     d.response.cache_ids.push_back(-1);
-    d.response.sizes = {last_joined_};
+    d.response.last_joined_rank = last_joined_;
     Push(std::move(d));
     joined_ranks_.clear();
     return;
@@ -219,7 +219,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   d.response.type = r0.type;
   d.response.process_set = r0.process_set;
   d.response.names.push_back(r0.name);
-  Status st = ValidateRequests(submitted, submitters, &d.response.sizes);
+  Status st = ValidateRequests(submitted, submitters, &d.response);
   if (st.ok() && !joined.empty()) st = CheckJoinedParticipation(r0, joined);
   if (!st.ok()) {
     DecideError(r0, ranks, st);
@@ -230,8 +230,9 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     // to a reduction; they learn the tensor's signature from `specs`.
     if (r0.type == OpType::kAllgather) {
       std::vector<int64_t> full;
-      for (size_t i = 0, k = 0; i < ranks.size(); ++i) full.push_back(p.have[i] ? d.response.sizes[k++] : 0);
-      d.response.sizes = full;
+      for (size_t i = 0, k = 0; i < ranks.size(); ++i)
+        full.push_back(p.have[i] ? d.response.first_dims[k++] : 0);
+      d.response.first_dims = full;
     }
     d.response.specs.push_back(r0);
     d.response.cache_ids.push_back(-1);
@@ -240,11 +241,11 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   }
   if (r0.type == OpType::kAddProcessSet) {
     int32_t id = next_set_id_++;
-    std::vector<int> members(r0.splits.begin(), r0.splits.end());
+    std::vector<int> members(r0.set_members.begin(), r0.set_members.end());
     sets_->Add(id, members);
-    d.response.sizes = {id};
+    d.response.new_set_id = id;
   } else if (r0.type == OpType::kRemoveProcessSet) {
-    sets_->Remove(r0.root);
+    sets_->Remove(r0.target_set);
   }
   d.response.cache_ids.push_back(Cacheable(r0.type) ? cache_.Bind(p.reqs) : -1);
   if (r0.type == OpType::kAllreduce) {

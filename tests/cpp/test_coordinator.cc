@@ -225,6 +225,39 @@ void TestStallDetection() {
   }
 }
 
+// Each message field means one thing: process set ops carry their own fields,
+// and they survive the wire.
+void TestProcessSetFieldsAndWire() {
+  Harness h(2);
+  Request add;
+  add.type = OpType::kAddProcessSet;
+  add.name = "__add_process_set__";
+  add.set_members = {0, 1};
+  h.SubmitAll(add, {0, 1});
+  auto out = h.Drain();
+  Check(out.size() == 2 && out[1].responses.size() == 1 && out[1].responses[0].new_set_id == 1 &&
+            h.sets.Ranks(1) == std::vector<int>({0, 1}),
+        "add_process_set: the new id travels in new_set_id");
+  ResponseList back;
+  Check(out.size() == 2 && Deserialize(Serialize(out[1]), &back).ok() && back.responses.size() == 1 &&
+            back.responses[0].new_set_id == 1 && back.eviction_seq == out[1].eviction_seq,
+        "a response list survives the wire");
+  Request rm;
+  rm.type = OpType::kRemoveProcessSet;
+  rm.name = "__remove_process_set__";
+  rm.target_set = 1;
+  RequestList list;
+  list.requests = {add, rm};
+  list.cache_ack = 5;
+  RequestList got;
+  Check(Deserialize(Serialize(list), &got).ok() && got.cache_ack == 5 && got.requests.size() == 2 &&
+            got.requests[0].set_members == add.set_members && got.requests[1].target_set == 1,
+        "a request list survives the wire");
+  h.SubmitAll(rm, {0, 1});
+  h.Drain();
+  Check(h.sets.Ranks(1).empty(), "remove_process_set removes target_set");
+}
+
 }  // namespace
 
 int main() {
@@ -235,5 +268,6 @@ int main() {
   TestFusionPlanning();
   TestCycleHold();
   TestStallDetection();
+  TestProcessSetFieldsAndWire();
   return Report();
 }
