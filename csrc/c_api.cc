@@ -162,7 +162,7 @@ int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t* id, char* 
   Request r;
   r.type = OpType::kAddProcessSet;
   r.name = "__add_process_set__";
-  r.splits.assign(ranks, ranks + n);
+  r.set_members.assign(ranks, ranks + n);
   return RunProcessSetOp(r, id, err, err_len);
 }
 
@@ -170,7 +170,7 @@ int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len) {
   Request r;
   r.type = OpType::kRemoveProcessSet;
   r.name = "__remove_process_set__";
-  r.root = id;
+  r.target_set = id;
   return RunProcessSetOp(r, nullptr, err, err_len);
 }
 
@@ -234,5 +234,20 @@ int hvdlite_mpi_enabled(void) {
 int hvdlite_mpi_thread_level(void) { return MpiThreadLevel(); }
 
 int hvdlite_gpu_module_installed(void) { return GpuModuleInstalled() ? 1 : 0; }
+
+int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len) {
+  *out = hvdlite_stats{};
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  const Executor::Stats& s = rt->executor_stats();
+  out->allreduce_responses = s.allreduce_responses.load(std::memory_order_relaxed);
+  out->allreduce_tensors = s.allreduce_tensors.load(std::memory_order_relaxed);
+  out->fused_responses = s.fused_responses.load(std::memory_order_relaxed);
+  if (const Coordinator* c = rt->coordinator()) {
+    out->cache_entries = c->cache_entries();
+    out->cache_evictions = c->cache_evictions();
+  }
+  return 0;
+}
 
 }  // extern "C"

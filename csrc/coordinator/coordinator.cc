@@ -39,8 +39,10 @@ bool Cacheable(OpType t) {
 
 }  // namespace
 
-Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline)
+Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline,
+                         NowFn now)
     : cfg_(cfg),
+      now_(now ? std::move(now) : NowFn([] { return Clock::now(); })),
       sets_(sets),
       world_size_(world_size),
       cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))),
@@ -52,7 +54,7 @@ int Coordinator::MsUntilDue() const {
   if (decided_.empty() || cycle_time_ms_ <= 0) return 1000;
   const auto due = decided_.front().at + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double, std::milli>(cycle_time_ms_));
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count();
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - now_()).count();
   return static_cast<int>(std::max<long long>(0, std::min<long long>(left + 1, 1000)));
 }
 
@@ -65,6 +67,7 @@ std::string NegotiatePhase(OpType t) {
 }  // namespace
 
 void Coordinator::Add(int rank, const RequestList& list) {
+  cache_.Acknowledge(rank, list.cache_ack);
   for (const Request& in : list.requests) {
     Request r = in;
     r.rank = rank;
@@ -77,6 +80,11 @@ void Coordinator::Add(int rank, const RequestList& list) {
     }
     AddOne(std::move(r));
   }
+}
+
+void Coordinator::Push(Decided d) {
+  d.at = now_();
+  decided_.push_back(std::move(d));
 }
 
 void Coordinator::AddOne(Request r) {
@@ -120,7 +128,7 @@ void Coordinator::AddOne(Request r) {
   if (p.reqs.empty()) {
     p.reqs.resize(ranks.size());
     p.have.assign(ranks.size(), false);
-    p.first_seen = p.last_warned = Clock::now();
+    p.first_seen = p.last_warned = now_();
     if (timeline_) timeline_->Begin(r.name, NegotiatePhase(r.type));
   }
   if (timeline_) timeline_->Mark(r.name, "READY", "\"rank\": " + std::to_string(r.rank));
@@ -159,8 +167,8 @@ void Coordinator::OnJoin(int rank) {
     d.response.type = OpType::kJoin;
     d.response.names.push_back("__join__");
     d.response.cache_ids.push_back(-1);
-    d.response.sizes = {last_joined_};
-    decided_.push_back(std::move(d));
+    d.response.last_joined_rank = last_joined_;
+    Push(std::move(d));
     joined_ranks_.clear();
     return;
   }
@@ -211,7 +219,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   d.response.type = r0.type;
   d.response.process_set = r0.process_set;
   d.response.names.push_back(r0.name);
-  Status st = ValidateRequests(submitted, submitters, &d.response.sizes);
+  Status st = ValidateRequests(submitted, submitters, &d.response);
   if (st.ok() && !joined.empty()) st = CheckJoinedParticipation(r0, joined);
   if (!st.ok()) {
     DecideError(r0, ranks, st);
@@ -222,28 +230,29 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     // to a reduction; they learn the tensor's signature from `specs`.
     if (r0.type == OpType::kAllgather) {
       std::vector<int64_t> full;
-      for (size_t i = 0, k = 0; i < ranks.size(); ++i) full.push_back(p.have[i] ? d.response.sizes[k++] : 0);
-      d.response.sizes = full;
+      for (size_t i = 0, k = 0; i < ranks.size(); ++i)
+        full.push_back(p.have[i] ? d.response.first_dims[k++] : 0);
+      d.response.first_dims = full;
     }
     d.response.specs.push_back(r0);
     d.response.cache_ids.push_back(-1);
-    decided_.push_back(std::move(d));
+    Push(std::move(d));
     return;
   }
   if (r0.type == OpType::kAddProcessSet) {
     int32_t id = next_set_id_++;
-    std::vector<int> members(r0.splits.begin(), r0.splits.end());
+    std::vector<int> members(r0.set_members.begin(), r0.set_members.end());
     sets_->Add(id, members);
-    d.response.sizes = {id};
+    d.response.new_set_id = id;
   } else if (r0.type == OpType::kRemoveProcessSet) {
-    sets_->Remove(r0.root);
+    sets_->Remove(r0.target_set);
   }
   d.response.cache_ids.push_back(Cacheable(r0.type) ? cache_.Bind(p.reqs) : -1);
   if (r0.type == OpType::kAllreduce) {
     d.fusion_key = FusionKey(r0);
     d.bytes = TensorBytes(r0);
   }
-  decided_.push_back(std::move(d));
+  Push(std::move(d));
 }
 
 void Coordinator::DecideError(const Request& r, const std::vector<int>& recipients, const Status& st) {
@@ -255,7 +264,7 @@ void Coordinator::DecideError(const Request& r, const std::vector<int>& recipien
   d.response.cache_ids.push_back(-1);
   d.response.error_code = st.code();
   d.response.error = st.message();
-  decided_.push_back(std::move(d));
+  Push(std::move(d));
 }
 
 // A rank that shuts down can no longer take part in collectives: every
@@ -314,6 +323,15 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
   for (auto& d : fused) {
     for (int rank : d.recipients) (*per_rank)[rank].responses.push_back(d.response);
   }
+  // Evictions travel after the responses that bound those ids (they were
+  // decided earlier), so a rank that applies them after executing the list
+  // never keeps a stale id.
+  for (const CacheEviction& ev : cache_.TakeEvictions()) {
+    for (int rank : ev.ranks) (*per_rank)[rank].evicted_cache_ids.push_back(ev.id);
+  }
+  for (auto& l : *per_rank) l.eviction_seq = cache_.eviction_seq();
+  cache_entries_.store(static_cast<int64_t>(cache_.size()), std::memory_order_relaxed);
+  cache_evictions_.store(cache_.eviction_seq(), std::memory_order_relaxed);
   if (announce) {
     shutdown_announced_ = true;
     for (auto& l : *per_rank) l.shutdown = true;
@@ -357,7 +375,7 @@ std::string Coordinator::DescribeWaits(const std::vector<int>& ranks) const {
 
 int Coordinator::CheckStalls() {
   if (cfg_.STALL_CHECK_DISABLE || pending_.empty()) return 1000;
-  const auto now = Clock::now();
+  const auto now = now_();
   const auto warn_after = std::chrono::duration<double>(cfg_.STALL_CHECK_TIME_SECONDS);
   const auto fail_after = std::chrono::duration<double>(cfg_.STALL_SHUTDOWN_TIME_SECONDS);
   std::vector<Key> failed;  // erased after the loop: DescribeWaits sees every rank's submission

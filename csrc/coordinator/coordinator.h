@@ -10,11 +10,17 @@
 // so any two ranks execute the collectives they share in the same order
 // whatever order their callers submitted them in.
 //
+// It is pure planning: requests in, responses out, no I/O (the runtime moves
+// the bytes), and time comes from an injectable clock, so tests drive it
+// without sockets or wall time (tests/cpp/test_coordinator.cc).
+//
 // Threading: single-threaded (rank 0's background thread). Never blocks.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -30,8 +36,11 @@ namespace hvdlite {
 
 class Coordinator {
  public:
-  // `timeline` (may be null) receives each tensor's negotiation span.
-  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline);
+  using Clock = std::chrono::steady_clock;
+  using NowFn = std::function<Clock::time_point()>;
+  // `timeline` (may be null) receives each tensor's negotiation span; `now`
+  // (default: the steady clock) times cycle holds and stalls.
+  Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline, NowFn now = {});
 
   // Takes the requests `rank` sent; expands cached (compact) requests.
   void Add(int rank, const RequestList& list);
@@ -48,9 +57,13 @@ class Coordinator {
   void SetCycleTimeMs(double ms) { cycle_time_ms_ = ms; }
   // Milliseconds until held responses are due (a large value when none are held).
   int MsUntilDue() const;
+  const ResponseCache& cache() const { return cache_; }
+  // Any thread: tensors in the response cache, and evictions so far, as of
+  // the last Drain (hvdlite_get_stats).
+  int64_t cache_entries() const { return cache_entries_.load(std::memory_order_relaxed); }
+  int64_t cache_evictions() const { return cache_evictions_.load(std::memory_order_relaxed); }
 
  private:
-  using Clock = std::chrono::steady_clock;
   using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
   struct Pending {
     std::vector<Request> reqs;  // by member index
@@ -64,10 +77,11 @@ class Coordinator {
     std::vector<int> recipients;  // global ranks
     int64_t bytes = 0;            // for fusion
     std::string fusion_key;       // empty = never fused
-    Clock::time_point at = Clock::now();
+    Clock::time_point at;         // when it was decided
   };
 
   void AddOne(Request r);
+  void Push(Decided d);  // stamps it with now_() and queues it
   void Decide(const Key& key, Pending& p);
   void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
   void OnShutdown(int rank);
@@ -81,6 +95,7 @@ class Coordinator {
   std::string DescribeWaits(const std::vector<int>& ranks) const;
 
   Config cfg_;
+  NowFn now_;
   ProcessSetTable* sets_;
   int world_size_;
   std::map<Key, Pending> pending_;
@@ -94,6 +109,7 @@ class Coordinator {
   int last_joined_ = -1;
   bool shutdown_announced_ = false;
   int32_t next_set_id_ = 1;
+  std::atomic<int64_t> cache_entries_{0}, cache_evictions_{0};
 };
 
 }  // namespace hvdlite

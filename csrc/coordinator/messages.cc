@@ -74,6 +74,8 @@ class Reader {
     return v;
   }
   bool AtEnd() const { return pos_ == s_.size(); }
+  size_t Left() const { return s_.size() - pos_; }
+  void Fail() { ok_ = false; }
 
  private:
   void Raw(void* p, size_t n) {
@@ -104,6 +106,9 @@ void WriteRequest(Writer& w, const Request& r) {
   w.I32(r.process_set);
   w.I64s(r.splits);
   w.I32(r.device);
+  w.I32(static_cast<int32_t>(r.set_members.size()));
+  for (int32_t m : r.set_members) w.I32(m);
+  w.I32(r.target_set);
 }
 
 Request ReadRequest(Reader& rd) {
@@ -122,6 +127,13 @@ Request ReadRequest(Reader& rd) {
   r.process_set = rd.I32();
   r.splits = rd.I64s();
   r.device = rd.I32();
+  int32_t members = rd.I32();
+  if (members < 0 || static_cast<size_t>(members) > rd.Left() / 4) {
+    rd.Fail();
+    return r;
+  }
+  for (int32_t i = 0; i < members; ++i) r.set_members.push_back(rd.I32());
+  r.target_set = rd.I32();
   return r;
 }
 
@@ -156,11 +168,13 @@ const char* OpTypeName(OpType t) {
 bool Request::SameSignature(const Request& o) const {
   return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape && op == o.op &&
          root == o.root && prescale == o.prescale && postscale == o.postscale &&
-         process_set == o.process_set && splits == o.splits && device == o.device;
+         process_set == o.process_set && splits == o.splits && device == o.device &&
+         set_members == o.set_members && target_set == o.target_set;
 }
 
 std::string Serialize(const RequestList& list) {
   Writer w(ControlKind::kRequests);
+  w.I64(list.cache_ack);
   w.I32(static_cast<int32_t>(list.requests.size()));
   for (const auto& r : list.requests) WriteRequest(w, r);
   return w.Take();
@@ -169,6 +183,9 @@ std::string Serialize(const RequestList& list) {
 std::string Serialize(const ResponseList& list) {
   Writer w(ControlKind::kResponses);
   w.U8(list.shutdown ? 1 : 0);
+  w.I64(list.eviction_seq);
+  w.I32(static_cast<int32_t>(list.evicted_cache_ids.size()));
+  for (int32_t id : list.evicted_cache_ids) w.I32(id);
   w.I32(static_cast<int32_t>(list.responses.size()));
   for (const auto& r : list.responses) {
     w.I32(static_cast<int32_t>(r.type));
@@ -178,7 +195,10 @@ std::string Serialize(const ResponseList& list) {
       w.Str(r.names[i]);
       w.I32(i < r.cache_ids.size() ? r.cache_ids[i] : -1);
     }
-    w.I64s(r.sizes);
+    w.I64s(r.first_dims);
+    w.I64s(r.split_matrix);
+    w.I32(r.new_set_id);
+    w.I32(r.last_joined_rank);
     w.I32(static_cast<int32_t>(r.error_code));
     w.Str(r.error);
     w.I32(static_cast<int32_t>(r.specs.size()));
@@ -194,6 +214,7 @@ std::string Serialize(const ResponseList& list) {
 Status Deserialize(const std::string& bytes, RequestList* out) {
   if (PeekControlKind(bytes) != ControlKind::kRequests) return Status::Internal("not a request list");
   Reader rd(bytes);
+  out->cache_ack = rd.I64();
   int32_t n = rd.I32();
   if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt request list");
   out->requests.clear();
@@ -206,6 +227,12 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
   if (PeekControlKind(bytes) != ControlKind::kResponses) return Status::Internal("not a response list");
   Reader rd(bytes);
   out->shutdown = rd.U8() != 0;
+  out->eviction_seq = rd.I64();
+  int32_t evicted = rd.I32();
+  if (evicted < 0 || static_cast<size_t>(evicted) > bytes.size())
+    return Status::Internal("corrupt response list");
+  out->evicted_cache_ids.clear();
+  for (int32_t i = 0; i < evicted && rd.ok(); ++i) out->evicted_cache_ids.push_back(rd.I32());
   int32_t n = rd.I32();
   if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt response list");
   out->responses.clear();
@@ -219,7 +246,10 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
       r.names.push_back(rd.Str());
       r.cache_ids.push_back(rd.I32());
     }
-    r.sizes = rd.I64s();
+    r.first_dims = rd.I64s();
+    r.split_matrix = rd.I64s();
+    r.new_set_id = rd.I32();
+    r.last_joined_rank = rd.I32();
     r.error_code = static_cast<StatusCode>(rd.I32());
     r.error = rd.Str();
     int32_t specs = rd.I32();

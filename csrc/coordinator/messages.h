@@ -19,8 +19,8 @@ enum class OpType : int32_t {
   kAlltoall = 3,
   kReducescatter = 4,
   kBarrier = 5,
-  kAddProcessSet = 6,     // negotiated on the global set; `ranks` lists members
-  kRemoveProcessSet = 7,  // negotiated on the global set; `root` is the set id
+  kAddProcessSet = 6,     // negotiated on the global set; Request::set_members lists members
+  kRemoveProcessSet = 7,  // negotiated on the global set; Request::target_set is the set id
   kShutdown = 8,          // internal: this rank is leaving
   kJoin = 9,              // this rank has no more data; it joins others' collectives with identity values
 };
@@ -33,12 +33,14 @@ struct Request {
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
   ReduceOp op = ReduceOp::kSum;
-  int32_t root = 0;  // broadcast root (global rank) / removed set id
+  int32_t root = 0;  // broadcast: root (global rank)
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t process_set = 0;
-  std::vector<int64_t> splits;  // alltoall rows per member; add_process_set ranks
-  int32_t device = -1;          // CUDA device of the data, -1 = host memory
+  std::vector<int64_t> splits;       // alltoall: rows sent to each member (empty = even split)
+  int32_t device = -1;               // CUDA device of the data, -1 = host memory
+  std::vector<int32_t> set_members;  // add_process_set: the new set's global ranks
+  int32_t target_set = -1;           // remove_process_set: the set to remove
   // When >= 0 the request was sent as just (rank, cache_id): the coordinator
   // restores the rest from its cache.
   int32_t cache_id = -1;
@@ -54,9 +56,11 @@ struct Response {
   // Per name: the cache id every member now associates with it (-1 = none).
   std::vector<int32_t> cache_ids;
   // allgather: first dimension of each member (one tensor per response).
+  std::vector<int64_t> first_dims;
   // alltoall: the members x members matrix of rows sent, row-major by sender.
-  // add_process_set: [new set id].
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> split_matrix;
+  int32_t new_set_id = -1;        // add_process_set: the id the new set gets
+  int32_t last_joined_rank = -1;  // join: the last rank to join (what join() returns)
   StatusCode error_code = StatusCode::kOk;
   std::string error;
   // Set only while some members have joined: one request per name, so a
@@ -66,11 +70,18 @@ struct Response {
 
 struct RequestList {
   std::vector<Request> requests;
+  // The highest cache eviction sequence number this rank has applied
+  // (ResponseList::eviction_seq); the coordinator then drops retired ids.
+  int64_t cache_ack = 0;
 };
 
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;  // every rank asked to shut down: leave the loop
+  // Cache ids the coordinator evicted: the rank forgets them once it has
+  // executed `responses`, and acknowledges `eviction_seq` (RequestList::cache_ack).
+  std::vector<int32_t> evicted_cache_ids;
+  int64_t eviction_seq = 0;
 };
 
 std::string Serialize(const RequestList& list);

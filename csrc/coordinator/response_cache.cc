@@ -1,36 +1,105 @@
 #include "coordinator/response_cache.h"
 
+#include <algorithm>
+#include <limits>
+
 namespace hvdlite {
 
-int32_t ResponseCache::Bind(const std::vector<Request>& reqs) {
-  if (reqs.empty()) return -1;
-  auto key = std::make_pair(reqs[0].process_set, reqs[0].name);
-  int32_t id;
-  auto it = ids_.find(key);
-  if (it != ids_.end()) {
-    id = it->second;
-  } else {
-    if (entries_.size() >= capacity_) return -1;
-    id = static_cast<int32_t>(entries_.size());
-    entries_.emplace_back();
-    ids_[key] = id;
-  }
-  auto& entry = entries_[id];
-  entry.clear();
+void ResponseCache::Store(const std::vector<Request>& reqs, Entry* e) {
+  e->by_rank.clear();
+  e->ranks.clear();
   for (const auto& r : reqs) {
     Request stored = r;
     stored.cache_id = -1;
-    entry[r.rank] = std::move(stored);
+    e->by_rank[r.rank] = std::move(stored);
+    e->ranks.push_back(r.rank);
   }
+}
+
+bool ResponseCache::SeenBefore(const Key& key) {
+  auto it = seen_at_.find(key);
+  if (it != seen_at_.end()) {
+    seen_once_.erase(it->second);
+    seen_at_.erase(it);
+    return true;
+  }
+  seen_once_.push_front(key);
+  seen_at_[key] = seen_once_.begin();
+  if (seen_once_.size() > 2 * capacity_ + 16) {
+    seen_at_.erase(seen_once_.back());
+    seen_once_.pop_back();
+  }
+  return false;
+}
+
+void ResponseCache::EvictLeastRecent() {
+  const int32_t id = lru_.back();
+  lru_.pop_back();
+  auto it = live_.find(id);
+  Entry e = std::move(it->second);
+  live_.erase(it);
+  ids_.erase(e.key);
+  e.seq = ++seq_;
+  evictions_.push_back(CacheEviction{id, e.seq, e.ranks});
+  retired_[id] = std::move(e);
+}
+
+int32_t ResponseCache::Bind(const std::vector<Request>& reqs) {
+  if (capacity_ == 0 || reqs.empty()) return -1;
+  Key key{reqs[0].process_set, reqs[0].name};
+  auto it = ids_.find(key);
+  if (it != ids_.end()) {
+    Entry& e = live_[it->second];
+    lru_.splice(lru_.begin(), lru_, e.lru);  // most recently decided
+    Store(reqs, &e);
+    return it->second;
+  }
+  if (!SeenBefore(key) || next_id_ == std::numeric_limits<int32_t>::max()) return -1;
+  if (live_.size() >= capacity_) EvictLeastRecent();
+  const int32_t id = next_id_++;
+  Entry& e = live_[id];
+  e.key = key;
+  Store(reqs, &e);
+  lru_.push_front(id);
+  e.lru = lru_.begin();
+  ids_[key] = id;
   return id;
 }
 
 bool ResponseCache::Expand(int32_t id, int rank, Request* out) const {
-  if (id < 0 || static_cast<size_t>(id) >= entries_.size()) return false;
-  auto it = entries_[id].find(rank);
-  if (it == entries_[id].end()) return false;
+  const Entry* e = nullptr;
+  auto live = live_.find(id);
+  if (live != live_.end()) {
+    e = &live->second;
+  } else {
+    auto retired = retired_.find(id);
+    if (retired == retired_.end()) return false;
+    e = &retired->second;
+  }
+  auto it = e->by_rank.find(rank);
+  if (it == e->by_rank.end()) return false;
   *out = it->second;
   return true;
+}
+
+std::vector<CacheEviction> ResponseCache::TakeEvictions() {
+  std::vector<CacheEviction> out;
+  out.swap(evictions_);
+  return out;
+}
+
+void ResponseCache::Acknowledge(int rank, int64_t seq) {
+  int64_t& acked = acked_[rank];
+  if (seq <= acked) return;
+  acked = seq;
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    const Entry& e = it->second;
+    bool all = std::all_of(e.ranks.begin(), e.ranks.end(), [&](int r) {
+      auto a = acked_.find(r);
+      return a != acked_.end() && a->second >= e.seq;
+    });
+    it = all ? retired_.erase(it) : std::next(it);
+  }
 }
 
 void LocalRequestCache::Compact(Request* r) const {
@@ -39,13 +108,39 @@ void LocalRequestCache::Compact(Request* r) const {
 }
 
 void LocalRequestCache::Remember(const Request& r, int32_t id) {
-  if (id < 0) {
-    by_name_.erase(r.name);
-    return;
+  auto old = by_name_.find(r.name);
+  if (old != by_name_.end()) {
+    name_of_.erase(old->second.first);
+    by_name_.erase(old);
   }
+  if (id < 0) return;
   Request stored = r;
   stored.cache_id = -1;
   by_name_[r.name] = {id, std::move(stored)};
+  name_of_[id] = r.name;
+}
+
+void LocalRequestCache::QueueEvictions(const std::vector<int32_t>& ids, int64_t seq) {
+  queued_.insert(queued_.end(), ids.begin(), ids.end());
+  queued_seq_ = std::max(queued_seq_, seq);
+}
+
+void LocalRequestCache::ApplyEvictions() {
+  for (int32_t id : queued_) {
+    auto it = name_of_.find(id);
+    if (it == name_of_.end()) continue;
+    by_name_.erase(it->second);
+    name_of_.erase(it);
+  }
+  queued_.clear();
+  acked_ = std::max(acked_, queued_seq_);
+}
+
+void LocalRequestCache::Clear() {
+  by_name_.clear();
+  name_of_.clear();
+  queued_.clear();
+  queued_seq_ = acked_ = 0;
 }
 
 }  // namespace hvdlite

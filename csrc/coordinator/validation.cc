@@ -99,9 +99,9 @@ Status CheckReduction(const Request& r) {
 
 }  // namespace
 
-Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>& ranks,
-                        std::vector<int64_t>* sizes) {
-  sizes->clear();
+Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>& ranks, Response* out) {
+  out->first_dims.clear();
+  out->split_matrix.clear();
   const char* same = "Every rank must submit it with the same value under the same name.";
   // Fast path (steady state): identical submissions agree on every key, so
   // skip building the keys, which exist only to word a mismatch.
@@ -140,7 +140,7 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
     case OpType::kAllgather:
       HVD_RETURN_IF_ERROR(
           agree("shapes", TailShape, "Allgather tensors may differ only in their first dimension."));
-      for (const auto& r : reqs) sizes->push_back(r.shape.empty() ? 1 : r.shape[0]);
+      for (const auto& r : reqs) out->first_dims.push_back(r.shape.empty() ? 1 : r.shape[0]);
       break;
     case OpType::kBroadcast: {
       HVD_RETURN_IF_ERROR(agree("shapes", [](const Request& r) { return ShapeStr(r.shape); }, same));
@@ -157,16 +157,19 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
     case OpType::kAlltoall:
       HVD_RETURN_IF_ERROR(
           agree("shapes", TailShape, "Alltoall tensors may differ only in their first dimension."));
-      HVD_RETURN_IF_ERROR(CheckAlltoallSplits(reqs, ranks, sizes));
+      HVD_RETURN_IF_ERROR(CheckAlltoallSplits(reqs, ranks, &out->split_matrix));
       break;
     case OpType::kAddProcessSet:
       HVD_RETURN_IF_ERROR(agree(
-          "process set ranks", [](const Request& r) { return ShapeStr(r.splits); },
+          "process set ranks",
+          [](const Request& r) {
+            return ShapeStr(std::vector<int64_t>(r.set_members.begin(), r.set_members.end()));
+          },
           "Every rank must call add_process_set with the same ranks, in the same order of calls."));
       break;
     case OpType::kRemoveProcessSet:
       HVD_RETURN_IF_ERROR(agree(
-          "process set ids", [](const Request& r) { return std::to_string(r.root); },
+          "process set ids", [](const Request& r) { return std::to_string(r.target_set); },
           "Every rank must remove the same process sets in the same order."));
       break;
     case OpType::kBarrier:

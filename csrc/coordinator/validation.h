@@ -10,9 +10,8 @@ namespace hvdlite {
 
 // `reqs[i]` is member i's request; `ranks[i]` its global rank. Returns a
 // Mismatch / InvalidArgument / NotSupported status whose message names the
-// tensor, the ranks and the fix, or OK. On OK, `sizes` receives the response's
-// per-member data (allgather first dims, alltoall split matrix).
-Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>& ranks,
-                        std::vector<int64_t>* sizes);
+// tensor, the ranks and the fix, or OK. On OK, fills the response's per-member
+// data: `out->first_dims` (allgather) or `out->split_matrix` (alltoall).
+Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>& ranks, Response* out);
 
 }  // namespace hvdlite

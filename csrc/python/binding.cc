@@ -217,4 +217,17 @@ PYBIND11_MODULE(_core, m) {
            py::arg("secret"))
       .def_property_readonly("port", [](const StoreServer& s) { return s.port; })
       .def("stop", &StoreServer::Stop);
+  // (code, message, dict of counters): see hvdlite_stats in c_api.h.
+  m.def("stats", [] {
+    char err[kErrLen] = {0};
+    hvdlite_stats s;
+    int code = hvdlite_get_stats(&s, err, kErrLen);
+    py::dict d;
+    d["allreduce_responses"] = s.allreduce_responses;
+    d["allreduce_tensors"] = s.allreduce_tensors;
+    d["fused_responses"] = s.fused_responses;
+    d["cache_entries"] = s.cache_entries;
+    d["cache_evictions"] = s.cache_evictions;
+    return py::make_tuple(code, std::string(code ? err : ""), d);
+  });
 }

@@ -185,6 +185,11 @@ Status Executor::Execute(const Response& response) {
   for (auto& ch : phase) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   if (tracing) TraceBegin(entries, phase);
   Status st = Run(response, entries, &result);
+  if (st.ok() && response.type == OpType::kAllreduce) {
+    stats_.allreduce_responses.fetch_add(1, std::memory_order_relaxed);
+    stats_.allreduce_tensors.fetch_add(static_cast<int64_t>(entries.size()), std::memory_order_relaxed);
+    if (entries.size() > 1) stats_.fused_responses.fetch_add(1, std::memory_order_relaxed);
+  }
   if (tracing)
     TraceEnd(entries, phase,
              Describe(response, entries) + (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
@@ -218,7 +223,7 @@ Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, Handl
   }
   if (r.type == OpType::kBarrier) return Status::OK();  // negotiation itself was the barrier
   if (r.type == OpType::kJoin) {
-    result->value = static_cast<int32_t>(r.sizes.at(0));  // the last rank to join
+    result->value = r.last_joined_rank;
     return Status::OK();
   }
   CollectiveContext ctx = Context(r.process_set);
@@ -308,11 +313,11 @@ Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, T
                               HandleResult* out) {
   const Request& q = e.request;
   const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
-  std::vector<int64_t> bytes(r.sizes.size());
+  std::vector<int64_t> bytes(r.first_dims.size());
   int64_t rows = 0;
-  for (size_t i = 0; i < r.sizes.size(); ++i) {
-    bytes[i] = r.sizes[i] * row_bytes;
-    rows += r.sizes[i];
+  for (size_t i = 0; i < r.first_dims.size(); ++i) {
+    bytes[i] = r.first_dims[i] * row_bytes;
+    rows += r.first_dims[i];
   }
   out->output_bytes = rows * row_bytes;
   out->output = AllocateOutput(out->output_bytes);
@@ -331,8 +336,8 @@ Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, Te
   int64_t recv_rows = 0;
   out->received_splits.resize(n);
   for (size_t j = 0; j < n; ++j) {
-    send[j] = r.sizes[ctx.me * n + j] * row_bytes;
-    out->received_splits[j] = r.sizes[j * n + ctx.me];
+    send[j] = r.split_matrix[ctx.me * n + j] * row_bytes;
+    out->received_splits[j] = r.split_matrix[j * n + ctx.me];
     recv[j] = out->received_splits[j] * row_bytes;
     recv_rows += out->received_splits[j];
   }
@@ -372,16 +377,17 @@ Status Executor::RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, 
 
 Status Executor::RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out) {
   if (r.type == OpType::kAddProcessSet) {
-    int32_t id = static_cast<int32_t>(r.sizes.at(0));
-    std::vector<int> members(e.request.splits.begin(), e.request.splits.end());
+    int32_t id = r.new_set_id;
+    std::vector<int> members(e.request.set_members.begin(), e.request.set_members.end());
     HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, members));
     sets_->Add(id, std::move(members));
     out->value = id;
   } else {
-    backend_->RemoveProcessSet(e.request.root);
-    if (GpuBackend* gpu = gpu_.load()) gpu->RemoveProcessSet(e.request.root);
-    sets_->Remove(e.request.root);
-    sequence_.erase(e.request.root);
+    const int32_t id = e.request.target_set;
+    backend_->RemoveProcessSet(id);
+    if (GpuBackend* gpu = gpu_.load()) gpu->RemoveProcessSet(id);
+    sets_->Remove(id);
+    sequence_.erase(id);
   }
   return Status::OK();
 }

@@ -38,6 +38,13 @@ class Executor : public GpuHost {
   // Allreduce bytes and responses executed so far (the autotuner's measure).
   int64_t allreduce_bytes() const { return allreduce_bytes_; }
   int allreduce_responses() const { return allreduce_responses_; }
+  // Counters any thread may read (hvdlite_get_stats): allreduce responses
+  // executed (CPU and CUDA), the tensors they carried, and how many of them
+  // carried more than one tensor (fused).
+  struct Stats {
+    std::atomic<int64_t> allreduce_responses{0}, allreduce_tensors{0}, fused_responses{0};
+  };
+  const Stats& stats() const { return stats_; }
 
  private:
   Status Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result);
@@ -67,6 +74,7 @@ class Executor : public GpuHost {
   std::atomic<GpuBackend*> gpu_{nullptr};
   int64_t allreduce_bytes_ = 0;
   int allreduce_responses_ = 0;
+  Stats stats_;
   std::vector<std::vector<char>> stand_in_buffers_;  // live during one Execute()
 };
 

@@ -111,6 +111,7 @@ Status Runtime::SendNewRequests() {
   queue_.TakeNew(&fresh);
   if (fresh.empty()) return Status::OK();
   RequestList list;
+  list.cache_ack = local_cache_.acked();
   if (timeline_.Active() && timeline_.MarkCycles()) timeline_.Mark("", "CYCLE_START");
   for (auto& r : fresh) {
     if (timeline_.Active()) timeline_.End(r.name, "QUEUE");
@@ -135,6 +136,7 @@ Status Runtime::HandleIncoming() {
       ResponseList list;
       HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &list).WithContext("from rank 0"));
       for (auto& r : list.responses) todo_.push_back(std::move(r));
+      local_cache_.QueueEvictions(list.evicted_cache_ids, list.eviction_seq);
       finished_ |= list.shutdown;
     } else {
       return Status::Internal("unexpected control message from rank " + std::to_string(msg.peer));
@@ -151,11 +153,13 @@ Status Runtime::Coordinate() {
   coordinator_->CheckStalls();
   if (!coordinator_->Drain(&per_rank)) return Status::OK();
   for (int r = 1; r < topo_.size; ++r) {
-    if (per_rank[r].responses.empty() && !per_rank[r].shutdown) continue;
+    if (per_rank[r].responses.empty() && !per_rank[r].shutdown && per_rank[r].evicted_cache_ids.empty())
+      continue;
     if (transport_->PeerDeparted(r)) continue;
     HVD_RETURN_IF_ERROR(transport_->SendControl(r, Serialize(per_rank[r])));
   }
   for (auto& resp : per_rank[0].responses) todo_.push_back(std::move(resp));
+  local_cache_.QueueEvictions(per_rank[0].evicted_cache_ids, per_rank[0].eviction_seq);
   return Status::OK();
 }
 

@@ -47,6 +47,9 @@ class Runtime {
   const Topology& topology() const { return topo_; }
   const Config& config() const { return cfg_; }
   const char* cpu_backend_name() const { return backend_->name(); }
+  // Any thread: the executor's counters, and (rank 0) the coordinator's.
+  const Executor::Stats& executor_stats() const { return executor_->stats(); }
+  const Coordinator* coordinator() const { return coordinator_.get(); }
   ProcessSetTable& process_sets() { return sets_; }
   HandleTable& handles() { return handles_; }
 

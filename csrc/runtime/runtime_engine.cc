@@ -73,6 +73,7 @@ Status Runtime::Turn() {
   const int responses_before = executor_->allreduce_responses();
   for (size_t i = 0; st.ok() && i < todo_.size(); ++i) st = executor_->Execute(todo_[i]);
   todo_.clear();
+  local_cache_.ApplyEvictions();  // after the responses that may have bound the evicted ids
   if (autotuner_ && autotuner_->tuning()) {
     autotuner_->Record(executor_->allreduce_bytes() - bytes_before,
                        executor_->allreduce_responses() - responses_before);

@@ -107,3 +107,14 @@ def cross_rank():
 
 def cross_size():
     return _query(5)
+
+
+def runtime_stats():
+    """Counters of the current job since init(), as a dict: ``allreduce_responses``
+    (allreduce responses this rank executed), ``allreduce_tensors`` (the tensors they
+    carried), ``fused_responses`` (those carrying more than one tensor), and on rank 0
+    ``cache_entries`` and ``cache_evictions`` of the response cache (0 elsewhere).
+    An hvdlite extension (Horovod has no such call); raises when not initialized."""
+    code, message, stats = _core.stats()
+    exceptions.raise_for_status(code, message)
+    return stats

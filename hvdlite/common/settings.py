@@ -46,7 +46,8 @@ SETTINGS = (
         "CACHE_CAPACITY",
         "int",
         1024,
-        "number of tensor signatures remembered so steady-state requests are a few bytes",
+        "tensor signatures remembered (LRU, admitted when seen twice) so steady-state requests are"
+        " a few bytes; 0 = no cache",
     ),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
     Setting(

@@ -94,6 +94,18 @@ int hvdlite_mpi_thread_level(void);
  * (it is loaded only when a CUDA tensor first appears); 0 otherwise. */
 int hvdlite_gpu_module_installed(void);
 
+/* Counters of the current job since init() (tests assert on them; see
+ * hvdlite.common.basics.runtime_stats). */
+typedef struct hvdlite_stats {
+  int64_t allreduce_responses; /* allreduce responses this rank executed */
+  int64_t allreduce_tensors;   /* tensors those responses carried */
+  int64_t fused_responses;     /* responses that carried more than one tensor */
+  int64_t cache_entries;       /* rank 0: tensors in the response cache; 0 elsewhere */
+  int64_t cache_evictions;     /* rank 0: response cache evictions so far; 0 elsewhere */
+} hvdlite_stats;
+/* Fills *out; a Precondition status (and zeros) when not initialized. */
+int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif
