@@ -59,5 +59,9 @@ target_include_directories(hvdlite_cuda PRIVATE ${CMAKE_SOURCE_DIR}/csrc ${CMAKE
                            ${GEN_DIR} ${NCCL_INCLUDE_DIR})
 target_compile_options(hvdlite_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 target_link_libraries(hvdlite_cuda PRIVATE CUDA::cudart_static ${NCCL_LIBRARY})
+# Every symbol resolved at link time: the module uses the core only through gpu_backend.h's
+# interfaces (virtual calls), so a call into a core function is a link error here, not a
+# dlopen failure on a GPU machine.
+target_link_options(hvdlite_cuda PRIVATE -Wl,--no-undefined)
 add_dependencies(hvdlite_modules hvdlite_cuda)
 set(HVDLITE_CUDA_BUILT ON)

@@ -18,9 +18,9 @@
 
 #include "common/logging.h"
 #include "common/sha256.h"
+#include "common/socket_util.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
-#include "transport/socket_util.h"
 
 namespace hvdlite {
 namespace {

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "transport/socket_util.h"
+#include "common/socket_util.h"
 
 namespace hvdlite {
 namespace shm {

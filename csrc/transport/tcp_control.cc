@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/socket_util.h"
 #include "rendezvous/store.h"
-#include "transport/socket_util.h"
 #include "transport/tcp_mesh.h"
 #include "transport/tcp_transport.h"
 
