@@ -17,7 +17,16 @@ CSRC = os.path.join(ROOT, "csrc")
 BUILD = os.path.join(ROOT, "build")
 
 # Bottom to top (ARCHITECTURE.md); `include` is the C header of the ABI, `python` its binding.
-CSRC_LAYERS = ["include", "common", "rendezvous", "transport", "algorithms", "backend", "coordinator", "runtime"]
+CSRC_LAYERS = [
+    "include",
+    "common",
+    "rendezvous",
+    "transport",
+    "algorithms",
+    "backend",
+    "coordinator",
+    "runtime",
+]
 CSRC_TOP = ["python"]  # may include anything below
 
 
@@ -92,7 +101,9 @@ def python_import_graph():
         for name in files:
             if name.endswith(".py"):
                 rel = os.path.relpath(os.path.join(dirpath, name), ROOT)[:-3].replace(os.sep, ".")
-                mods[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(dirpath, name)
+                mods[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(
+                    dirpath, name
+                )
 
     def resolve(name):
         while name and name not in mods:
@@ -152,10 +163,18 @@ def _link_layer(tmp_path, extra_source, whole, below):
     src = tmp_path / "extra.cc"
     src.write_text(extra_source)
     obj = tmp_path / "extra.o"
-    subprocess.run([cxx, "-std=c++17", "-fPIC", "-I", CSRC, "-c", str(src), "-o", str(obj)], check=True, timeout=120)
+    subprocess.run(
+        [cxx, "-std=c++17", "-fPIC", "-I", CSRC, "-c", str(src), "-o", str(obj)], check=True, timeout=120
+    )
     archives = lambda names: [os.path.join(BUILD, "libhvdlite_%s.a" % n) for n in names]  # noqa: E731
     cmd = [cxx, "-shared", "-o", str(tmp_path / "check.so"), "-Wl,--no-undefined", str(obj)]
-    cmd += ["-Wl,--whole-archive"] + archives(whole) + ["-Wl,--no-whole-archive"] + archives(below) + ["-pthread"]
+    cmd += (
+        ["-Wl,--whole-archive"]
+        + archives(whole)
+        + ["-Wl,--no-whole-archive"]
+        + archives(below)
+        + ["-pthread"]
+    )
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -171,7 +190,9 @@ Status TransportBackEdge(void* buf) { return ScaleBuffer(buf, 1, DataType::kFloa
 def _needs_build():
     for layer in ("common", "rendezvous", "transport", "algorithms"):
         if not os.path.exists(os.path.join(BUILD, "libhvdlite_%s.a" % layer)):
-            pytest.skip("the CMake build tree build/ is missing the layer libraries: run `make install` first")
+            pytest.skip(
+                "the CMake build tree build/ is missing the layer libraries: run `make install` first"
+            )
 
 
 def test_every_layer_has_a_link_check():
