@@ -50,7 +50,10 @@ message(STATUS "hvdlite: building the NCCL module (CUDA ${CUDAToolkit_VERSION}, 
 
 file(GLOB cuda_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/csrc/backend/cuda/*.cu
      ${CMAKE_SOURCE_DIR}/csrc/backend/cuda/*.cc)
-add_library(hvdlite_cuda MODULE ${cuda_srcs} ${CMAKE_SOURCE_DIR}/csrc/common/dtype.cc)
+# dtype.cc, and memory_store.cc for the set-up test helper (module.cc), compiled in: the
+# module links no core library.
+add_library(hvdlite_cuda MODULE ${cuda_srcs} ${CMAKE_SOURCE_DIR}/csrc/common/dtype.cc
+            ${CMAKE_SOURCE_DIR}/csrc/rendezvous/memory_store.cc)
 set_target_properties(hvdlite_cuda PROPERTIES PREFIX "lib" OUTPUT_NAME "hvdlite_cuda"
                       CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
                       BUILD_RPATH "${NCCL_ROOT}/lib" INSTALL_RPATH "${NCCL_ROOT}/lib")
