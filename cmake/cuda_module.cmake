@@ -50,7 +50,10 @@ message(STATUS "hvdlite: building the NCCL module (CUDA ${CUDAToolkit_VERSION}, 
 
 file(GLOB cuda_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/csrc/backend/cuda/*.cu
      ${CMAKE_SOURCE_DIR}/csrc/backend/cuda/*.cc)
-add_library(hvdlite_cuda MODULE ${cuda_srcs} ${CMAKE_SOURCE_DIR}/csrc/common/dtype.cc)
+# dtype.cc, and memory_store.cc for the set-up test helper (module.cc), compiled in: the
+# module links no core library.
+add_library(hvdlite_cuda MODULE ${cuda_srcs} ${CMAKE_SOURCE_DIR}/csrc/common/dtype.cc
+            ${CMAKE_SOURCE_DIR}/csrc/rendezvous/memory_store.cc)
 set_target_properties(hvdlite_cuda PROPERTIES PREFIX "lib" OUTPUT_NAME "hvdlite_cuda"
                       CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
                       BUILD_RPATH "${NCCL_ROOT}/lib" INSTALL_RPATH "${NCCL_ROOT}/lib")
@@ -59,5 +62,9 @@ target_include_directories(hvdlite_cuda PRIVATE ${CMAKE_SOURCE_DIR}/csrc ${CMAKE
                            ${GEN_DIR} ${NCCL_INCLUDE_DIR})
 target_compile_options(hvdlite_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 target_link_libraries(hvdlite_cuda PRIVATE CUDA::cudart_static ${NCCL_LIBRARY})
+# Every symbol resolved at link time: the module uses the core only through gpu_backend.h's
+# interfaces (virtual calls), so a call into a core function is a link error here, not a
+# dlopen failure on a GPU machine.
+target_link_options(hvdlite_cuda PRIVATE -Wl,--no-undefined)
 add_dependencies(hvdlite_modules hvdlite_cuda)
 set(HVDLITE_CUDA_BUILT ON)

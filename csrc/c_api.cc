@@ -197,9 +197,9 @@ int hvdlite_stop_timeline(char* err, size_t err_len) {
 }
 
 void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len,
-                                 int* bound_port, char* err, size_t err_len) {
+                                 int expected_clients, int* bound_port, char* err, size_t err_len) {
   std::unique_ptr<TcpStoreServer> server;
-  Status st = StartTcpStoreServer(host, port, std::string(secret, secret_len), &server);
+  Status st = StartTcpStoreServer(host, port, std::string(secret, secret_len), &server, expected_clients);
   if (!st.ok()) {
     Report(st, err, err_len);
     return nullptr;

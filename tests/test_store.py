@@ -183,3 +183,122 @@ def test_stop_is_idempotent_and_closes_the_port():
     server.stop()
     with pytest.raises(OSError):
         connect(port).close()
+
+
+# ---- many clients: no hidden cap on the number of ranks (issue 17) ----
+
+MANY_CLIENTS = 8192
+
+
+def _raise_nofile(needed):
+    """Raises this process's soft RLIMIT_NOFILE to at least `needed` (at most the hard limit);
+    skips the test where the hard limit is lower."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(
+            "RLIMIT_NOFILE hard limit %d < %d: this test needs `ulimit -Hn %d`" % (hard, needed, needed)
+        )
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    return soft, hard
+
+
+async def _async_call(reader, writer, op, key, val=b""):
+    writer.write(frame(op, key, val))
+    status, length = struct.unpack("<BI", await reader.readexactly(5))
+    return status, await reader.readexactly(length)
+
+
+async def _one_client(port, secret, i, n, connected, deadline_s):
+    """Admitted, sets its own key, then gets its neighbour's (polling until it is there), and
+    stays connected until every client is done: all `n` are connected at once."""
+    import asyncio
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        hello = await reader.readexactly(len(MAGIC) + NONCE_LEN)
+        writer.write(hmac.new(secret, hello[4:] + CONTEXT, hashlib.sha256).digest())
+        assert await reader.readexactly(1) == b"\x01", "client %d not admitted" % i
+        assert await _async_call(reader, writer, SET, b"rank/%d" % i, b"%d" % i) == (0, b"")
+        neighbour = (i + 1) % n
+        loop = asyncio.get_running_loop()
+        while True:
+            status, val = await _async_call(reader, writer, GET, b"rank/%d" % neighbour)
+            if status == 0:
+                assert val == b"%d" % neighbour
+                break
+            assert loop.time() < deadline_s, "client %d: rank/%d never appeared" % (i, neighbour)
+            await asyncio.sleep(0.05)
+        connected.append(i)
+        while len(connected) < n:  # the whole job is connected at once, as a real one is
+            assert loop.time() < deadline_s, "only %d of %d clients finished" % (len(connected), n)
+            await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+
+
+async def _rendezvous(port, secret, n, timeout_s):
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    connected = []
+    tasks = [_one_client(port, secret, i, n, connected, deadline) for i in range(n)]
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout_s + 5)
+    return len(connected)
+
+
+def test_8192_concurrent_clients_rendezvous():
+    """8,192 clients (one job of 8,192 ranks) connected at once, each doing a set and a get:
+    no cap on the number of clients. The time to full rendezvous is printed, not asserted."""
+    import asyncio
+    import time
+
+    from hvdlite import _core
+
+    _raise_nofile(2 * MANY_CLIENTS + 512)  # both ends of every connection live in this process
+    secret = os.urandom(32)
+    server = _core.TcpStoreServer("127.0.0.1", 0, secret)
+    try:
+        start = time.perf_counter()
+        done = asyncio.run(_rendezvous(server.port, secret, MANY_CLIENTS, timeout_s=240))
+        elapsed = time.perf_counter() - start
+    finally:
+        server.stop()
+    assert done == MANY_CLIENTS
+    print("\nstore rendezvous of %d concurrent clients: %.2f s" % (MANY_CLIENTS, elapsed))
+
+
+def _start_store_under_limit(soft, hard, clients):
+    """Starts a store for `clients` ranks in a fresh interpreter whose RLIMIT_NOFILE is
+    (soft, hard); returns its output: 'ok <soft limit after>' or 'error <message>'."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (%d, %d))\n"
+        "from hvdlite import _core\n"
+        "try:\n"
+        "    s = _core.TcpStoreServer('127.0.0.1', 0, os.urandom(32), clients=%d)\n"
+        "    s.stop()\n"
+        "    print('ok', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "except Exception as e:\n"
+        "    print('error', e)\n" % (soft, hard, clients)
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_store_start_fails_naming_the_open_file_limit_and_the_fix():
+    out = _start_store_under_limit(256, 256, clients=1000)
+    assert out.startswith("error"), out
+    assert "RLIMIT_NOFILE" in out and "ulimit -n" in out and "1000 ranks" in out, out
+
+
+def test_store_start_raises_the_soft_open_file_limit_to_the_hard_one():
+    out = _start_store_under_limit(256, 4096, clients=1000)
+    assert out == "ok 4096", out

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/reduce_kernels.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -37,8 +38,13 @@ class Backend {
                            ReduceOp op) = 0;
   // Allreduce, then the result times `postscale` (ScaleBuffer's rules). The
   // default makes a separate pass; a backend can scale while data is in cache.
+  // Inline (as every non-pure virtual here), so that the optional mpi backend
+  // (a layer below backend/, which creates it in registry.cc) links without it.
   virtual Status AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                                   ReduceOp op, double postscale);
+                                   ReduceOp op, double postscale) {
+    HVD_RETURN_IF_ERROR(Allreduce(ctx, buf, count, dtype, op));
+    return ScaleBuffer(buf, count, dtype, postscale);
+  }
   virtual Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
                             const std::vector<int64_t>& bytes) = 0;
   virtual Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) = 0;

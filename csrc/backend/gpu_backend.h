@@ -11,13 +11,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 
 namespace hvdlite {
 
-constexpr int kGpuAbiVersion = 1;
+class Store;
+
+constexpr int kGpuAbiVersion = 2;
 
 struct GpuTensor {
   void* data = nullptr;    // device memory on GpuOp::device
@@ -33,13 +36,15 @@ struct GpuOp {
   std::vector<GpuTensor> tensors;
 };
 
-// Services of the core the module uses.
-class GpuHost {
- public:
-  virtual ~GpuHost() = default;
-  // Broadcasts `len` bytes from member 0 of ctx's process set to its other
-  // members over the CPU backend (how NCCL unique ids travel).
-  virtual Status BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) = 0;
+// What the core gives the module: the job's rendezvous store, through which
+// NCCL unique ids travel and ranks announce that they reached a communicator's
+// set-up (so a timeout names the ranks that never came), and the bound of that
+// set-up. Owned by the runtime; valid until the module's backend is destroyed.
+// The module calls the store only through Store's virtual functions.
+struct GpuHost {
+  Store* store = nullptr;         // thread-safe (Store's contract)
+  std::string key_prefix;         // unique per job and per init()
+  double setup_timeout_s = 30.0;  // HVDLITE_START_TIMEOUT
 };
 
 // Every call returns once the result is complete on the device: the module

@@ -33,12 +33,6 @@ std::unique_ptr<Backend> NewSplitBackend(std::unique_ptr<Backend> small, std::un
 // ahead for broadcast (docs/mpi_and_cuda.md, benchmarks/_mpi_path.py).
 constexpr int64_t kAutoMpiFromBytes = 64 << 10;
 
-Status Backend::AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                                  ReduceOp op, double postscale) {
-  HVD_RETURN_IF_ERROR(Allreduce(ctx, buf, count, dtype, op));
-  return ScaleBuffer(buf, count, dtype, postscale);
-}
-
 Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
   const std::string& want = cfg.CPU_OPERATIONS;
   if (want == "ring" || want == "gloo") {

@@ -20,10 +20,12 @@ constexpr size_t kErrLen = 8192;
 struct StoreServer {
   void* handle = nullptr;
   int port = 0;
-  StoreServer(const std::string& host, int port_in, py::bytes secret) {
+  // clients > 0: the job size, checked against the open-file limit at start.
+  StoreServer(const std::string& host, int port_in, py::bytes secret, int clients) {
     std::string s = secret;
     char err[kErrLen] = {0};
-    handle = hvdlite_store_server_start(host.c_str(), port_in, s.data(), s.size(), &port, err, kErrLen);
+    handle =
+        hvdlite_store_server_start(host.c_str(), port_in, s.data(), s.size(), clients, &port, err, kErrLen);
     if (handle == nullptr) throw std::runtime_error(std::string("cannot start the rendezvous store: ") + err);
   }
   void Stop() {
@@ -150,11 +152,18 @@ py::tuple RemoveProcessSet(int32_t id) {
   return Result(code, err);
 }
 
+// Any number of ranks: asks again with a buffer of the reported size when the
+// first one was too small (the set cannot change between the two calls of this
+// thread, but a concurrent remove makes the second call return -1: None).
 py::object ProcessSetRanks(int32_t id) {
-  std::vector<int32_t> ranks(4096);
+  std::vector<int32_t> ranks(1024);
   int n = hvdlite_process_set_ranks(id, ranks.data(), static_cast<int32_t>(ranks.size()));
+  while (n > static_cast<int>(ranks.size())) {
+    ranks.resize(static_cast<size_t>(n));
+    n = hvdlite_process_set_ranks(id, ranks.data(), static_cast<int32_t>(ranks.size()));
+  }
   if (n < 0) return py::none();
-  ranks.resize(n);
+  ranks.resize(static_cast<size_t>(n));
   return py::cast(ranks);
 }
 
@@ -213,8 +222,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("start_timeline", &StartTimeline);
   m.def("stop_timeline", &StopTimeline);
   py::class_<StoreServer>(m, "TcpStoreServer")
-      .def(py::init<const std::string&, int, py::bytes>(), py::arg("host"), py::arg("port"),
-           py::arg("secret"))
+      .def(py::init<const std::string&, int, py::bytes, int>(), py::arg("host"), py::arg("port"),
+           py::arg("secret"), py::arg("clients") = 0)
       .def_property_readonly("port", [](const StoreServer& s) { return s.port; })
       .def("stop", &StoreServer::Stop);
   // (code, message, dict of counters): see hvdlite_stats in c_api.h.

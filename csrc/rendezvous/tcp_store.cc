@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "common/sha256.h"
+#include "common/socket_util.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
-#include "transport/socket_util.h"
 
 namespace hvdlite {
 namespace {

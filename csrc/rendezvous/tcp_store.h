@@ -29,9 +29,12 @@ class TcpStoreServer {
 };
 
 // Binds host:port (port 0 = ephemeral) and serves on a background thread.
-// `secret` is the raw job secret (bytes, not hex).
+// `secret` is the raw job secret (bytes, not hex). Any number of clients is
+// served; `expected_clients` (> 0: the job's size) makes it check first that
+// the open-file limit holds them (raising the soft limit to the hard one if
+// needed), and fail with an error naming the limit and `ulimit -n` otherwise.
 Status StartTcpStoreServer(const std::string& host, int port, const std::string& secret,
-                           std::unique_ptr<TcpStoreServer>* out);
+                           std::unique_ptr<TcpStoreServer>* out, int expected_clients = 0);
 
 // Connects to "host:port", authenticating with `secret` (raw bytes); retries
 // until timeout_s while the server is not yet listening.

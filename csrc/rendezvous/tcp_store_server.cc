@@ -4,6 +4,13 @@
 // own input and output buffers, so a slow, silent or hostile client never
 // blocks the others: it is dropped on the first protocol violation or when it
 // fails to authenticate within kAuthTimeoutS.
+//
+// There is no cap on the number of clients (one per rank): the only limit is
+// the process's open-file limit, checked at start-up for the expected number of
+// clients (EnsureOpenFiles). Should accept() still run out of descriptors, the
+// server logs an error naming the limit and the fix, and stops watching the
+// listener for kAcceptBackoffMs (no busy loop) while it keeps serving the
+// clients it has; the refused ones retry their connect until their timeout.
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -16,18 +23,19 @@
 #include <thread>
 #include <vector>
 
+#include "common/fd_limit.h"
 #include "common/logging.h"
 #include "common/sha256.h"
+#include "common/socket_util.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
-#include "transport/socket_util.h"
 
 namespace hvdlite {
 namespace {
 
 using namespace store_wire;
 
-constexpr size_t kMaxClients = 4096;
+constexpr int kAcceptBackoffMs = 100;             // after EMFILE/ENFILE: how long the listener rests
 constexpr size_t kMaxPendingOutput = 256u << 20;  // a client that never reads its replies
 
 struct Client {
@@ -68,6 +76,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
  private:
   void Loop();
   void AcceptAll();
+  void OnDescriptorsExhausted(int err);
   int NextTimeoutMs() const;
   // Each returns false when the client must be dropped.
   bool OnReadable(Client* c);
@@ -82,6 +91,8 @@ class TcpStoreServerImpl : public TcpStoreServer {
   std::string secret_;
   std::list<Client> clients_;
   std::map<std::string, std::string> data_;
+  Deadline accept_pause_ = Deadline::After(0);  // the listener is not watched until it expires (EMFILE)
+  bool told_fd_exhausted_ = false;              // the EMFILE error is logged once per server
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;
   bool stopped_ = false;
@@ -95,7 +106,8 @@ void TcpStoreServerImpl::Loop() {
     fds.clear();
     owners.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    // While accepting rests (EMFILE), the listener is polled for nothing.
+    fds.push_back({listen_fd_, short(accept_pause_.expired() ? POLLIN : 0), 0});
     for (Client& c : clients_) {
       short ev = POLLIN;
       if (c.out_sent < c.out.size()) ev |= POLLOUT;
@@ -125,8 +137,17 @@ void TcpStoreServerImpl::Loop() {
   }
 }
 
+void TcpStoreServerImpl::OnDescriptorsExhausted(int err) {
+  accept_pause_ = Deadline::After(kAcceptBackoffMs / 1000.0);
+  if (told_fd_exhausted_) return;
+  told_fd_exhausted_ = true;
+  HVD_LOG(kError, OpenFilesExhausted(err, "the rendezvous store server (" + std::to_string(clients_.size()) +
+                                              " clients connected)"));
+}
+
 int TcpStoreServerImpl::NextTimeoutMs() const {
   int ms = 1000;
+  if (!accept_pause_.expired()) ms = std::min(ms, accept_pause_.RemainingMs() + 1);
   for (const Client& c : clients_) {
     if (!c.admitted) ms = std::min(ms, c.auth_deadline.RemainingMs() + 1);
   }
@@ -136,11 +157,9 @@ int TcpStoreServerImpl::NextTimeoutMs() const {
 void TcpStoreServerImpl::AcceptAll() {
   for (;;) {
     int fd = net::AcceptTcp(listen_fd_);
-    if (fd < 0) return;
-    if (clients_.size() >= kMaxClients) {
-      HVD_LOG(kWarning, "store server: too many connections, refusing one");
-      net::CloseFd(&fd);
-      continue;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) OnDescriptorsExhausted(errno);
+      return;
     }
     Client c;
     c.fd = fd;
@@ -275,7 +294,12 @@ void TcpStoreServerImpl::Handle(uint8_t op, const std::string& key, const std::s
 }  // namespace
 
 Status StartTcpStoreServer(const std::string& host, int port, const std::string& secret,
-                           std::unique_ptr<TcpStoreServer>* out) {
+                           std::unique_ptr<TcpStoreServer>* out, int expected_clients) {
+  if (expected_clients > 0) {
+    HVD_RETURN_IF_ERROR(
+        EnsureOpenFiles(static_cast<uint64_t>(expected_clients),
+                        "the rendezvous store server for " + std::to_string(expected_clients) + " ranks"));
+  }
   int listen_fd = -1, bound_port = -1;
   HVD_RETURN_IF_ERROR(net::ListenTcp(host, port, &listen_fd, &bound_port));
   int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

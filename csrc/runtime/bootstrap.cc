@@ -114,7 +114,7 @@ Status ResolveJob(const Config& cfg, Topology* topo, std::string* store_addr, st
 }  // namespace
 
 Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport,
-                 std::shared_ptr<void>* keepalive) {
+                 std::shared_ptr<void>* keepalive, JobStore* job_store) {
   *topo = Topology{};
   std::string secret, store_addr;
   HVD_RETURN_IF_ERROR(ResolveJob(cfg, topo, &store_addr, &secret, keepalive));
@@ -156,8 +156,10 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
   shm.disable = cfg.SHM_DISABLE;
   shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(cfg.SHM_CHANNEL_BYTES, 0));
   shm.spin_us = cfg.SPIN_US;
-  return CreateShmTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret, cfg.START_TIMEOUT,
-                            cfg.TIMEOUT_SECONDS, hosts, shm, transport);
+  HVD_RETURN_IF_ERROR(CreateShmTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret,
+                                         cfg.START_TIMEOUT, cfg.TIMEOUT_SECONDS, hosts, shm, transport));
+  if (job_store != nullptr) *job_store = JobStore{std::shared_ptr<Store>(std::move(store)), prefix};
+  return Status::OK();
 }
 
 }  // namespace hvdlite

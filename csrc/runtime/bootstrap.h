@@ -12,6 +12,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "rendezvous/store.h"
 #include "transport/transport.h"
 
 namespace hvdlite {
@@ -23,9 +24,17 @@ struct Topology {
   bool via_mpi = false;  // the job was formed through MPI (started by mpirun)
 };
 
+// The job's store client, kept for the job's lifetime after the bootstrap
+// (the NCCL module's set-up uses it), and the prefix of this init()'s keys.
+struct JobStore {
+  std::shared_ptr<Store> store;
+  std::string prefix;
+};
+
 // `keepalive` (may be null) receives what must outlive the bootstrap for the
-// job's lifetime: under MPI, rank 0's store server.
+// job's lifetime: under MPI, rank 0's store server. `job_store` (may be null)
+// receives the store client.
 Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport,
-                 std::shared_ptr<void>* keepalive = nullptr);
+                 std::shared_ptr<void>* keepalive = nullptr, JobStore* job_store = nullptr);
 
 }  // namespace hvdlite

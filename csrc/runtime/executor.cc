@@ -411,8 +411,4 @@ Status Executor::RunGpu(const CollectiveContext& ctx, const Response& r, std::ve
   return Status::NotSupported(std::string(OpTypeName(r.type)) + " of CUDA tensors is not supported");
 }
 
-Status Executor::BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) {
-  return backend_->Broadcast(ctx, buf, len, 0);
-}
-
 }  // namespace hvdlite

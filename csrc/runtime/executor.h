@@ -20,9 +20,7 @@
 
 namespace hvdlite {
 
-// Also the GpuHost of the NCCL module: ids for NCCL communicators travel over
-// the CPU backend.
-class Executor : public GpuHost {
+class Executor {
  public:
   // `timeline` may be null (ranks other than 0 write none).
   Executor(int rank, Backend* backend, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
@@ -34,7 +32,6 @@ class Executor : public GpuHost {
   // Hands over the loaded NCCL module (any thread; once). Until then, CUDA
   // operations fail.
   void SetGpuBackend(GpuBackend* gpu) { gpu_.store(gpu); }
-  Status BroadcastBytes(const CollectiveContext& ctx, void* buf, int64_t len) override;
   // Allreduce bytes and responses executed so far (the autotuner's measure).
   int64_t allreduce_bytes() const { return allreduce_bytes_; }
   int allreduce_responses() const { return allreduce_responses_; }

@@ -11,7 +11,10 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime());
   HVD_RETURN_IF_ERROR(Config::FromEnv(&rt->cfg_));
   SetLogLevel(rt->cfg_.LOG_LEVEL);
-  HVD_RETURN_IF_ERROR(Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_, &rt->bootstrap_keepalive_));
+  HVD_RETURN_IF_ERROR(
+      Bootstrap(rt->cfg_, &rt->topo_, &rt->transport_, &rt->bootstrap_keepalive_, &rt->job_store_));
+  rt->gpu_host_ =
+      GpuHost{rt->job_store_.store.get(), rt->job_store_.prefix + "nccl/", rt->cfg_.START_TIMEOUT};
   SetLogRank(rt->topo_.rank);
   if (rt->cfg_.PIN_CORES) PinToCoreIfHostIsFull(rt->topo_);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
@@ -45,7 +48,7 @@ Status Runtime::AdmitCudaTensor(const Request& request) {
   }
   std::lock_guard<std::mutex> lock(gpu_mu_);
   if (gpu_) return Status::OK();
-  if (gpu_error_.ok()) gpu_error_ = LoadGpuBackend(executor_.get(), &gpu_);  // tried once per init()
+  if (gpu_error_.ok()) gpu_error_ = LoadGpuBackend(&gpu_host_, &gpu_);  // tried once per init()
   if (!gpu_error_.ok()) return gpu_error_.WithContext("CUDA tensor '" + request.name + "'");
   executor_->SetGpuBackend(gpu_.get());
   return Status::OK();

@@ -92,6 +92,8 @@ class Runtime {
   Config cfg_;
   Topology topo_;
   std::shared_ptr<void> bootstrap_keepalive_;  // e.g. the store rank 0 hosts under mpirun
+  JobStore job_store_;                         // the store client; outlives gpu_
+  GpuHost gpu_host_;                           // what the NCCL module gets (job_store_'s store)
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only

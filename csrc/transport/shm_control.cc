@@ -4,7 +4,6 @@
 
 #include "common/deadline.h"
 #include "transport/shm_transport.h"
-#include "transport/tcp_wire.h"
 
 namespace hvdlite {
 
@@ -12,7 +11,7 @@ int ShmTransport::linked_peers() const { return static_cast<int>(linked_ids_.siz
 
 Status ShmTransport::OnControlPiece(int peer, const shm::SlotHeader& h, const char* payload) {
   std::string& partial = links_[peer].ctrl_partial;
-  if (h.kind != shm::kControlPiece || h.offset != partial.size() || h.msg_len > tcp_wire::kMaxControlLen ||
+  if (h.kind != shm::kControlPiece || h.offset != partial.size() || h.msg_len > kMaxControlLen ||
       h.len > h.msg_len - h.offset) {
     std::ostringstream os;
     os << "rank " << rank() << " received a corrupt control piece from rank " << peer << " (kind " << h.kind
@@ -50,8 +49,7 @@ Status ShmTransport::SendControl(int peer, const std::string& payload) {
   if (!tcp_->broken().ok()) return tcp_->broken();
   HVD_RETURN_IF_ERROR(CheckPeer(peer, "control"));
   if (!Linked(peer)) return tcp_->SendControl(peer, payload);
-  if (payload.size() > tcp_wire::kMaxControlLen)
-    return Status::InvalidArgument("control message larger than 1 GiB");
+  if (payload.size() > kMaxControlLen) return Status::InvalidArgument("control message larger than 1 GiB");
   Transfer t;
   t.ss.peer = peer;
   t.ss.kind = shm::kControlPiece;

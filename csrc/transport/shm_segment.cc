@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "transport/socket_util.h"
+#include "common/socket_util.h"
 
 namespace hvdlite {
 namespace shm {
@@ -28,9 +28,15 @@ Status MapFd(int fd, size_t bytes, const std::string& name, char** out) {
   return Status::OK();
 }
 
+// Bounds on a ring's geometry as read from a peer's segment header (it is
+// checked because the header is memory another process wrote): slots per ring,
+// not ranks. The number of ranks on a host has no fixed limit here.
+constexpr uint32_t kMaxSlotsPerRing = 4096;
+constexpr uint64_t kMaxSlotBytes = 1ull << 30;
+
 bool SaneGeometry(const Geometry& g) {
   auto ok = [](uint32_t n, uint64_t b) {
-    return n >= 1 && n <= 4096 && b >= kLine && b % kLine == 0 && b <= (1ull << 30);
+    return n >= 1 && n <= kMaxSlotsPerRing && b >= kLine && b % kLine == 0 && b <= kMaxSlotBytes;
   };
   return ok(g.ctrl_slots, g.ctrl_slot_bytes) && ok(g.data_slots, g.data_slot_bytes);
 }

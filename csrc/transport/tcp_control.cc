@@ -8,9 +8,10 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/fd_limit.h"
 #include "common/logging.h"
+#include "common/socket_util.h"
 #include "rendezvous/store.h"
-#include "transport/socket_util.h"
 #include "transport/tcp_mesh.h"
 #include "transport/tcp_transport.h"
 
@@ -272,6 +273,10 @@ Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int si
   if (io_timeout_s <= 0 || connect_timeout_s <= 0) {
     return Status::InvalidArgument("CreateTcpTransport: timeouts must be positive");
   }
+  // One socket per peer: a job larger than the open-file limit fails here, at once.
+  HVD_RETURN_IF_ERROR(EnsureOpenFiles(
+      static_cast<uint64_t>(size),
+      "rank " + std::to_string(rank) + "'s TCP transport to " + std::to_string(size - 1) + " peers"));
   std::vector<int> fds;
   HVD_RETURN_IF_ERROR(
       BuildTcpMesh(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, &fds));

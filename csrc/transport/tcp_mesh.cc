@@ -14,8 +14,8 @@
 
 #include "common/logging.h"
 #include "common/sha256.h"
+#include "common/socket_util.h"
 #include "rendezvous/store.h"
-#include "transport/socket_util.h"
 #include "transport/tcp_wire.h"
 
 namespace hvdlite {

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "transport/socket_util.h"
+#include "common/socket_util.h"
 
 namespace hvdlite {
 

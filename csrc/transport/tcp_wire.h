@@ -13,6 +13,8 @@
 #pragma once
 #include <cstdint>
 
+#include "transport/transport.h"
+
 namespace hvdlite {
 namespace tcp_wire {
 
@@ -34,7 +36,7 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 16, "FrameHeader must be packed to 16 bytes");
 
-constexpr uint64_t kMaxControlLen = 1ull << 30;  // a longer CONTROL frame means a corrupt stream
+using ::hvdlite::kMaxControlLen;  // transport.h: a longer CONTROL frame means a corrupt stream
 constexpr uint64_t kMaxAbortLen = 64u << 10;
 
 // Handshake (connector = higher rank, acceptor = lower rank):

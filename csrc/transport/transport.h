@@ -27,6 +27,10 @@ namespace hvdlite {
 
 class Store;
 
+// The longest control message any transport carries (a longer one is refused
+// by SendControl, and seen on the wire it means a corrupt stream).
+constexpr uint64_t kMaxControlLen = 1ull << 30;
+
 struct ControlMessage {
   int peer = -1;
   std::string payload;

@@ -98,8 +98,9 @@ def parse_args(argv):
     return args
 
 
-def start_store(secret):
-    """Starts the rendezvous store on an ephemeral loopback port; returns the server."""
+def start_store(secret, num_ranks=0):
+    """Starts the rendezvous store on an ephemeral loopback port; returns the server. With
+    num_ranks > 0 it first checks that the open-file limit holds that many clients."""
     try:
         from hvdlite import _core
     except ImportError as e:
@@ -107,7 +108,7 @@ def start_store(secret):
             "hvdliterun: the hvdlite core (hvdlite._core) cannot be imported (%s); "
             "build it with `make install`" % e
         )
-    return _core.TcpStoreServer(STORE_HOST, 0, secret)
+    return _core.TcpStoreServer(STORE_HOST, 0, secret, clients=num_ranks)
 
 
 def remove_shm_leftovers(secret):
@@ -147,7 +148,7 @@ def main(argv=None):
     from hvdlite.runner.job import LocalJob
 
     secret = os.urandom(SECRET_BYTES)
-    server = start_store(secret)
+    server = start_store(secret, args.np)
     try:
         store_addr = "%s:%d" % (STORE_HOST, server.port)
         envs = [

@@ -7,10 +7,10 @@
 #include <cstring>
 
 #include "common/sha256.h"
+#include "common/socket_util.h"
 #include "net_test_util.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
-#include "transport/socket_util.h"
 
 using namespace hvdlite;
 using namespace nettest;

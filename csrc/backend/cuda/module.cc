@@ -4,11 +4,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/nccl_backend.h"
+#include "backend/cuda/nccl_comm.h"
+#include "rendezvous/store.h"
 
 using namespace hvdlite;
 
@@ -76,4 +79,26 @@ HVD_EXPORT int hvdlite_cuda_test_batched_copy(void* const* srcs, void* const* ds
   for (int i = 0; i < n; ++i) specs.push_back(cuda::CopySpec{srcs[i], dsts[i], counts[i]});
   cudaError_t e = cuda::BatchedScaledCopy(specs.data(), n, static_cast<DataType>(dtype), factor, nullptr);
   return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
+// Sets up a communicator of `n` members as member `me` on device 0 through an
+// in-process store where no other member ever arrives (n == 1: it completes).
+// Bounded by timeout_s: returns the StatusCode (Timeout naming the missing
+// ranks, with the message in err), 0 when the communicator was made.
+HVD_EXPORT int hvdlite_cuda_test_comm_setup(int me, int n, double timeout_s, char* err, size_t err_len) {
+  cudaError_t e = cudaSetDevice(0);
+  if (e != cudaSuccess) return Fail(StatusCode::kInternal, cudaGetErrorString(e), err, err_len);
+  std::unique_ptr<Store> store = NewMemoryStore();
+  cuda::CommSetup setup;
+  setup.store = store.get();
+  setup.key = "test/nccl/0";
+  for (int r = 0; r < n; ++r) setup.ranks.push_back(r);
+  setup.me = me;
+  setup.timeout_s = timeout_s;
+  setup.what = "the test communicator";
+  ncclComm_t comm = nullptr;
+  Status st = cuda::InitNcclComm(setup, &comm);
+  if (!st.ok()) return Fail(st.code(), st.message(), err, err_len);
+  ncclCommDestroy(comm);
+  return 0;
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/nccl_comm.h"
 
 namespace hvdlite {
 namespace cuda {
@@ -17,12 +18,11 @@ namespace {
       return Status::Internal(std::string(#call) + " failed: " + cudaGetErrorString(_e)); \
   } while (0)
 
-#define HVD_NCCL_CALL(call)                                                               \
-  do {                                                                                    \
-    ncclResult_t _r = (call);                                                             \
-    if (_r != ncclSuccess)                                                                \
-      return Status::Internal(std::string(#call) + " failed: " + ncclGetErrorString(_r)); \
-  } while (0)
+// A call on a communicator, which is non-blocking (nccl_comm.h): it may
+// return ncclInProgress, and is settled (bounded by the set-up timeout) before
+// anything is queued after it.
+#define HVD_NCCL_CALL(comm, call) \
+  HVD_RETURN_IF_ERROR(SettleNccl((comm), (call), #call, Deadline::After(host_->setup_timeout_s)))
 
 Status NcclType(DataType dtype, ncclDataType_t* out) {
   switch (dtype) {
@@ -116,11 +116,18 @@ Status NcclBackend::Comm(const CollectiveContext& ctx, ncclComm_t* out) {
     *out = it->second;
     return Status::OK();
   }
-  ncclUniqueId id{};
-  if (ctx.me == 0) HVD_NCCL_CALL(ncclGetUniqueId(&id));
-  HVD_RETURN_IF_ERROR(host_->BroadcastBytes(ctx, &id, sizeof(id)));
+  // Every member creates the set's n-th communicator in the same negotiated
+  // order, so (set id, n) names it alike on every member.
+  CommSetup setup;
+  setup.store = host_->store;
+  setup.key = host_->key_prefix + std::to_string(ctx.process_set) + "/" +
+              std::to_string(generation_[ctx.process_set]++);
+  setup.ranks = ctx.ranks;
+  setup.me = ctx.me;
+  setup.timeout_s = host_->setup_timeout_s;
+  setup.what = "process set " + std::to_string(ctx.process_set);
   ncclComm_t comm = nullptr;
-  HVD_NCCL_CALL(ncclCommInitRank(&comm, static_cast<int>(ctx.ranks.size()), id, ctx.me));
+  HVD_RETURN_IF_ERROR(InitNcclComm(setup, &comm));
   comms_[ctx.process_set] = comm;
   *out = comm;
   return Status::OK();
@@ -169,7 +176,8 @@ Status NcclBackend::Allreduce(const CollectiveContext& ctx, const GpuOp& op) {
     const GpuTensor& t = op.tensors[0];
     if (t.count > 0) {
       HVD_CUDA_CALL(ScaleInPlace(t.data, t.count, op.dtype, op.prescale, stream_));
-      HVD_NCCL_CALL(ncclAllReduce(t.data, t.data, static_cast<size_t>(t.count), type, rop, comm, stream_));
+      HVD_NCCL_CALL(comm,
+                    ncclAllReduce(t.data, t.data, static_cast<size_t>(t.count), type, rop, comm, stream_));
       HVD_CUDA_CALL(ScaleInPlace(t.data, t.count, op.dtype, op.postscale, stream_));
     }
   } else {
@@ -195,7 +203,7 @@ Status NcclBackend::FusedAllreduce(const GpuOp& op, ncclComm_t comm, ncclDataTyp
   }
   const int n = static_cast<int>(pack.size());
   HVD_CUDA_CALL(BatchedScaledCopy(pack.data(), n, op.dtype, op.prescale, stream_));
-  HVD_NCCL_CALL(ncclAllReduce(fused, fused, static_cast<size_t>(total), type, rop, comm, stream_));
+  HVD_NCCL_CALL(comm, ncclAllReduce(fused, fused, static_cast<size_t>(total), type, rop, comm, stream_));
   HVD_CUDA_CALL(BatchedScaledCopy(unpack.data(), n, op.dtype, op.postscale, stream_));
   return Status::OK();
 }
@@ -207,13 +215,15 @@ Status NcclBackend::Broadcast(const CollectiveContext& ctx, const GpuOp& op, int
   HVD_RETURN_IF_ERROR(WaitForInputs(op));
   const GpuTensor& t = op.tensors.at(0);
   const size_t bytes = static_cast<size_t>(t.count) * ElementSize(op.dtype);
-  if (bytes > 0) HVD_NCCL_CALL(ncclBroadcast(t.data, t.data, bytes, ncclUint8, root_member, comm, stream_));
+  if (bytes > 0)
+    HVD_NCCL_CALL(comm, ncclBroadcast(t.data, t.data, bytes, ncclUint8, root_member, comm, stream_));
   return Finish(op);
 }
 
 void NcclBackend::RemoveProcessSet(int32_t id) {
   auto it = comms_.find(id);
   if (it == comms_.end()) return;
+  // The communicator is idle here (every call on it was settled), so destroy does not wait on peers.
   ncclCommDestroy(it->second);
   comms_.erase(it);
 }

@@ -1,8 +1,9 @@
 // The GpuBackend of the NCCL module (see backend/gpu_backend.h for the
 // contract). One CUDA device per process; one NCCL communicator per process
 // set, created the first time a set runs a CUDA collective (every member
-// reaches that point in the same negotiated order), its ncclUniqueId sent
-// from member 0 over the CPU backend.
+// reaches that point in the same negotiated order), through the job's store
+// and bounded by HVDLITE_START_TIMEOUT (nccl_comm.h: a rank that never arrives
+// is named in a Timeout, never a hang).
 #pragma once
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -16,7 +17,7 @@ namespace cuda {
 
 class NcclBackend : public GpuBackend {
  public:
-  explicit NcclBackend(GpuHost* host) : host_(host) {}
+  explicit NcclBackend(const GpuHost* host) : host_(host) {}
   ~NcclBackend() override;
   Status Allreduce(const CollectiveContext& ctx, const GpuOp& op) override;
   Status Broadcast(const CollectiveContext& ctx, const GpuOp& op, int root_member) override;
@@ -30,7 +31,7 @@ class NcclBackend : public GpuBackend {
   Status FusionBuffer(size_t bytes, void** out);
   Status FusedAllreduce(const GpuOp& op, ncclComm_t comm, ncclDataType_t type, ncclRedOp_t rop);
 
-  GpuHost* host_;
+  const GpuHost* host_;  // owned by the core; outlives this backend
   int device_ = -1;
   cudaStream_t stream_ = nullptr;  // all of the module's work, non-blocking
   cudaEvent_t ready_ = nullptr;    // recorded on a framework stream: inputs ready
@@ -38,6 +39,7 @@ class NcclBackend : public GpuBackend {
   void* fusion_ = nullptr;
   size_t fusion_bytes_ = 0;
   std::map<int32_t, ncclComm_t> comms_;
+  std::map<int32_t, uint64_t> generation_;  // communicators created so far, per process set id
 };
 
 }  // namespace cuda

@@ -82,7 +82,8 @@ void HostStore(bool one_host, MpiJob* job, char* msg) {
         "rendezvous store");
   } else {
     job->secret = RandomSecret();
-    st = StartTcpStoreServer(bind, 0, job->secret, &server);
+    // Rank 0 holds a store socket per rank and, later, a transport socket per peer.
+    st = StartTcpStoreServer(bind, 0, job->secret, &server, 2 * job->size);
   }
   std::string text = st.ok() ? advertise + ":" + std::to_string(server->port()) : st.message();
   msg[0] = st.ok() ? 1 : 0;

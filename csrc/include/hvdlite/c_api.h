@@ -77,9 +77,11 @@ int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap);
 int hvdlite_start_timeline(const char* path, int mark_cycles, char* err, size_t err_len);
 int hvdlite_stop_timeline(char* err, size_t err_len);
 
-/* Rendezvous store server (hvdliterun, tests). Returns an opaque pointer or NULL. */
+/* Rendezvous store server (hvdliterun, tests). Returns an opaque pointer or NULL.
+ * It serves any number of clients; expected_clients > 0 (the job size) checks at start
+ * that the open-file limit (RLIMIT_NOFILE) holds them, else fails naming the limit. */
 void* hvdlite_store_server_start(const char* host, int port, const char* secret, size_t secret_len,
-                                 int* bound_port, char* err, size_t err_len);
+                                 int expected_clients, int* bound_port, char* err, size_t err_len);
 void hvdlite_store_server_stop(void* server);
 
 /* Comma-separated names of the CPU backends compiled in, e.g. "ring,mpi". */

@@ -1,4 +1,5 @@
-// Small TCP helpers shared by the rendezvous store and the transports.
+// Small TCP helpers shared by the rendezvous store and the transports (in common/, the layer
+// below both, so neither depends on the other for them).
 //
 // All sockets made here are nonblocking and close-on-exec; every wait is a
 // poll() bounded by a Deadline. Sends use MSG_NOSIGNAL, so a closed peer is an

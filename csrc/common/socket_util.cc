@@ -1,4 +1,4 @@
-#include "transport/socket_util.h"
+#include "common/socket_util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
