@@ -1,6 +1,7 @@
-"""Runs the C++ unit tests of the lower layers (tests/cpp/test_*.cc): the
-transport and store over real loopback sockets and the algorithms over the
-real transport, with ranks as threads. They build in the CMake tree build/
+"""Runs the C++ unit tests (tests/cpp/test_*.cc): the transport and store over
+real loopback sockets and the algorithms over the real transport, with ranks as
+threads, and the coordinator's planning and response cache as pure logic on a
+fake clock. They build in the CMake tree build/
 that `make install` creates."""
 
 import glob
