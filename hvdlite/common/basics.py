@@ -3,7 +3,7 @@
 import atexit
 
 from hvdlite import _core
-from hvdlite.common import exceptions, naming
+from hvdlite.common import exceptions, naming, ops
 
 _TOPOLOGY = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 _atexit_registered = False
@@ -32,6 +32,7 @@ def init(comm=None, process_sets=None):
     code, message = _core.init()
     exceptions.raise_for_status(code, message)
     naming.reset()
+    ops.start_session()
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
