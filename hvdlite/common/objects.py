@@ -13,6 +13,7 @@ import numpy as np
 from hvdlite.common import collectives, naming, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import global_process_set, resolve
+from hvdlite.common.topology import rank
 
 try:
     import cloudpickle as _pickler
@@ -37,8 +38,6 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     a global rank). Two broadcasts: the pickled length, then the bytes.
     Unnamed calls are numbered in call order (Horovod names them after
     type(obj), which deadlocks when non-roots pass a placeholder of another type)."""
-    from hvdlite.common.basics import rank
-
     name = naming.auto_name("broadcast_object", name)  # not type(obj): non-roots often pass None
     set_id = resolve(process_set)
     is_root = rank() == root_rank
