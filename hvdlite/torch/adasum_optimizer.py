@@ -14,17 +14,16 @@ import torch
 from hvdlite.common import dtypes
 from hvdlite.common import optimizer_policy as policy
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.optimizer import init_bookkeeping, register_grad_ready_hook
+from hvdlite.torch.optimizer_base import HookedOptimizer, register_grad_ready_hook
 
 
-class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+class _DistributedAdasumOptimizer(HookedOptimizer):
     """Mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
 
-    _hvdlite_distributed = True
-
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
-        super(self.__class__, self).__init__(params)
-        init_bookkeeping(self, named_parameters, compression, backward_passes_per_step)
+        # The wrapped class's __init__ (SGD, Adam, ...) takes the params alone.
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
+        self._init_bookkeeping(named_parameters, compression, backward_passes_per_step)
         self._starting_models = {p: torch.zeros_like(p, requires_grad=False) for p in self._parameter_names}
         for group in self.param_groups:
             for p in group["params"]:
@@ -88,8 +87,3 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
         return loss
-
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError(policy.ZERO_GRAD_RACE)
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
