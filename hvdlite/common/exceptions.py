@@ -30,16 +30,24 @@ class MismatchError(HvdliteError):
     """Ranks submitted the same tensor name with different shapes, dtypes, ops or roots."""
 
 
-class NotSupportedError(HvdliteError):
-    """The operation or dtype is not available in this build or backend."""
+class NotSupportedError(HvdliteError, NotImplementedError):
+    """The operation or dtype is not available in this build or backend (also a
+    NotImplementedError, which Horovod raises for missing features)."""
 
 
 class PreconditionError(HvdliteError):
     """Called in the wrong state: not initialized, or a name already in flight."""
 
 
-class HostsUpdatedInterrupt(RuntimeError):
-    """Raised by elastic training when the set of hosts changed (Horovod's name)."""
+class CallOrderError(PreconditionError, AssertionError):
+    """An API was called in an order that would race or lose work (zero_grad() between
+    backward and step(), more backward passes than backward_passes_per_step); also an
+    AssertionError, which Horovod raises in these cases."""
+
+
+class HostsUpdatedInterrupt(HvdliteError):
+    """Raised by elastic training when the set of hosts changed (Horovod's name; a
+    RuntimeError there and here, through HvdliteError)."""
 
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
@@ -63,7 +71,13 @@ _BY_CODE = {
 TIMEOUT = 4
 
 
+def error_for(code, message):
+    """The exception (not raised) for a non-zero core status code; unknown codes give
+    HvdliteError."""
+    return _BY_CODE.get(code, HvdliteError)(message)
+
+
 def raise_for_status(code, message):
     """Raises the exception for a non-zero core status code."""
     if code != OK:
-        raise _BY_CODE.get(code, HvdliteError)(message)
+        raise error_for(code, message)

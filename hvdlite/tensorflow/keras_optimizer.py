@@ -12,7 +12,7 @@ serialization under the original class name) is the original optimizer's.
 import keras
 import tensorflow as tf
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.gradient_allreduce import (
@@ -120,9 +120,9 @@ def DistributedOptimizer(
     scale_local_gradients, divided by the process set's size."""
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
     if int(backward_passes_per_step) < 1:
-        raise ValueError("backward_passes_per_step must be at least 1")
+        raise exceptions.InvalidArgumentError("backward_passes_per_step must be at least 1")
     if getattr(optimizer, "_hvdlite_distributed", False):
-        raise ValueError("the optimizer is already a DistributedOptimizer")
+        raise exceptions.InvalidArgumentError("the optimizer is already a DistributedOptimizer")
     config = optimizer.get_config()
     new = _distributed_class(optimizer.__class__).from_config(config)
     settings = make_settings(

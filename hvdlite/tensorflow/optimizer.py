@@ -90,7 +90,7 @@ def DistributedOptimizer(
             scale_local_gradients=scale_local_gradients,
         )
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        raise ValueError(
+        raise exceptions.InvalidArgumentError(
             "DistributedOptimizer needs a Keras optimizer or a tf.compat.v1.train.Optimizer, got %s"
             % type(optimizer).__name__
         )

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import torch
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common import optimizer_policy as policy
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer_base import HookedOptimizer, register_grad_ready_hook
@@ -55,7 +55,7 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
     def _make_hook(self, p):
         def hook():
             if self._allreduce_delay[p] <= 0:
-                raise AssertionError(policy.TOO_MANY_BACKWARD_PASSES)
+                raise exceptions.CallOrderError(policy.TOO_MANY_BACKWARD_PASSES)
             self._allreduce_delay[p] -= 1
             self._handles[p] = (
                 self._allreduce_grad_async(p) if self._allreduce_delay[p] == 0 else (None, None)
@@ -68,7 +68,9 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
 
     @contextmanager
     def skip_synchronize(self):
-        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer.")
+        raise exceptions.CallOrderError(
+            "Skipping synchronization is not supported when using Adasum optimizer."
+        )
         yield  # pragma: no cover
 
     def step(self, closure=None):

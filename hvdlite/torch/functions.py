@@ -7,6 +7,7 @@ import inspect
 
 import torch
 
+from hvdlite.common import exceptions
 from hvdlite.common.objects import allgather_object, broadcast_object  # noqa: F401  (re-exported)
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
@@ -23,7 +24,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     elif isinstance(params, (list, tuple)) or inspect.isgenerator(params):  # e.g. model.named_parameters()
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
-        raise ValueError("invalid params of type: %s" % type(params))
+        raise exceptions.InvalidArgumentError("invalid params of type: %s" % type(params))
     handles = [mpi_ops.broadcast_async_(p, root_rank, name, process_set=process_set) for name, p in items]
     for handle in handles:
         mpi_ops.synchronize(handle)
@@ -54,7 +55,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     betas, step counts kept as numbers, flags) travels as one pickled object.
     The hyperparameters of a stateless optimizer (plain SGD) are broadcast too."""
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+        raise exceptions.InvalidArgumentError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
         _initialize_state(optimizer)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common import optimizer_policy as policy
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.process_sets import global_process_set
@@ -137,7 +137,7 @@ class _DistributedOptimizer(HookedOptimizer):
     def _make_hook(self, p):
         def hook():
             if self._allreduce_delay[p] <= 0:  # already submitted since the last step()
-                raise AssertionError(policy.TOO_MANY_BACKWARD_PASSES)
+                raise exceptions.CallOrderError(policy.TOO_MANY_BACKWARD_PASSES)
             assert not p.grad.requires_grad
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] > 0:
@@ -265,7 +265,7 @@ def DistributedOptimizer(
             process_set,
         )
     if process_set is not global_process_set and process_set.process_set_id != 0:
-        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        raise exceptions.NotSupportedError("Adasum does not support non-global process sets yet.")
     return wrap(
         optimizer, _DistributedAdasumOptimizer, named_parameters, compression, backward_passes_per_step
     )

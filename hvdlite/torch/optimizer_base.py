@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hvdlite.common import exceptions
 from hvdlite.common import optimizer_policy as policy
 
 
@@ -53,7 +54,7 @@ class HookedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, *args, **kwargs):
         if self._handles:
-            raise AssertionError(policy.ZERO_GRAD_RACE)
+            raise exceptions.CallOrderError(policy.ZERO_GRAD_RACE)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
