@@ -57,18 +57,30 @@ class HostsUpdatedInterrupt(HvdliteError):
 # Horovod's names.
 HorovodInternalError = HvdliteInternalError
 
-# Status codes of csrc/common/status.h.
-OK = 0
-_BY_CODE = {
-    1: InvalidArgumentError,
-    2: MismatchError,
-    3: HvdliteInternalError,
-    4: HvdliteTimeoutError,
-    5: NotSupportedError,
-    6: PreconditionError,
-    7: HvdliteInternalError,
+# The core's StatusCode (csrc/common/status.h), by name without its 'k';
+# tests/test_enums_match_core.py checks names and values against the header.
+STATUS_CODES = {
+    "Ok": 0,
+    "InvalidArgument": 1,
+    "Mismatch": 2,
+    "Aborted": 3,
+    "Timeout": 4,
+    "NotSupported": 5,
+    "Precondition": 6,
+    "Internal": 7,
 }
-TIMEOUT = 4
+_BY_NAME = {
+    "InvalidArgument": InvalidArgumentError,
+    "Mismatch": MismatchError,
+    "Aborted": HvdliteInternalError,
+    "Timeout": HvdliteTimeoutError,
+    "NotSupported": NotSupportedError,
+    "Precondition": PreconditionError,
+    "Internal": HvdliteInternalError,
+}
+_BY_CODE = {STATUS_CODES[name]: cls for name, cls in _BY_NAME.items()}
+OK = STATUS_CODES["Ok"]
+TIMEOUT = STATUS_CODES["Timeout"]
 
 
 def error_for(code, message):

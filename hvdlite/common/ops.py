@@ -9,6 +9,7 @@ import threading
 from hvdlite import _core
 from hvdlite.common import exceptions
 
+# The core's OpType codes (csrc/coordinator/messages.h; tests/test_enums_match_core.py checks them).
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = range(6)
 JOIN = 9
 
