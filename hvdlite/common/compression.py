@@ -8,6 +8,8 @@ to its framework by subclassing with three hooks: ``_is_float``, ``_float16``
 (the framework's float16 dtype) and ``_cast``.
 """
 
+from typing import Any
+
 from hvdlite.common import exceptions
 
 
@@ -38,7 +40,7 @@ class NoneCompressor(Compressor):
 class FP16CompressorBase(Compressor):
     """Floating-point tensors travel as float16; ctx is the original dtype."""
 
-    _float16 = None
+    _float16: Any = None  # the framework's float16 dtype (set by each adapter)
 
     @staticmethod
     def _is_float(tensor):

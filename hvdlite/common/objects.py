@@ -42,7 +42,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     set_id = resolve(process_set)
     is_root = rank() == root_rank
     payload = _dumps(obj) if is_root else None
-    length = np.array([payload.size if is_root else 0], dtype=np.int64)
+    length = np.array([0 if payload is None else payload.size], dtype=np.int64)
     _run(
         collectives.inplace(
             NUMPY, "broadcast", ops.BROADCAST, length, name + ".sz", root=root_rank, process_set=set_id

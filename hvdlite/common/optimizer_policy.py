@@ -3,6 +3,7 @@ naming and validation, gradient grouping, and its error messages. The
 PyTorch optimizer uses them directly; the TensorFlow one will too."""
 
 import warnings
+from typing import Any
 
 from hvdlite.common import exceptions
 
@@ -108,7 +109,8 @@ def form_groups(params, groups):
     remaining param alone). `params` must be in the same order on every rank."""
     if isinstance(groups, list):
         wanted = {id(p) for p in params}
-        formed, grouped = [], set()
+        formed: list[list[Any]] = []
+        grouped: set[int] = set()
         for group in groups:
             members = [p for p in group if id(p) in wanted]
             grouped.update(id(p) for p in members)

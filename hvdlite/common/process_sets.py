@@ -25,12 +25,17 @@ class ProcessSet:
         if hasattr(ranks_or_comm, "Get_group"):
             self.mpi_comm = ranks_or_comm
             ranks_or_comm = _world_ranks_of(ranks_or_comm)
-        self.ranks = sorted(int(r) for r in ranks_or_comm)
-        if len(set(self.ranks)) != len(self.ranks):
+        self._ranks = sorted(int(r) for r in ranks_or_comm)
+        if len(set(self._ranks)) != len(self._ranks):
             raise exceptions.InvalidArgumentError(
                 "ProcessSet ranks must be distinct, got %r" % (ranks_or_comm,)
             )
         self.process_set_id = None
+
+    @property
+    def ranks(self) -> list[int]:
+        """The member ranks, ascending."""
+        return self._ranks
 
     def _require_registered(self):
         if self.process_set_id is None:
@@ -95,7 +100,7 @@ class _GlobalProcessSet(ProcessSet):
         self._part_ids = None
 
     @property
-    def ranks(self):
+    def ranks(self) -> list[int]:
         ranks = _core.process_set_ranks(0)
         if ranks is None:
             raise exceptions.PreconditionError("hvdlite is not initialized; call hvd.init() first")
@@ -103,7 +108,7 @@ class _GlobalProcessSet(ProcessSet):
 
 
 global_process_set = _GlobalProcessSet()
-_registry = {}
+_registry: dict[int, ProcessSet] = {}
 
 
 def _reset_registry():

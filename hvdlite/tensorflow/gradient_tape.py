@@ -7,6 +7,8 @@ checks and every other tape method behave as before; only gradient() adds
 the allreduce (hvdlite.tensorflow.gradient_allreduce).
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 from hvdlite.common import dtypes
@@ -23,7 +25,7 @@ from hvdlite.tensorflow.gradient_allreduce import (
 class _DistributedMixin:
     """gradient() of a distributed tape; settings (gradient_allreduce.make_settings) in self._hvdlite."""
 
-    _hvdlite: dict
+    _hvdlite: dict[str, Any]
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
         # super() is the wrapped tape's class (see DistributedGradientTape); tf is untyped.
@@ -58,7 +60,7 @@ def DistributedGradientTape(
     device_dense / device_sparse are Horovod's, accepted and unused."""
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
     cls = type(gradtape.__class__.__name__, (_DistributedMixin, gradtape.__class__), {})
-    tape = object.__new__(cls)
+    tape: Any = object.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hvdlite = make_settings(
         compression,

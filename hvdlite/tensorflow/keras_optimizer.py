@@ -9,6 +9,8 @@ hvdlite.tensorflow.gradient_allreduce. Everything else (variables, config,
 serialization under the original class name) is the original optimizer's.
 """
 
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -28,9 +30,9 @@ class _KerasMixin:
     plus passes / average_aggregated) in self._hvdlite_settings."""
 
     _hvdlite_distributed = True
-    _hvdlite_settings: dict
+    _hvdlite_settings: dict[str, Any]
     built: bool  # keras.Optimizer's
-    _trainable_variables: list  # keras.Optimizer's
+    _trainable_variables: list[Any]  # keras.Optimizer's
 
     def apply(self, grads, trainable_variables=None):
         s = self._hvdlite_settings

@@ -7,6 +7,8 @@ tf.function: once, at trace time), numbered per kind in call order when not
 given, so ranks making the same calls agree.
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 from hvdlite.common import collectives, dtypes, exceptions, gradients, naming, ops
@@ -239,7 +241,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     name = naming.auto_name("alltoall", name)
     if splits is not None and not tf.is_tensor(splits):
         splits = [int(s) for s in splits]
-    received = []
+    received: list[Any] = []
 
     def forward(xs):
         out, got = raw_ops.alltoall(xs[0], splits, name, process_set)

@@ -7,6 +7,8 @@ tf.compat.v1.train.Optimizer gets compute_gradients() overridden. Both go
 through hvdlite.tensorflow.gradient_allreduce (one policy).
 """
 
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -26,7 +28,7 @@ class _V1Mixin:
     """compute_gradients() of a distributed tf.compat.v1.train.Optimizer; settings
     (gradient_allreduce.make_settings) in self._hvdlite."""
 
-    _hvdlite: dict
+    _hvdlite: dict[str, Any]
 
     def compute_gradients(self, *args, **kwargs):
         # super() is the wrapped optimizer's class (see DistributedOptimizer); tf is untyped.
@@ -97,7 +99,7 @@ def DistributedOptimizer(
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
     check_backward_passes(backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
-    wrapped = object.__new__(cls)
+    wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._hvdlite = make_settings(
         compression,

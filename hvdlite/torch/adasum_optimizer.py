@@ -7,8 +7,6 @@ the parameter's memory; see hvdlite.common.adasum), and step() sets
 parameter = start + combined delta. The number of ranks must be a power of two.
 """
 
-from contextlib import contextmanager
-
 import torch
 
 from hvdlite.common import dtypes, exceptions
@@ -66,12 +64,12 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
     def synchronize(self):
         """Nothing to do: step() applies the combined updates."""
 
-    @contextmanager
     def skip_synchronize(self):
+        """Raises at once, as Horovod's does: step() is where Adasum's updates are combined,
+        so `with opt.skip_synchronize():` cannot skip it."""
         raise exceptions.CallOrderError(
             "Skipping synchronization is not supported when using Adasum optimizer."
         )
-        yield  # pragma: no cover
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None

@@ -107,9 +107,12 @@ class SyncBatchNorm(_BatchNorm):
     def _average_factor(self):
         if not (self.training and self.track_running_stats):
             return 0.0
-        self.num_batches_tracked.add_(1)
+        tracked = self.num_batches_tracked  # a tensor whenever track_running_stats is True
+        if tracked is None:
+            return 0.0
+        tracked.add_(1)
         if self.momentum is None:  # cumulative moving average
-            return 1.0 / float(self.num_batches_tracked)
+            return 1.0 / float(tracked)
         return self.momentum
 
     def forward(self, input):

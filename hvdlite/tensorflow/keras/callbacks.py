@@ -63,7 +63,7 @@ def _get_lr(optimizer):
 
 def _set_lr(optimizer, value):
     variable = getattr(optimizer, "_learning_rate", None)
-    if not hasattr(variable, "assign"):
+    if variable is None or not hasattr(variable, "assign"):
         raise exceptions.InvalidArgumentError(
             "the optimizer's learning rate is a schedule, which these callbacks cannot set"
         )
