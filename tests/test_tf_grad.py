@@ -129,8 +129,11 @@ def _optimizer_checks(hvd, tf):
             call()
             errors.append(None)
         except Exception as exc:
-            errors.append(type(exc).__name__)
-    assert errors == ["NotSupportedError", "ValueError", "ValueError"], errors
+            errors.append(exc)
+    names = [type(e).__name__ for e in errors]
+    assert names == ["NotSupportedError", "InvalidArgumentError", "InvalidArgumentError"], errors
+    assert all(isinstance(e, hvd.HvdliteError) for e in errors)
+    assert all(isinstance(e, ValueError) for e in errors[1:])  # Horovod raises ValueError
 
 
 def _job():

@@ -22,6 +22,7 @@ import numpy as np
 
 from hvdlite.common import collectives, dtypes, exceptions, ops
 from hvdlite.common.process_sets import resolve
+from hvdlite.common.topology import size
 
 _FLOAT_CODES = (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64)
 
@@ -73,8 +74,6 @@ def decode_float64(data, code, count):
 def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
     """Pending Adasum allreduce of `tensor` in place over `process_set`;
     finish() returns `tensor`."""
-    from hvdlite.common.basics import size
-
     members = size() if process_set is None or process_set.process_set_id == 0 else process_set.size()
     if not is_power_of_two(members):
         raise AdasumNotSupportedError(

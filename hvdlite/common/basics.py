@@ -3,9 +3,24 @@
 import atexit
 
 from hvdlite import _core
-from hvdlite.common import exceptions, naming
+from hvdlite.common import exceptions, naming, ops
+from hvdlite.common import process_sets as ps
+from hvdlite.common.topology import cross_rank, cross_size, local_rank, local_size, rank, size
 
-_TOPOLOGY = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+__all__ = [
+    "cross_rank",
+    "cross_size",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "rank",
+    "shutdown",
+    "size",
+    "start_timeline",
+    "stop_timeline",
+]
+
 _atexit_registered = False
 
 
@@ -32,11 +47,10 @@ def init(comm=None, process_sets=None):
     code, message = _core.init()
     exceptions.raise_for_status(code, message)
     naming.reset()
+    ops.start_session()
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
-    from hvdlite.common import process_sets as ps
-
     ps._reset_registry()
     for item in process_sets or ():
         ps.add_process_set(item)
@@ -74,39 +88,6 @@ def _shutdown_at_exit():
 
 def is_initialized():
     return bool(_core.is_initialized())
-
-
-def _query(index):
-    value = _core.topology(index)
-    if value < 0:
-        raise exceptions.PreconditionError(
-            "hvdlite is not initialized; call hvd.init() before hvd.%s()" % _TOPOLOGY[index]
-        )
-    return value
-
-
-def rank():
-    return _query(0)
-
-
-def size():
-    return _query(1)
-
-
-def local_rank():
-    return _query(2)
-
-
-def local_size():
-    return _query(3)
-
-
-def cross_rank():
-    return _query(4)
-
-
-def cross_size():
-    return _query(5)
 
 
 def runtime_stats():

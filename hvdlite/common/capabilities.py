@@ -53,8 +53,11 @@ def cuda_built():
 
 
 def gloo_built():
-    """True: hvdlite's native ring backend (its own TCP transport) plays the part of
-    Horovod's Gloo and is always built."""
+    """Horovod's "was the Gloo controller built?". hvdlite has no Gloo: its native ring
+    backend (ring collectives over hvdlite's own transports, shared memory between ranks
+    on one host and TCP across hosts, launched by hvdliterun without MPI) plays that part.
+    Every build includes it, so this is True; it is read from the core's build info
+    (its "ring" entry) like the other *_built() queries."""
     return _built("ring")
 
 

@@ -13,6 +13,7 @@ after in-place operations). The tensors stay referenced until the handle is
 synchronized.
 """
 
+import abc
 import collections
 
 from hvdlite.common import dtypes, exceptions, naming, ops
@@ -21,49 +22,51 @@ from hvdlite.common.process_sets import resolve
 Pending = collections.namedtuple("Pending", "core finish keepalive")
 
 
-class BufferAdapter:
+class BufferAdapter(abc.ABC):
     """What the shared code needs to know about one framework's tensors.
-    Subclasses implement every method."""
+    Subclasses implement every abstract method."""
 
+    @abc.abstractmethod
     def dtype_code(self, tensor):
         """The core dtype code (hvdlite.common.dtypes) of `tensor`, or None."""
-        raise NotImplementedError
 
-    def check_device(self, tensor, name):
+    def check_device(self, tensor, name):  # noqa: B027 (optional hook; host memory is always reachable)
         """Raises NotSupportedError for tensors the core cannot reach (memory of
         a device it has no backend for)."""
 
+    @abc.abstractmethod
     def is_direct(self, tensor):
         """True when the core may read and write `tensor`'s memory as it is
         (contiguous, writable, host memory)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def contiguous_copy(self, tensor):
         """A new contiguous tensor with `tensor`'s values (never an alias)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def pointer(self, tensor):
-        raise NotImplementedError
+        """The address of a direct tensor's first element."""
 
     def device_kwargs(self, tensor):
         """Where the buffer lives, as ops.submit's device= / stream= (host memory: {})."""
         return {}
 
+    @abc.abstractmethod
     def shape(self, tensor):
-        raise NotImplementedError
+        """The tensor's shape as a sequence of ints."""
 
+    @abc.abstractmethod
     def copy_into(self, dst, src):
         """dst[...] = src, for same-shape tensors, outside any autograd record."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def from_core(self, data, shape, like):
         """Wraps the core's output (a uint8 NumPy array, or None when empty) as a
         tensor of `like`'s dtype with `shape`, without a copy."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def assign_float64(self, dst, values):
         """dst[...] = values (a float64 NumPy array of dst's shape), rounded to dst's dtype."""
-        raise NotImplementedError
 
 
 def describe(adapter, tensor, name):

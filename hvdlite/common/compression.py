@@ -8,17 +8,21 @@ to its framework by subclassing with three hooks: ``_is_float``, ``_float16``
 (the framework's float16 dtype) and ``_cast``.
 """
 
+from typing import Any
+
+from hvdlite.common import exceptions
+
 
 class Compressor:
     """Interface: compress(tensor) -> (tensor, ctx); decompress(tensor, ctx) -> tensor."""
 
     @classmethod
     def compress(cls, tensor):
-        raise NotImplementedError
+        raise exceptions.NotSupportedError("%s does not implement compress()" % cls.__name__)
 
     @classmethod
     def decompress(cls, tensor, ctx):
-        raise NotImplementedError
+        raise exceptions.NotSupportedError("%s does not implement decompress()" % cls.__name__)
 
 
 class NoneCompressor(Compressor):
@@ -36,15 +40,15 @@ class NoneCompressor(Compressor):
 class FP16CompressorBase(Compressor):
     """Floating-point tensors travel as float16; ctx is the original dtype."""
 
-    _float16 = None
+    _float16: Any = None  # the framework's float16 dtype (set by each adapter)
 
     @staticmethod
     def _is_float(tensor):
-        raise NotImplementedError
+        raise exceptions.NotSupportedError("an FP16 compressor must implement _is_float()")
 
     @staticmethod
     def _cast(tensor, dtype):
-        raise NotImplementedError
+        raise exceptions.NotSupportedError("an FP16 compressor must implement _cast()")
 
     @classmethod
     def compress(cls, tensor):

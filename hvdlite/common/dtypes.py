@@ -1,4 +1,5 @@
-"""Element types and reductions, with the codes the core uses (csrc/common/dtype.h)."""
+"""Element types and reductions, with the codes the core uses (csrc/common/dtype.h's
+DataType and ReduceOp; tests/test_enums_match_core.py checks them against the header)."""
 
 UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = range(9)
 
@@ -19,12 +20,14 @@ CODE_BY_NAME = {v: k for k, v in NAMES.items()}
 class ReduceOp(int):
     """A reduction, printable by name; compares equal to its core code."""
 
-    def __new__(cls, code, name):
+    _name: str
+
+    def __new__(cls, code: int, name: str) -> "ReduceOp":
         obj = int.__new__(cls, code)
         obj._name = name
         return obj
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return self._name
 
     __str__ = __repr__
@@ -36,3 +39,4 @@ Min = ReduceOp(2, "Min")
 Max = ReduceOp(3, "Max")
 Product = ReduceOp(4, "Product")
 Adasum = ReduceOp(5, "Adasum")
+REDUCE_OPS = (Sum, Average, Min, Max, Product, Adasum)

@@ -30,16 +30,24 @@ class MismatchError(HvdliteError):
     """Ranks submitted the same tensor name with different shapes, dtypes, ops or roots."""
 
 
-class NotSupportedError(HvdliteError):
-    """The operation or dtype is not available in this build or backend."""
+class NotSupportedError(HvdliteError, NotImplementedError):
+    """The operation or dtype is not available in this build or backend (also a
+    NotImplementedError, which Horovod raises for missing features)."""
 
 
 class PreconditionError(HvdliteError):
     """Called in the wrong state: not initialized, or a name already in flight."""
 
 
-class HostsUpdatedInterrupt(RuntimeError):
-    """Raised by elastic training when the set of hosts changed (Horovod's name)."""
+class CallOrderError(PreconditionError, AssertionError):
+    """An API was called in an order that would race or lose work (zero_grad() between
+    backward and step(), more backward passes than backward_passes_per_step); also an
+    AssertionError, which Horovod raises in these cases."""
+
+
+class HostsUpdatedInterrupt(HvdliteError):
+    """Raised by elastic training when the set of hosts changed (Horovod's name; a
+    RuntimeError there and here, through HvdliteError)."""
 
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
@@ -49,21 +57,39 @@ class HostsUpdatedInterrupt(RuntimeError):
 # Horovod's names.
 HorovodInternalError = HvdliteInternalError
 
-# Status codes of csrc/common/status.h.
-OK = 0
-_BY_CODE = {
-    1: InvalidArgumentError,
-    2: MismatchError,
-    3: HvdliteInternalError,
-    4: HvdliteTimeoutError,
-    5: NotSupportedError,
-    6: PreconditionError,
-    7: HvdliteInternalError,
+# The core's StatusCode (csrc/common/status.h), by name without its 'k';
+# tests/test_enums_match_core.py checks names and values against the header.
+STATUS_CODES = {
+    "Ok": 0,
+    "InvalidArgument": 1,
+    "Mismatch": 2,
+    "Aborted": 3,
+    "Timeout": 4,
+    "NotSupported": 5,
+    "Precondition": 6,
+    "Internal": 7,
 }
-TIMEOUT = 4
+_BY_NAME = {
+    "InvalidArgument": InvalidArgumentError,
+    "Mismatch": MismatchError,
+    "Aborted": HvdliteInternalError,
+    "Timeout": HvdliteTimeoutError,
+    "NotSupported": NotSupportedError,
+    "Precondition": PreconditionError,
+    "Internal": HvdliteInternalError,
+}
+_BY_CODE = {STATUS_CODES[name]: cls for name, cls in _BY_NAME.items()}
+OK = STATUS_CODES["Ok"]
+TIMEOUT = STATUS_CODES["Timeout"]
+
+
+def error_for(code, message):
+    """The exception (not raised) for a non-zero core status code; unknown codes give
+    HvdliteError."""
+    return _BY_CODE.get(code, HvdliteError)(message)
 
 
 def raise_for_status(code, message):
     """Raises the exception for a non-zero core status code."""
     if code != OK:
-        raise _BY_CODE.get(code, HvdliteError)(message)
+        raise error_for(code, message)

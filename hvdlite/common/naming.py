@@ -4,7 +4,7 @@ does, so ranks that make the same calls in the same order agree."""
 
 import itertools
 
-_counters = {}
+_counters: dict[str, "itertools.count[int]"] = {}
 
 
 def reset():

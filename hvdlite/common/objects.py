@@ -13,6 +13,7 @@ import numpy as np
 from hvdlite.common import collectives, naming, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import global_process_set, resolve
+from hvdlite.common.topology import rank
 
 try:
     import cloudpickle as _pickler
@@ -37,13 +38,11 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     a global rank). Two broadcasts: the pickled length, then the bytes.
     Unnamed calls are numbered in call order (Horovod names them after
     type(obj), which deadlocks when non-roots pass a placeholder of another type)."""
-    from hvdlite.common.basics import rank
-
     name = naming.auto_name("broadcast_object", name)  # not type(obj): non-roots often pass None
     set_id = resolve(process_set)
     is_root = rank() == root_rank
     payload = _dumps(obj) if is_root else None
-    length = np.array([payload.size if is_root else 0], dtype=np.int64)
+    length = np.array([0 if payload is None else payload.size], dtype=np.int64)
     _run(
         collectives.inplace(
             NUMPY, "broadcast", ops.BROADCAST, length, name + ".sz", root=root_rank, process_set=set_id

@@ -9,6 +9,7 @@ import threading
 from hvdlite import _core
 from hvdlite.common import exceptions
 
+# The core's OpType codes (csrc/coordinator/messages.h; tests/test_enums_match_core.py checks them).
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = range(6)
 JOIN = 9
 
@@ -100,9 +101,22 @@ class _Pending:
         self.keepalive = keepalive
 
 
-_pending = {}
+_pending: dict[int, _Pending] = {}
 _pending_lock = threading.Lock()
 _next_handle = [0]
+# User handles registered before the latest init(): their core handles belonged to a runtime
+# that is gone, and the new runtime reuses those numbers, so they must never reach the core.
+_stale: set[int] = set()
+
+
+def start_session():
+    """Called by init() once a new runtime is up. Every handle still registered belongs to
+    the ended session: it is forgotten (its buffers released), and poll()/synchronize() on it
+    raise InvalidArgumentError instead of touching the new runtime's operations. User handle
+    numbers keep increasing across sessions, so they never collide."""
+    with _pending_lock:
+        _stale.update(_pending)
+        _pending.clear()
 
 
 def register(core_handle, finish, keepalive=None):
@@ -120,6 +134,12 @@ def register(core_handle, finish, keepalive=None):
 def _lookup(handle):
     with _pending_lock:
         entry = _pending.get(handle)
+        stale = handle in _stale
+    if stale:
+        raise exceptions.InvalidArgumentError(
+            "handle %r was started before hvd.shutdown() and its job has ended: its result is "
+            "lost; synchronize handles before shutdown(), or start the operation again" % (handle,)
+        )
     if entry is None:
         raise exceptions.InvalidArgumentError("unknown or already synchronized handle %r" % (handle,))
     return entry

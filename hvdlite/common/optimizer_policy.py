@@ -3,6 +3,9 @@ naming and validation, gradient grouping, and its error messages. The
 PyTorch optimizer uses them directly; the TensorFlow one will too."""
 
 import warnings
+from typing import Any
+
+from hvdlite.common import exceptions
 
 TOO_MANY_BACKWARD_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
@@ -41,20 +44,20 @@ def name_parameters(named_parameters, param_groups_params):
         ]
     named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
-        raise ValueError(
+        raise exceptions.InvalidArgumentError(
             "named_parameters should be a sequence of tuples (name, parameter), "
             "usually produced by model.named_parameters()."
         )
     dups = find_duplicates([name for name, _ in named])
     if dups:
-        raise ValueError(
+        raise exceptions.InvalidArgumentError(
             "Parameter names in named_parameters must be unique. Found duplicates: %s"
             % ", ".join(sorted(dups))
         )
     named_ids = {id(p) for _, p in named}
     unnamed = [id(p) for params in param_groups_params for p in params if id(p) not in named_ids]
     if unnamed:
-        raise ValueError(
+        raise exceptions.InvalidArgumentError(
             "named_parameters was specified, but one or more model parameters were not named. "
             "Python object ids: %s" % ", ".join(str(i) for i in unnamed)
         )
@@ -80,15 +83,17 @@ def check_groups(groups, is_tensor):
     if groups is None:
         return
     if not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a non-negative integer or a list of list of tensors.")
+        raise exceptions.InvalidArgumentError(
+            "groups should be a non-negative integer or a list of list of tensors."
+        )
     if isinstance(groups, list):
         seen = set()
         for group in groups:
             for p in group:
                 if not is_tensor(p):
-                    raise ValueError("groups must consist of tensors.")
+                    raise exceptions.InvalidArgumentError("groups must consist of tensors.")
                 if id(p) in seen:
-                    raise ValueError("A parameter can only appear once in groups.")
+                    raise exceptions.InvalidArgumentError("A parameter can only appear once in groups.")
                 seen.add(id(p))
 
 
@@ -104,7 +109,8 @@ def form_groups(params, groups):
     remaining param alone). `params` must be in the same order on every rank."""
     if isinstance(groups, list):
         wanted = {id(p) for p in params}
-        formed, grouped = [], set()
+        formed: list[list[Any]] = []
+        grouped: set[int] = set()
         for group in groups:
             members = [p for p in group if id(p) in wanted]
             grouped.update(id(p) for p in members)

@@ -6,8 +6,11 @@ Adding and removing are collective over the whole job: every rank must make
 the same calls in the same order.
 """
 
+import array
+
 from hvdlite import _core
-from hvdlite.common import exceptions
+from hvdlite.common import dtypes, exceptions, ops
+from hvdlite.common.topology import rank, size
 
 
 class ProcessSet:
@@ -22,12 +25,17 @@ class ProcessSet:
         if hasattr(ranks_or_comm, "Get_group"):
             self.mpi_comm = ranks_or_comm
             ranks_or_comm = _world_ranks_of(ranks_or_comm)
-        self.ranks = sorted(int(r) for r in ranks_or_comm)
-        if len(set(self.ranks)) != len(self.ranks):
+        self._ranks = sorted(int(r) for r in ranks_or_comm)
+        if len(set(self._ranks)) != len(self._ranks):
             raise exceptions.InvalidArgumentError(
                 "ProcessSet ranks must be distinct, got %r" % (ranks_or_comm,)
             )
         self.process_set_id = None
+
+    @property
+    def ranks(self) -> list[int]:
+        """The member ranks, ascending."""
+        return self._ranks
 
     def _require_registered(self):
         if self.process_set_id is None:
@@ -43,8 +51,6 @@ class ProcessSet:
     def rank(self):
         """This process's rank within the set, or -1 if it is not a member."""
         self._require_registered()
-        from hvdlite.common.basics import rank
-
         me = rank()
         return self.ranks.index(me) if me in self.ranks else -1
 
@@ -94,7 +100,7 @@ class _GlobalProcessSet(ProcessSet):
         self._part_ids = None
 
     @property
-    def ranks(self):
+    def ranks(self) -> list[int]:
         ranks = _core.process_set_ranks(0)
         if ranks is None:
             raise exceptions.PreconditionError("hvdlite is not initialized; call hvd.init() first")
@@ -102,7 +108,7 @@ class _GlobalProcessSet(ProcessSet):
 
 
 global_process_set = _GlobalProcessSet()
-_registry = {}
+_registry: dict[int, ProcessSet] = {}
 
 
 def _reset_registry():
@@ -123,8 +129,6 @@ def add_process_set(process_set):
             "ProcessSet(comm) maps MPI_COMM_WORLD ranks to hvdlite ranks, so the job must be started by "
             "mpirun (or hvdliterun --mpi); this one was not: pass a list of ranks instead"
         )
-    from hvdlite.common.basics import size
-
     world = size()
     bad = [r for r in ps.ranks if r < 0 or r >= world]
     if bad or not ps.ranks:
@@ -145,13 +149,9 @@ def _add_comm_process_set(ps):
     Horovod: every distinct member list any rank brings is registered, in the same order on
     every rank; `ps` gets the id of its own. (Horovod gives all the parts one id; here each
     part has its own id, and remove_process_set(ps) removes them all.)"""
-    import numpy as np
-
-    from hvdlite.numpy_ops import allgather
-
     tag = "__comm_process_set__.%d" % len(_registry)
-    lengths = allgather(np.array([len(ps.ranks)], np.int64), name=tag + ".n").tolist()
-    flat = allgather(np.array(ps.ranks, np.int64), name=tag + ".ranks").tolist()
+    lengths = _allgather_ints([len(ps.ranks)], tag + ".n")
+    flat = _allgather_ints(ps.ranks, tag + ".ranks")
     groups, start = [], 0
     for n in lengths:
         group = flat[start : start + n]
@@ -168,6 +168,20 @@ def _add_comm_process_set(ps):
     ps._part_ids = ids
     _registry[ps.process_set_id] = ps
     return ps
+
+
+def _allgather_ints(values, name):
+    """Every rank's `values` (a list of ints, any length per rank), concatenated in rank
+    order, over the global set. Process sets' own allgather on the core, so that this
+    module needs no framework adapter (those depend on process sets)."""
+    mine = array.array("q", values)
+    core = ops.submit(ops.ALLGATHER, name, mine, dtypes.INT64, (len(mine),))
+    try:
+        ops.wait(core)
+        data = ops.take_output(core)[0]
+    finally:
+        ops.release(core)
+    return [] if data is None else array.array("q", data.tobytes()).tolist()
 
 
 def remove_process_set(process_set):

@@ -22,7 +22,7 @@ def check_predivide(op, gradient_predivide_factor):
     """Horovod's rule: a gradient_predivide_factor other than 1 only makes
     sense when gradients are averaged."""
     if gradient_predivide_factor != 1.0 and op != dtypes.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+        raise exceptions.InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
 
 
 def gradient_scale_factors(op, gradient_predivide_factor):

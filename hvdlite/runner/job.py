@@ -72,7 +72,9 @@ class LocalJob:
         self._log = log or (lambda msg: self._err.write(("hvdliterun: %s\n" % msg).encode()))
         self._procs = []
         self._threads = []
-        self._exits = queue.Queue()  # (rank, returncode) as each process is reaped
+        self._exits: queue.Queue[tuple[int, int]] = (
+            queue.Queue()
+        )  # (rank, returncode) as each process is reaped
         self._stop_deadline = None  # when set: SIGKILL everyone still running at this time
         self._killed = False
         self._signal = None  # signum we were interrupted by, if any

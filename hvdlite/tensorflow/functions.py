@@ -4,7 +4,7 @@
 import tensorflow as tf
 
 from hvdlite.common import naming
-from hvdlite.common.objects import allgather_object, broadcast_object  # noqa: F401  (re-exported)
+from hvdlite.common.objects import allgather_object, broadcast_object
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import raw_ops
 
@@ -22,3 +22,10 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         [tf.convert_to_tensor(v) for v in variables], names, int(root_rank), process_set
     )
     return [v.assign(value) for v, value in zip(variables, values)]
+
+
+__all__ = [
+    "allgather_object",
+    "broadcast_object",
+    "broadcast_variables",
+]

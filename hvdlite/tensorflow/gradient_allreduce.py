@@ -6,7 +6,10 @@ Policy (Horovod's, from hvdlite.common): op / gradient_predivide_factor give
 the pre- and postscale factors (hvdlite.common.reduction); ``groups`` splits
 the gradients into fused groups (hvdlite.common.optimizer_policy; by default
 all of them form one group, submitted together); IndexedSlices are
-allgathered unless sparse_as_dense; None gradients stay None.
+allgathered unless sparse_as_dense; None gradients stay None. Variables
+registered as worker-local (register_local_var / register_local_source, and
+PartialDistributedGradientTape's local_layers) keep their own gradient, divided
+by the process set's size when scale_local_gradients is True, as in Horovod.
 """
 
 import tensorflow as tf
@@ -83,3 +86,71 @@ def allreduce_gradients(
         for i, r in zip(members, reduced):
             out[i] = r
     return out
+
+
+def make_settings(
+    compression,
+    sparse_as_dense,
+    op,
+    gradient_predivide_factor,
+    groups,
+    process_set,
+    scale_local_gradients=True,
+    local_vars=(),
+):
+    """The settings a distributed tape or optimizer carries (a plain dict: Keras's attribute
+    tracking leaves it alone); `groups` already checked by check_options."""
+    return {
+        "compression": compression,
+        "sparse_as_dense": sparse_as_dense,
+        "op": op,
+        "predivide": gradient_predivide_factor,
+        "groups": groups,
+        "process_set": process_set,
+        "scale_local_gradients": bool(scale_local_gradients),
+        "local_ids": {id(v) for v in local_vars},
+    }
+
+
+def register_local(settings, var):
+    """Marks `var` worker-local: its gradient is never reduced across ranks."""
+    settings["local_ids"].add(id(var))
+
+
+def reduce_with_settings(settings, grads, variables, name):
+    """`grads` (aligned with `variables`, which may be None) reduced as `settings` say:
+    gradients of worker-local variables are kept (scaled by 1/size with
+    scale_local_gradients), every other one goes through allreduce_gradients."""
+    local = settings["local_ids"]
+    variables = list(variables) if variables is not None else None
+    shared = list(range(len(grads)))
+    if variables is not None and local:
+        shared = [i for i, v in enumerate(variables) if id(v) not in local]
+    reduced = allreduce_gradients(
+        [grads[i] for i in shared],
+        None if variables is None else [variables[i] for i in shared],
+        settings["compression"],
+        settings["sparse_as_dense"],
+        settings["op"],
+        settings["predivide"],
+        settings["groups"],
+        settings["process_set"],
+        name=name,
+    )
+    out = list(grads)
+    for i, g in zip(shared, reduced):
+        out[i] = g
+    if variables is not None and local and settings["scale_local_gradients"]:
+        factor = 1.0 / settings["process_set"].size()
+        for i, v in enumerate(variables):
+            if id(v) in local and out[i] is not None:
+                out[i] = _scale(out[i], factor)
+    return out
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape
+        )
+    return grad * tf.cast(factor, grad.dtype)

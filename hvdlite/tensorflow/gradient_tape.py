@@ -7,52 +7,38 @@ checks and every other tape method behave as before; only gradient() adds
 the allreduce (hvdlite.tensorflow.gradient_allreduce).
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 from hvdlite.common import dtypes
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow.compression import Compression
-from hvdlite.tensorflow.gradient_allreduce import allreduce_gradients, check_options
+from hvdlite.tensorflow.gradient_allreduce import (
+    check_options,
+    make_settings,
+    reduce_with_settings,
+    register_local,
+)
 
 
 class _DistributedMixin:
-    """gradient() of a distributed tape; settings live in self._hvdlite."""
+    """gradient() of a distributed tape; settings (gradient_allreduce.make_settings) in self._hvdlite."""
+
+    _hvdlite: dict[str, Any]
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
-        grads = super().gradient(target, sources, output_gradients, **kwargs)
-        settings = self._hvdlite
+        # super() is the wrapped tape's class (see DistributedGradientTape); tf is untyped.
+        grads = super().gradient(target, sources, output_gradients, **kwargs)  # type: ignore[misc]
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        local = settings["local_ids"]
-        shared = [i for i, s in enumerate(flat_sources) if id(s) not in local]
-        reduced = allreduce_gradients(
-            [flat_grads[i] for i in shared],
-            [flat_sources[i] for i in shared],
-            settings["compression"],
-            settings["sparse_as_dense"],
-            settings["op"],
-            settings["predivide"],
-            settings["groups"],
-            settings["process_set"],
-            name="DistributedGradientTape",
-        )
-        out = list(flat_grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if local and settings["scale_local_gradients"]:
-            size = settings["process_set"].size()
-            for i, s in enumerate(flat_sources):
-                if id(s) in local and out[i] is not None:
-                    out[i] = _scale(out[i], 1.0 / size)
+        out = reduce_with_settings(self._hvdlite, flat_grads, flat_sources, "DistributedGradientTape")
         return tf.nest.pack_sequence_as(sources, out)
 
-
-def _scale(grad, factor):
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape
-        )
-    return grad * tf.cast(factor, grad.dtype)
+    def register_local_source(self, source):
+        """Horovod's: `source` (a variable) is worker-local; its gradient is not reduced (and
+        is divided by the process set's size when scale_local_gradients is True)."""
+        register_local(self._hvdlite, source)
 
 
 def DistributedGradientTape(
@@ -74,18 +60,18 @@ def DistributedGradientTape(
     device_dense / device_sparse are Horovod's, accepted and unused."""
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
     cls = type(gradtape.__class__.__name__, (_DistributedMixin, gradtape.__class__), {})
-    tape = object.__new__(cls)
+    tape: Any = object.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
-    tape._hvdlite = {
-        "compression": compression,
-        "sparse_as_dense": sparse_as_dense,
-        "op": op,
-        "predivide": gradient_predivide_factor,
-        "groups": groups,
-        "process_set": process_set,
-        "scale_local_gradients": scale_local_gradients,
-        "local_ids": {id(v) for v in _local_vars},
-    }
+    tape._hvdlite = make_settings(
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        groups,
+        process_set,
+        scale_local_gradients,
+        _local_vars,
+    )
     return tape
 
 

@@ -7,9 +7,11 @@ tf.function: once, at trace time), numbered per kind in call order when not
 given, so ranks making the same calls agree.
 """
 
+from typing import Any
+
 import tensorflow as tf
 
-from hvdlite.common import collectives, dtypes, gradients, naming, ops
+from hvdlite.common import collectives, dtypes, exceptions, gradients, naming, ops
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.common.reduction import resolve_op
 from hvdlite.tensorflow import raw_ops
@@ -170,7 +172,7 @@ def reducescatter(
     rows (the first rows % size members get one extra row)."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
+        raise exceptions.InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
     wire, ctx = compression.compress(tensor)
     out = _scatter_many(
         [wire],
@@ -235,11 +237,11 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     upstream gradient with the received splits."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension")
+        raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
     name = naming.auto_name("alltoall", name)
     if splits is not None and not tf.is_tensor(splits):
         splits = [int(s) for s in splits]
-    received = []
+    received: list[Any] = []
 
     def forward(xs):
         out, got = raw_ops.alltoall(xs[0], splits, name, process_set)

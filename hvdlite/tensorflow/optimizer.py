@@ -7,44 +7,40 @@ tf.compat.v1.train.Optimizer gets compute_gradients() overridden. Both go
 through hvdlite.tensorflow.gradient_allreduce (one policy).
 """
 
+from typing import Any
+
 import keras
 import tensorflow as tf
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow.compression import Compression
-from hvdlite.tensorflow.gradient_allreduce import allreduce_gradients, check_options
+from hvdlite.tensorflow.gradient_allreduce import (
+    check_options,
+    make_settings,
+    reduce_with_settings,
+    register_local,
+)
+from hvdlite.tensorflow.keras_optimizer import DistributedOptimizer as keras_distributed
 
 
 class _V1Mixin:
-    """compute_gradients() of a distributed tf.compat.v1.train.Optimizer."""
+    """compute_gradients() of a distributed tf.compat.v1.train.Optimizer; settings
+    (gradient_allreduce.make_settings) in self._hvdlite."""
+
+    _hvdlite: dict[str, Any]
 
     def compute_gradients(self, *args, **kwargs):
-        pairs = super().compute_gradients(*args, **kwargs)
-        s = self._hvdlite
-        grads = allreduce_gradients(
-            [g for g, _ in pairs],
-            [v for _, v in pairs],
-            s["compression"],
-            s["sparse_as_dense"],
-            s["op"],
-            s["predivide"],
-            s["groups"],
-            s["process_set"],
-            name="DistributedOptimizer",
-        )
-        return list(zip(grads, [v for _, v in pairs]))
+        # super() is the wrapped optimizer's class (see DistributedOptimizer); tf is untyped.
+        pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]
+        variables = [v for _, v in pairs]
+        grads = reduce_with_settings(self._hvdlite, [g for g, _ in pairs], variables, "DistributedOptimizer")
+        return list(zip(grads, variables))
 
-
-def _settings(compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set):
-    return {
-        "compression": compression,
-        "sparse_as_dense": sparse_as_dense,
-        "op": op,
-        "predivide": gradient_predivide_factor,
-        "groups": groups,
-        "process_set": process_set,
-    }
+    def register_local_var(self, var):
+        """Horovod's: `var` is worker-local; its gradient is not reduced (and is divided by
+        the process set's size when scale_local_gradients is True)."""
+        register_local(self._hvdlite, var)
 
 
 def check_backward_passes(backward_passes_per_step):
@@ -76,10 +72,11 @@ def DistributedOptimizer(
     """Wraps `optimizer` so that gradients are reduced (op, default Average)
     across `process_set` before being applied. name, use_locking, device_*
     are Horovod's, accepted and unused; backward_passes_per_step and
-    average_aggregated_gradients apply to Keras optimizers only."""
+    average_aggregated_gradients apply to Keras optimizers only.
+    scale_local_gradients: gradients of variables registered with
+    register_local_var() are not reduced and, when True, divided by the
+    process set's size (Horovod's semantics)."""
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        from hvdlite.tensorflow.keras import DistributedOptimizer as keras_distributed
-
         return keras_distributed(
             optimizer,
             name=name,
@@ -92,18 +89,25 @@ def DistributedOptimizer(
             num_groups=num_groups,
             groups=groups,
             process_set=process_set,
+            scale_local_gradients=scale_local_gradients,
         )
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        raise ValueError(
+        raise exceptions.InvalidArgumentError(
             "DistributedOptimizer needs a Keras optimizer or a tf.compat.v1.train.Optimizer, got %s"
             % type(optimizer).__name__
         )
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
     check_backward_passes(backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
-    wrapped = object.__new__(cls)
+    wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._hvdlite = _settings(
-        compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set
+    wrapped._hvdlite = make_settings(
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        groups,
+        process_set,
+        scale_local_gradients,
     )
     return wrapped

@@ -7,24 +7,21 @@ the parameter's memory; see hvdlite.common.adasum), and step() sets
 parameter = start + combined delta. The number of ranks must be a power of two.
 """
 
-from contextlib import contextmanager
-
 import torch
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common import optimizer_policy as policy
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.optimizer import init_bookkeeping, register_grad_ready_hook
+from hvdlite.torch.optimizer_base import HookedOptimizer, register_grad_ready_hook
 
 
-class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+class _DistributedAdasumOptimizer(HookedOptimizer):
     """Mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
 
-    _hvdlite_distributed = True
-
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
-        super(self.__class__, self).__init__(params)
-        init_bookkeeping(self, named_parameters, compression, backward_passes_per_step)
+        # The wrapped class's __init__ (SGD, Adam, ...) takes the params alone.
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
+        self._init_bookkeeping(named_parameters, compression, backward_passes_per_step)
         self._starting_models = {p: torch.zeros_like(p, requires_grad=False) for p in self._parameter_names}
         for group in self.param_groups:
             for p in group["params"]:
@@ -56,7 +53,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         def hook():
             if self._allreduce_delay[p] <= 0:
-                raise AssertionError(policy.TOO_MANY_BACKWARD_PASSES)
+                raise exceptions.CallOrderError(policy.TOO_MANY_BACKWARD_PASSES)
             self._allreduce_delay[p] -= 1
             self._handles[p] = (
                 self._allreduce_grad_async(p) if self._allreduce_delay[p] == 0 else (None, None)
@@ -67,10 +64,12 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Nothing to do: step() applies the combined updates."""
 
-    @contextmanager
     def skip_synchronize(self):
-        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer.")
-        yield  # pragma: no cover
+        """Raises at once, as Horovod's does: step() is where Adasum's updates are combined,
+        so `with opt.skip_synchronize():` cannot skip it."""
+        raise exceptions.CallOrderError(
+            "Skipping synchronization is not supported when using Adasum optimizer."
+        )
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
@@ -88,8 +87,3 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
         return loss
-
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError(policy.ZERO_GRAD_RACE)
-        return super(self.__class__, self).zero_grad(*args, **kwargs)

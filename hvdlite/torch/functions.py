@@ -7,7 +7,8 @@ import inspect
 
 import torch
 
-from hvdlite.common.objects import allgather_object, broadcast_object  # noqa: F401  (re-exported)
+from hvdlite.common import exceptions
+from hvdlite.common.objects import allgather_object, broadcast_object
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
 
@@ -23,7 +24,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     elif isinstance(params, (list, tuple)) or inspect.isgenerator(params):  # e.g. model.named_parameters()
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
-        raise ValueError("invalid params of type: %s" % type(params))
+        raise exceptions.InvalidArgumentError("invalid params of type: %s" % type(params))
     handles = [mpi_ops.broadcast_async_(p, root_rank, name, process_set=process_set) for name, p in items]
     for handle in handles:
         mpi_ops.synchronize(handle)
@@ -54,22 +55,25 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     betas, step counts kept as numbers, flags) travels as one pickled object.
     The hyperparameters of a stateless optimizer (plain SGD) are broadcast too."""
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+        raise exceptions.InvalidArgumentError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
         _initialize_state(optimizer)
         state_dict = optimizer.state_dict()
-    tensors, plain = [], {"groups": [], "state": {}}
-    occurrences = collections.defaultdict(int)
+    tensors: list[tuple[str, torch.Tensor]] = []
+    groups: list[dict[str, object]] = []
+    states: dict[tuple[int, str], object] = {}
+    occurrences: collections.defaultdict[str, int] = collections.defaultdict(int)
     for _index, group in enumerate(state_dict["param_groups"]):
-        plain["groups"].append({k: v for k, v in group.items() if k != "params"})
+        groups.append({k: v for k, v in group.items() if k != "params"})
         for pid in group["params"]:
             for key, value in state_dict["state"].get(pid, {}).items():
                 occurrences[key] += 1
                 if torch.is_tensor(value):
                     tensors.append(("%s.%d" % (key, occurrences[key]), value))
                 else:
-                    plain["state"][(pid, key)] = value
+                    states[(pid, key)] = value
+    plain = {"groups": groups, "state": states}
     plain = broadcast_object(plain, root_rank, name="optimizer_state.plain", process_set=process_set)
     broadcast_parameters(tensors, root_rank, process_set)
     for group, options in zip(state_dict["param_groups"], plain["groups"]):
@@ -77,3 +81,11 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     for (pid, key), value in plain["state"].items():
         state_dict["state"][pid][key] = value
     optimizer.load_state_dict(state_dict)
+
+
+__all__ = [
+    "allgather_object",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+]

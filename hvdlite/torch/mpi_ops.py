@@ -8,7 +8,7 @@ Every ``*_async`` function returns an integer handle for ``poll`` /
 
 import torch
 
-from hvdlite.common import adasum, collectives, dtypes, naming, ops
+from hvdlite.common import adasum, collectives, dtypes, exceptions, naming, ops
 from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.reduction import resolve_op
 from hvdlite.torch.buffers import TORCH
@@ -250,7 +250,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Starts sending splits[i] rows of `tensor` to member i (an even split of
     dim 0 without splits); synchronize() returns (output, received_splits)."""
     if tensor.dim() == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension")
+        raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
     pending = _output_on_host(
         "alltoall", ops.ALLTOALL, tensor, name, splits=_split_list(splits), process_set=resolve(process_set)
     )
@@ -259,7 +259,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 def _reducescatter_pending(tensor, name, op, process_set, prescale_factor, postscale_factor):
     if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
+        raise exceptions.InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
     return _output_on_host(
         "reducescatter",
         ops.REDUCESCATTER,

@@ -13,43 +13,19 @@ from contextlib import contextmanager
 
 import torch
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common import optimizer_policy as policy
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.common.reduction import check_predivide, gradient_scale_factors
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.optimizer_base import HookedOptimizer, register_grad_ready_hook, wrap
 
 
-def register_grad_ready_hook(p, hook):
-    """Calls hook() each time a gradient has been accumulated into p.grad.
-    Returns what keeps the hook registered."""
-    if hasattr(p, "register_post_accumulate_grad_hook"):
-        return p.register_post_accumulate_grad_hook(lambda _param: hook())
-    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-    accumulator.register_hook(lambda *_: hook())
-    return accumulator
-
-
-def init_bookkeeping(opt, named_parameters, compression, backward_passes_per_step):
-    """State both distributed optimizers keep: parameter names (validated),
-    compression, the per-parameter countdown of backward passes before an
-    allreduce, and the in-flight handles."""
-    opt._compression = compression
-    named = policy.name_parameters(named_parameters, [g["params"] for g in opt.param_groups])
-    opt._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
-    opt.backward_passes_per_step = backward_passes_per_step
-    opt._allreduce_delay = {p: backward_passes_per_step for p in opt._parameter_names}
-    opt._handles = {}  # param, or tuple of params (a group) -> (handle or None, ctx)
-    opt._hook_refs = []
-    opt._requires_update = set()
-
-
-class _DistributedOptimizer(torch.optim.Optimizer):
+class _DistributedOptimizer(HookedOptimizer):
     """Mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
-
-    _hvdlite_distributed = True
 
     def __init__(
         self,
@@ -63,8 +39,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sparse_as_dense=False,
         process_set=global_process_set,
     ):
-        super(self.__class__, self).__init__(params)
-        init_bookkeeping(self, named_parameters, compression, backward_passes_per_step)
+        # The wrapped class's __init__ (SGD, Adam, ...) takes the params alone.
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
+        self._init_bookkeeping(named_parameters, compression, backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -160,7 +137,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         def hook():
             if self._allreduce_delay[p] <= 0:  # already submitted since the last step()
-                raise AssertionError(policy.TOO_MANY_BACKWARD_PASSES)
+                raise exceptions.CallOrderError(policy.TOO_MANY_BACKWARD_PASSES)
             assert not p.grad.requires_grad
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] > 0:
@@ -186,7 +163,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _submit_missing(self):
         """Submits what backward did not: parameters whose hook never fired, or
         fired fewer than backward_passes_per_step times."""
-        submitted = set()
+        submitted: set[torch.Tensor] = set()
         for key, (handle, _) in self._handles.items():
             if handle is not None:
                 submitted.update(key if isinstance(key, tuple) else (key,))
@@ -247,20 +224,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError(policy.ZERO_GRAD_RACE)
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
-
-
-def _wrap(base_optimizer, mixin, *args):
-    """An instance of a new class deriving from the optimizer's own class
-    (isinstance checks keep working), built on its param groups and state."""
-    cls = type(base_optimizer.__class__.__name__, (base_optimizer.__class__,), dict(mixin.__dict__))
-    wrapped = cls(base_optimizer.param_groups, *args)
-    wrapped.state.update(base_optimizer.state)
-    return wrapped
-
 
 def DistributedOptimizer(
     optimizer,
@@ -289,7 +252,7 @@ def DistributedOptimizer(
     check_predivide(op, gradient_predivide_factor)
     groups = policy.resolve_groups(num_groups, groups)
     if op != dtypes.Adasum or size() == 1:
-        return _wrap(
+        return wrap(
             optimizer,
             _DistributedOptimizer,
             named_parameters,
@@ -302,9 +265,7 @@ def DistributedOptimizer(
             process_set,
         )
     if process_set is not global_process_set and process_set.process_set_id != 0:
-        raise NotImplementedError("Adasum does not support non-global process sets yet.")
-    from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
-
-    return _wrap(
+        raise exceptions.NotSupportedError("Adasum does not support non-global process sets yet.")
+    return wrap(
         optimizer, _DistributedAdasumOptimizer, named_parameters, compression, backward_passes_per_step
     )

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common.basics import size
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
@@ -40,7 +40,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         stats = _allreduce_sum(stats, process_set)
         count = stats[-1].item()
         if count <= 1:
-            raise ValueError(
+            raise exceptions.InvalidArgumentError(
                 "Expected more than 1 value per channel when training, got input size %s" % (list(x.shape),)
             )
         mean = stats[:channels] / count
@@ -102,14 +102,17 @@ class SyncBatchNorm(_BatchNorm):
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
-            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+            raise exceptions.InvalidArgumentError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def _average_factor(self):
         if not (self.training and self.track_running_stats):
             return 0.0
-        self.num_batches_tracked.add_(1)
+        tracked = self.num_batches_tracked  # a tensor whenever track_running_stats is True
+        if tracked is None:
+            return 0.0
+        tracked.add_(1)
         if self.momentum is None:  # cumulative moving average
-            return 1.0 / float(self.num_batches_tracked)
+            return 1.0 / float(tracked)
         return self.momentum
 
     def forward(self, input):

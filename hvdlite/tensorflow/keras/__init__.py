@@ -41,4 +41,4 @@ from hvdlite.tensorflow import (
     stop_timeline,
 )
 from hvdlite.tensorflow.keras import callbacks
-from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer, load_model
+from hvdlite.tensorflow.keras_optimizer import DistributedOptimizer, load_model

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from hvdlite import numpy_ops
-from hvdlite.common import basics
+from hvdlite.common import basics, exceptions
 from hvdlite.tensorflow.functions import broadcast_variables
 
 
@@ -63,8 +63,10 @@ def _get_lr(optimizer):
 
 def _set_lr(optimizer, value):
     variable = getattr(optimizer, "_learning_rate", None)
-    if not hasattr(variable, "assign"):
-        raise ValueError("the optimizer's learning rate is a schedule, which these callbacks cannot set")
+    if variable is None or not hasattr(variable, "assign"):
+        raise exceptions.InvalidArgumentError(
+            "the optimizer's learning rate is a schedule, which these callbacks cannot set"
+        )
     variable.assign(value)
 
 
@@ -99,7 +101,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = (self.params or {}).get("steps")
             if not self.steps_per_epoch:
-                raise ValueError(
+                raise exceptions.InvalidArgumentError(
                     "steps_per_epoch is needed for a per-batch (staircase=False) schedule: pass it, "
                     "or call fit() with steps_per_epoch"
                 )

@@ -1,4 +1,6 @@
-"""DistributedOptimizer for Keras 3 optimizers, and load_model.
+"""DistributedOptimizer for Keras 3 optimizers, and load_model (exported by
+hvdlite.tensorflow.keras; it lives here, below both hvdlite.tensorflow and its
+keras package, so that hvdlite.tensorflow.DistributedOptimizer can use it).
 
 The wrapped optimizer is an instance of a subclass of the original's class
 whose apply() (which apply_gradients() and model.fit's train step go
@@ -7,20 +9,30 @@ hvdlite.tensorflow.gradient_allreduce. Everything else (variables, config,
 serialization under the original class name) is the original optimizer's.
 """
 
+from typing import Any
+
 import keras
 import tensorflow as tf
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow.compression import Compression
-from hvdlite.tensorflow.gradient_allreduce import allreduce_gradients, check_options
-from hvdlite.tensorflow.optimizer import _settings
+from hvdlite.tensorflow.gradient_allreduce import (
+    check_options,
+    make_settings,
+    reduce_with_settings,
+    register_local,
+)
 
 
 class _KerasMixin:
-    """apply() of a distributed Keras optimizer; settings in self._hvdlite_settings."""
+    """apply() of a distributed Keras optimizer; settings (gradient_allreduce.make_settings,
+    plus passes / average_aggregated) in self._hvdlite_settings."""
 
     _hvdlite_distributed = True
+    _hvdlite_settings: dict[str, Any]
+    built: bool  # keras.Optimizer's
+    _trainable_variables: list[Any]  # keras.Optimizer's
 
     def apply(self, grads, trainable_variables=None):
         s = self._hvdlite_settings
@@ -30,21 +42,17 @@ class _KerasMixin:
         variables = list(variables) if variables is not None else None
         if s["passes"] > 1:
             return _accumulate(self, list(grads), variables)
-        return super().apply(_reduce(s, list(grads), variables), variables)
+        # super() is the wrapped optimizer's class (see _distributed_class); keras is untyped.
+        return super().apply(_reduce(s, list(grads), variables), variables)  # type: ignore[misc]
+
+    def register_local_var(self, var):
+        """Horovod's: `var` is worker-local; its gradient is not reduced (and is divided by
+        the process set's size when scale_local_gradients is True)."""
+        register_local(self._hvdlite_settings, var)
 
 
 def _reduce(s, grads, variables):
-    return allreduce_gradients(
-        grads,
-        variables,
-        s["compression"],
-        s["sparse_as_dense"],
-        s["op"],
-        s["predivide"],
-        s["groups"],
-        s["process_set"],
-        name="DistributedOptimizer",
-    )
+    return reduce_with_settings(s, grads, variables, "DistributedOptimizer")
 
 
 def _accumulate(opt, grads, variables):
@@ -109,15 +117,25 @@ def DistributedOptimizer(
     """A new optimizer of `optimizer`'s class and config whose gradients are
     reduced (op, default Average) across `process_set` before each update
     (every backward_passes_per_step-th call, see _accumulate). name and
-    device_* are Horovod's, accepted and unused."""
+    device_* are Horovod's, accepted and unused. Gradients of variables
+    registered with register_local_var() are not reduced and, with
+    scale_local_gradients, divided by the process set's size."""
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
     if int(backward_passes_per_step) < 1:
-        raise ValueError("backward_passes_per_step must be at least 1")
+        raise exceptions.InvalidArgumentError("backward_passes_per_step must be at least 1")
     if getattr(optimizer, "_hvdlite_distributed", False):
-        raise ValueError("the optimizer is already a DistributedOptimizer")
+        raise exceptions.InvalidArgumentError("the optimizer is already a DistributedOptimizer")
     config = optimizer.get_config()
     new = _distributed_class(optimizer.__class__).from_config(config)
-    settings = _settings(compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set)
+    settings = make_settings(
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        groups,
+        process_set,
+        scale_local_gradients,
+    )
     settings.update(
         passes=int(backward_passes_per_step), average_aggregated=bool(average_aggregated_gradients)
     )
@@ -135,6 +153,6 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     opt = getattr(model, "optimizer", None)
     if opt is not None and not getattr(opt, "_hvdlite_distributed", False):
         opt.__class__ = _distributed_class(opt.__class__)
-        settings = _settings(compression, False, dtypes.Average, 1.0, None, global_process_set)
+        settings = make_settings(compression, False, dtypes.Average, 1.0, None, global_process_set)
         _attach(opt, dict(settings, passes=1, average_aggregated=False))
     return model

@@ -1,0 +1,44 @@
+"""The topology queries (rank, size, local and cross ranks) of the running job.
+
+They depend only on the core, so every module of hvdlite.common may use them
+(basics re-exports them; process sets and Adasum need them below basics).
+Each raises PreconditionError before init() and after shutdown().
+"""
+
+from hvdlite import _core
+from hvdlite.common import exceptions
+
+_TOPOLOGY = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+def _query(index: int) -> int:
+    value = int(_core.topology(index))
+    if value < 0:
+        raise exceptions.PreconditionError(
+            "hvdlite is not initialized; call hvd.init() before hvd.%s()" % _TOPOLOGY[index]
+        )
+    return value
+
+
+def rank() -> int:
+    return _query(0)
+
+
+def size() -> int:
+    return _query(1)
+
+
+def local_rank() -> int:
+    return _query(2)
+
+
+def local_size() -> int:
+    return _query(3)
+
+
+def cross_rank() -> int:
+    return _query(4)
+
+
+def cross_size() -> int:
+    return _query(5)

@@ -1,0 +1,89 @@
+"""Every exception hvdlite raises belongs to one family: HvdliteError and its subclasses
+(each with the built-in base Horovod uses for that case: ValueError, NotImplementedError,
+AssertionError, ...). Checked on the source with `ast`, so no code path is missed:
+
+  - `raise Name(...)`, `raise Name`, `raise module.Name(...)`: Name must be a family class
+    (a class defined in hvdlite deriving from HvdliteError, or an alias of one);
+  - `raise` and `raise exc` (a lower-case name: an exception object caught earlier) are
+    re-raises and fine;
+  - `raise error_for(code, message)`: the core-status factory, whose classes are checked below.
+"""
+
+import ast
+import pathlib
+
+import hvdlite
+from hvdlite.common import exceptions
+
+PACKAGE = pathlib.Path(hvdlite.__file__).parent
+FACTORIES = {"error_for"}
+
+
+def _name(node):
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def _trees():
+    return {path: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _family(trees):
+    """Names of the classes (and aliases) in hvdlite that derive from HvdliteError."""
+    bases, aliases = {}, {}
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {_name(b) for b in node.bases}
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        aliases[target.id] = node.value.id
+    family = {"HvdliteError"}
+    while True:
+        grown = {c for c, bs in bases.items() if bs & family} | {a for a, v in aliases.items() if v in family}
+        if grown <= family:
+            return family
+        family |= grown
+
+
+def _violations(trees, family):
+    bad = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            name = _name(target)
+            if isinstance(node.exc, ast.Name) and name[:1].islower():
+                continue  # re-raise of a caught exception object
+            if name in family or (isinstance(node.exc, ast.Call) and name in FACTORIES):
+                continue
+            bad.append(
+                "%s:%d raise %s" % (path.relative_to(PACKAGE.parent), node.lineno, ast.unparse(target))
+            )
+    return bad
+
+
+def test_every_raise_is_in_the_hvdlite_error_family():
+    trees = _trees()
+    bad = _violations(trees, _family(trees))
+    assert not bad, "raises outside the HvdliteError family:\n" + "\n".join(bad)
+
+
+def test_status_code_errors_are_in_the_family():
+    for code in list(exceptions._BY_CODE) + [99]:
+        err = exceptions.error_for(code, "message")
+        assert isinstance(err, exceptions.HvdliteError) and str(err) == "message"
+
+
+def test_horovod_names_and_builtin_bases():
+    assert exceptions.HorovodInternalError is exceptions.HvdliteInternalError
+    assert issubclass(exceptions.HostsUpdatedInterrupt, exceptions.HvdliteError)
+    assert issubclass(exceptions.HostsUpdatedInterrupt, RuntimeError)
+    assert issubclass(exceptions.InvalidArgumentError, ValueError)
+    assert issubclass(exceptions.NotSupportedError, NotImplementedError)
+    assert issubclass(exceptions.CallOrderError, AssertionError)
