@@ -89,7 +89,7 @@ test: install
 
 # Static checks; the tools are pinned in requirements-dev.txt, configured in pyproject.toml (ruff),
 # mypy.ini and .clang-format. Needs only the venv, not a build of the core.
-PY_LINT_DIRS := hvdlite tests benchmarks examples tools
+PY_LINT_DIRS := hvdlite tests benchmarks examples
 CXX_SOURCES = $(shell git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu' 'tests/cpp/*.cc' 'tests/cpp/*.h')
 lint: $(VENV)/.pip-stamp
 	$(VENV)/bin/ruff check $(PY_LINT_DIRS)

@@ -1,7 +1,7 @@
 """hvdlite's CPU data paths under mpirun, side by side: the native ring
-(HVDLITE_CPU_OPERATIONS=ring), the mpi backend (=mpi) and the default (=auto: ring
-below 64 KiB, MPI from 64 KiB). A module for
-benchmarks/collectives.py to call, and a small CLI of its own:
+(HVDLITE_CPU_OPERATIONS=ring), the mpi backend (=mpi) and the default (=auto: the
+per-collective choice in csrc/backend/registry.cc, made from this script's numbers). A helper (make bench skips it), run by hand
+when a data path changes, and a module with measure() for other scripts:
 
     python benchmarks/_mpi_path.py [--np 2] [--sizes 4096,1048576,...] [--reps 20]
 
@@ -27,12 +27,14 @@ import sys
 import tempfile
 import time
 
-OPS = ("allreduce", "allgather", "broadcast")
+OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 16 << 20, 64 << 20)
 _BUSBW = {
     "allreduce": lambda n: 2.0 * (n - 1) / n,
     "allgather": lambda n: (n - 1.0) / n,
     "broadcast": lambda n: 1.0,
+    "alltoall": lambda n: (n - 1.0) / n,
+    "reducescatter": lambda n: (n - 1.0) / n,
 }
 
 
@@ -99,6 +101,10 @@ def _expected(op, count, n, root=0):
         return np.full(count, sum(r + 1 for r in range(n)), np.float32)
     if op == "allgather":
         return np.concatenate([np.full(count, r + 1, np.float32) for r in range(n)])
+    if op == "alltoall":  # block r of the result comes from rank r
+        return np.repeat(np.arange(1, n + 1, dtype=np.float32), count // n)
+    if op == "reducescatter":
+        return np.full(count // n, sum(r + 1 for r in range(n)), np.float32)
     return np.full(count, root + 1, np.float32)
 
 
@@ -107,6 +113,10 @@ def _call(hvd, op, buf, name):
         return hvd.allreduce_(buf, op=hvd.Sum, name=name)
     if op == "allgather":
         return hvd.allgather(buf, name=name)
+    if op == "alltoall":
+        return hvd.alltoall(buf, name=name)
+    if op == "reducescatter":
+        return hvd.reducescatter(buf, op=hvd.Sum, name=name)
     return hvd.broadcast_(buf, root_rank=0, name=name)
 
 
@@ -116,6 +126,8 @@ def _time_one(hvd, op, nbytes, reps):
 
     n, me = hvd.size(), hvd.rank()
     count = max(1, nbytes // 4 // (n if op == "allgather" else 1))
+    if op in ("alltoall", "reducescatter"):  # the whole array, split evenly among the ranks
+        count = max(n, count // n * n)
     got = _call(hvd, op, np.full(count, me + 1, np.float32), "%s.check.%d" % (op, nbytes))
     wrong = int(np.count_nonzero(got != _expected(op, count, n)))
     wrong = int(hvd.allreduce(np.array([wrong], np.int64), op=hvd.Sum, name="wrong.%s.%d" % (op, nbytes))[0])

@@ -52,3 +52,26 @@ def test_collectives_quick_hvdlite_has_no_wrong_elements(tmp_path):
     assert len(rows) == 2 * len(OPS), rows
     for op, row in rows:
         assert row["library"] == "hvdlite" and row["#wrong"] == "0", (op, row)
+
+
+def _run_helper(name, *args):
+    """Runs benchmarks/<name> as the 2 ranks of an hvdliterun job; returns rank 0's stdout."""
+    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable]
+    cmd += [os.path.join(ROOT, "benchmarks", name), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return "\n".join(line for line in run.stdout.splitlines() if line.startswith("[0]<stdout>:"))
+
+
+def test_allreduce_busbw_helper_reports_no_wrong_elements():
+    out = _run_helper("_allreduce_busbw.py", "--sizes", "4K,64K", "--reps", "2")
+    rows = [line.split(":", 1)[1].split() for line in out.splitlines()]
+    rows = [r for r in rows if r and r[0].isdigit()]
+    assert [r[0] for r in rows] == ["4096", "65536"], out
+    assert all(r[5] == "0" for r in rows), out  # the #wrong column
+
+
+def test_allreduce_latency_and_fusion_helpers_run():
+    assert "median" in _run_helper("_allreduce_latency.py", "--calls", "20", "--reps", "2")
+    assert "161 tensors" in _run_helper("_fusion_resnet50.py", "--reps", "1")

@@ -13,10 +13,24 @@
 
 namespace hvdlite {
 
+// The algorithms of this folder. Allreduce and Broadcast choose between two
+// each by message size; the others have one.
+enum class Algorithm : uint8_t {
+  kRecursiveDoubling,  // allreduce, small messages
+  kRing,               // allreduce: ring reduce-scatter + ring allgather, chunked
+  kBinomialTree,       // broadcast, small messages or <= 2 members
+  kPipelinedChain,     // broadcast, large messages
+  kRingAllgatherv,
+  kPairwiseExchange,  // alltoallv
+  kRingReduceScatter,
+};
+// Lower-case name for the timeline and logs, e.g. "recursive_doubling".
+const char* AlgorithmName(Algorithm a);
+
 // The algorithm Allreduce / Broadcast pick for a message of `bytes` over
 // `members` (the choice they make, exposed for the timeline and logs).
-const char* AllreduceAlgorithm(int64_t bytes, int members);
-const char* BroadcastAlgorithm(int64_t bytes, int members);
+Algorithm AllreduceAlgorithm(int64_t bytes, int members);
+Algorithm BroadcastAlgorithm(int64_t bytes, int members);
 
 // In-place allreduce of `count` elements: ring reduce-scatter then ring
 // allgather, each step chunked so the next chunk is on the wire while the

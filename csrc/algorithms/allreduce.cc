@@ -124,8 +124,28 @@ Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, Red
 
 }  // namespace
 
-const char* AllreduceAlgorithm(int64_t bytes, int members) {
-  return bytes < alg::kSmallAllreduceBytes ? "recursive_doubling" : "ring";
+const char* AlgorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::kRecursiveDoubling:
+      return "recursive_doubling";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kBinomialTree:
+      return "binomial_tree";
+    case Algorithm::kPipelinedChain:
+      return "pipelined_chain";
+    case Algorithm::kRingAllgatherv:
+      return "ring_allgatherv";
+    case Algorithm::kPairwiseExchange:
+      return "pairwise_exchange";
+    case Algorithm::kRingReduceScatter:
+      return "ring_reduce_scatter";
+  }
+  return "unknown";
+}
+
+Algorithm AllreduceAlgorithm(int64_t bytes, int members) {
+  return bytes < alg::kSmallAllreduceBytes ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
 }
 
 Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale) {
@@ -136,7 +156,7 @@ Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, Reduc
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   char* data = static_cast<char*>(buf);
   Status st;
-  if (std::string(AllreduceAlgorithm(bytes, g.size())) == "recursive_doubling") {
+  if (AllreduceAlgorithm(bytes, g.size()) == Algorithm::kRecursiveDoubling) {
     st = RecursiveDoubling(g, data, count, dtype, op);
     if (st.ok()) st = ScaleBuffer(data, count, dtype, postscale);
   } else {

@@ -68,8 +68,9 @@ Status Chain(const Group& g, char* buf, int64_t len, int root) {
 
 }  // namespace
 
-const char* BroadcastAlgorithm(int64_t bytes, int members) {
-  return (bytes < alg::kSmallBroadcastBytes || members <= 2) ? "binomial_tree" : "pipelined_chain";
+Algorithm BroadcastAlgorithm(int64_t bytes, int members) {
+  return (bytes < alg::kSmallBroadcastBytes || members <= 2) ? Algorithm::kBinomialTree
+                                                             : Algorithm::kPipelinedChain;
 }
 
 Status Broadcast(const Group& g, void* buf, int64_t len, int root) {
@@ -81,7 +82,7 @@ Status Broadcast(const Group& g, void* buf, int64_t len, int root) {
   if (len < 0) return Status::InvalidArgument("Broadcast: negative length");
   if (g.size() == 1 || len == 0) return Status::OK();
   char* data = static_cast<char*>(buf);
-  const bool tree = std::string(BroadcastAlgorithm(len, g.size())) == "binomial_tree";
+  const bool tree = BroadcastAlgorithm(len, g.size()) == Algorithm::kBinomialTree;
   Status st = tree ? Binomial(g, data, static_cast<size_t>(len), root) : Chain(g, data, len, root);
   return st.WithContext("Broadcast of " + std::to_string(len) + " bytes from member " + std::to_string(root));
 }

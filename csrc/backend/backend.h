@@ -5,10 +5,12 @@
 // runtime's background thread (construction and destruction excepted).
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "algorithms/group.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/config.h"
 #include "common/dtype.h"
@@ -16,16 +18,50 @@
 
 namespace hvdlite {
 
-class Transport;
-
-// Who takes part in one collective.
-struct CollectiveContext {
-  int32_t process_set = 0;
-  std::vector<int> ranks;  // global ranks, ascending
-  int me = 0;              // this process's index in `ranks`
-  uint32_t tag = 0;        // unique per collective (wraps); step numbers are added below it
+// How a reducing collective combines values, shared by the CPU backends'
+// options and the GPU backend's GpuOp. Every implementation multiplies the
+// input by `prescale` before reducing and the result by `postscale` after
+// (ScaleBuffer's rules; 1.0 = no pass).
+struct Reduction {
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;  // Sum, Min, Max or Product (Average arrives as Sum + postscale)
+  double prescale = 1.0;
+  double postscale = 1.0;
 };
 
+// One options struct per collective: what it does (who takes part is the
+// CollectiveContext). Buffers belong to the caller and stay valid for the call.
+struct AllreduceOptions : Reduction {
+  void* buf = nullptr;  // `count` elements of `dtype`, reduced in place
+  int64_t count = 0;
+};
+
+struct AllgathervOptions {
+  const void* send = nullptr;  // this member's bytes[me] bytes; may alias its slot in recv
+  void* recv = nullptr;        // sum(bytes) bytes, member i's block at sum(bytes[0..i))
+  std::vector<int64_t> bytes;  // per member
+};
+
+struct BroadcastOptions {
+  void* buf = nullptr;  // `bytes` bytes: input on the root member, output on the others
+  int64_t bytes = 0;
+  int root_member = 0;  // index into CollectiveContext::ranks
+};
+
+struct AlltoallvOptions {
+  const void* send = nullptr;       // send_bytes[j] bytes for member j, in member order
+  std::vector<int64_t> send_bytes;  // per member
+  void* recv = nullptr;             // recv_bytes[j] bytes from member j, in member order
+  std::vector<int64_t> recv_bytes;  // per member
+};
+
+struct ReduceScatterOptions : Reduction {
+  const void* in = nullptr;     // sum(counts) elements, member-ordered blocks; only read
+  std::vector<int64_t> counts;  // elements per member
+  void* out = nullptr;          // counts[me] elements, not overlapping `in`
+};
+
+// The collectives a Backend runs (the timeline names them with Describe).
 enum class Collective { kAllreduce, kAllgather, kBroadcast, kAlltoall, kReducescatter };
 
 class Backend {
@@ -34,26 +70,11 @@ class Backend {
   virtual const char* name() const = 0;
   // "backend/algorithm" for a collective of `bytes` over `members` (timeline).
   virtual std::string Describe(Collective c, int64_t bytes, int members) const = 0;
-  virtual Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                           ReduceOp op) = 0;
-  // Allreduce, then the result times `postscale` (ScaleBuffer's rules). The
-  // default makes a separate pass; a backend can scale while data is in cache.
-  // Inline (as every non-pure virtual here), so that the optional mpi backend
-  // (a layer below backend/, which creates it in registry.cc) links without it.
-  virtual Status AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                                   ReduceOp op, double postscale) {
-    HVD_RETURN_IF_ERROR(Allreduce(ctx, buf, count, dtype, op));
-    return ScaleBuffer(buf, count, dtype, postscale);
-  }
-  virtual Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
-                            const std::vector<int64_t>& bytes) = 0;
-  virtual Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) = 0;
-  virtual Status Alltoallv(const CollectiveContext& ctx, const void* send,
-                           const std::vector<int64_t>& send_bytes, void* recv,
-                           const std::vector<int64_t>& recv_bytes) = 0;
-  // `buf` is the caller's input: implementations must not modify it.
-  virtual Status ReduceScatter(const CollectiveContext& ctx, void* buf, const std::vector<int64_t>& counts,
-                               void* out, DataType dtype, ReduceOp op) = 0;
+  virtual Status Allreduce(const CollectiveContext& ctx, const AllreduceOptions& o) = 0;
+  virtual Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) = 0;
+  virtual Status Broadcast(const CollectiveContext& ctx, const BroadcastOptions& o) = 0;
+  virtual Status Alltoallv(const CollectiveContext& ctx, const AlltoallvOptions& o) = 0;
+  virtual Status ReduceScatter(const CollectiveContext& ctx, const ReduceScatterOptions& o) = 0;
 
   // Process-set life cycle. Called on every rank of the job (members or not)
   // in the one negotiated order, before any collective of the new set runs
@@ -62,6 +83,27 @@ class Backend {
   virtual Status AddProcessSet(int32_t id, const std::vector<int>& ranks) { return Status::OK(); }
   virtual void RemoveProcessSet(int32_t id) {}
 };
+
+// For backends that reduce an input they must not modify: `o.in` itself when
+// o.prescale is 1, else a copy multiplied by it, kept in *scratch. (Inline: the
+// optional backends use it without linking the registry's library.)
+inline Status PrescaledInput(const ReduceScatterOptions& o, std::vector<char>* scratch, const void** out) {
+  *out = o.in;
+  if (o.prescale == 1.0) return Status::OK();
+  int64_t total = 0;
+  for (int64_t c : o.counts) total += c;
+  const size_t bytes = static_cast<size_t>(total) * DataTypeSize(o.dtype);
+  if (scratch->size() < bytes) scratch->resize(bytes);
+  if (bytes) std::memcpy(scratch->data(), o.in, bytes);
+  *out = scratch->data();
+  return ScaleBuffer(scratch->data(), total, o.dtype, o.prescale);
+}
+
+// HVDLITE_CPU_OPERATIONS, parsed once: which CPU backend a job runs.
+enum class CpuOperations { kAuto, kRing, kMpi };
+// "auto" or "" -> kAuto, "ring" or "gloo" (Horovod's name for its own) -> kRing, "mpi" -> kMpi;
+// InvalidArgument naming the accepted values otherwise.
+Status ParseCpuOperations(const std::string& text, CpuOperations* out);
 
 // Picks the CPU backend named by HVDLITE_CPU_OPERATIONS. NotSupported for a
 // backend this build lacks, naming the ones it has.

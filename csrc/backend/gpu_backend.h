@@ -20,7 +20,8 @@ namespace hvdlite {
 
 class Store;
 
-constexpr int kGpuAbiVersion = 2;
+// 2: GpuHost is the job's store; 3: GpuOp is a Reduction and carries root_member.
+constexpr int kGpuAbiVersion = 3;
 
 struct GpuTensor {
   void* data = nullptr;    // device memory on GpuOp::device
@@ -28,11 +29,11 @@ struct GpuTensor {
   void* stream = nullptr;  // the framework's cudaStream_t the data is ready on (null = legacy default)
 };
 
-struct GpuOp {
-  int device = 0;  // CUDA device ordinal of every tensor
-  DataType dtype = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;  // Sum, Min, Max or Product (Average arrives as Sum + postscale)
-  double prescale = 1.0, postscale = 1.0;
+// One GPU collective: the Reduction (dtype, op and scales, as for the CPU
+// backends; broadcast uses only dtype) and the tensors.
+struct GpuOp : Reduction {
+  int device = 0;       // CUDA device ordinal of every tensor
+  int root_member = 0;  // broadcast: index into CollectiveContext::ranks
   std::vector<GpuTensor> tensors;
 };
 
@@ -57,8 +58,8 @@ class GpuBackend {
   // In place on every tensor; several tensors are fused through a device
   // buffer by batched pack/unpack kernels that also apply the scales.
   virtual Status Allreduce(const CollectiveContext& ctx, const GpuOp& op) = 0;
-  // tensors[0] from member root_member to every member, in place.
-  virtual Status Broadcast(const CollectiveContext& ctx, const GpuOp& op, int root_member) = 0;
+  // tensors[0] from member op.root_member to every member, in place.
+  virtual Status Broadcast(const CollectiveContext& ctx, const GpuOp& op) = 0;
   // Frees the set's communicator, if one was created. Called on every member.
   virtual void RemoveProcessSet(int32_t id) = 0;
 };

@@ -3,9 +3,8 @@
 #include <string>
 
 #include "algorithms/reduce_kernels.h"
+#include "backend/split_backend.h"
 #include "transport/transport.h"
-
-#include "backend/backend.h"
 
 namespace hvdlite {
 
@@ -25,40 +24,46 @@ std::vector<const char*> BuiltBackends() {
 #endif
 }
 
-std::unique_ptr<Backend> NewSplitBackend(std::unique_ptr<Backend> small, std::unique_ptr<Backend> large,
-                                         int64_t threshold_bytes);
-
-// auto: from this size up, MPI beat the ring in every run under mpirun on
-// one host; below it the two were within run-to-run noise, the ring slightly
-// ahead for broadcast (docs/mpi_and_cuda.md, benchmarks/_mpi_path.py).
-constexpr int64_t kAutoMpiFromBytes = 64 << 10;
+Status ParseCpuOperations(const std::string& text, CpuOperations* out) {
+  if (text == "auto" || text.empty()) {
+    *out = CpuOperations::kAuto;
+  } else if (text == "ring" || text == "gloo") {
+    *out = CpuOperations::kRing;
+  } else if (text == "mpi") {
+    *out = CpuOperations::kMpi;
+  } else {
+    return Status::InvalidArgument("HVDLITE_CPU_OPERATIONS=" + text +
+                                   " is not a CPU backend; use auto, ring or mpi");
+  }
+  return Status::OK();
+}
 
 Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
-  const std::string& want = cfg.CPU_OPERATIONS;
-  if (want == "ring" || want == "gloo") {
+  CpuOperations want;
+  HVD_RETURN_IF_ERROR(ParseCpuOperations(cfg.CPU_OPERATIONS, &want));
+  if (want == CpuOperations::kRing) {
     *out = NewRingBackend(transport);
     return Status::OK();
   }
 #if HAVE_MPI
-  if (want == "mpi") return CreateMpiBackendImpl(transport, out);
+  if (want == CpuOperations::kMpi) return CreateMpiBackendImpl(transport, out);
   const bool formed_by_mpi = cfg.RANK < 0 && cfg.SIZE < 0 && cfg.mpi_launch.active();
-  if ((want == "auto" || want.empty()) && formed_by_mpi && transport->size() > 1) {
+  if (formed_by_mpi && transport->size() > 1 && kMeasuredAutoTable.AnyMpi()) {
     std::unique_ptr<Backend> mpi;
     if (CreateMpiBackendImpl(transport, &mpi).ok()) {
-      *out = NewSplitBackend(NewRingBackend(transport), std::move(mpi), kAutoMpiFromBytes);
+      *out = NewSplitBackend(NewRingBackend(transport), std::move(mpi), kMeasuredAutoTable);
       return Status::OK();
     }
   }
-  const char* available = "auto, ring, mpi";
 #else
-  const char* available = "auto, ring (rebuild with Open MPI installed for mpi)";
-#endif
-  if (want == "auto" || want.empty()) {
-    *out = NewRingBackend(transport);
-    return Status::OK();
+  if (want == CpuOperations::kMpi) {
+    return Status::NotSupported(
+        "HVDLITE_CPU_OPERATIONS=mpi is not available in this build; available: auto, ring (rebuild with Open "
+        "MPI installed for mpi)");
   }
-  return Status::NotSupported("HVDLITE_CPU_OPERATIONS=" + want +
-                              " is not available in this build; available: " + available);
+#endif
+  *out = NewRingBackend(transport);  // auto
+  return Status::OK();
 }
 
 bool MpiBuilt() {

@@ -1,5 +1,6 @@
 // The native backend: the algorithms of csrc/algorithms over the Transport.
 #include "algorithms/algorithms.h"
+#include "algorithms/reduce_kernels.h"
 #include "backend/backend.h"
 
 namespace hvdlite {
@@ -11,55 +12,48 @@ class RingBackend : public Backend {
   const char* name() const override { return "ring"; }
 
   std::string Describe(Collective c, int64_t bytes, int members) const override {
-    switch (c) {
-      case Collective::kAllreduce:
-        return std::string("ring/") + AllreduceAlgorithm(bytes, members);
-      case Collective::kBroadcast:
-        return std::string("ring/") + BroadcastAlgorithm(bytes, members);
-      case Collective::kAllgather:
-        return "ring/ring_allgatherv";
-      case Collective::kAlltoall:
-        return "ring/pairwise_exchange";
-      case Collective::kReducescatter:
-        return "ring/ring_reduce_scatter";
-    }
-    return "ring";
+    return std::string("ring/") + AlgorithmName(Choice(c, bytes, members));
   }
 
-  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                   ReduceOp op) override {
-    return hvdlite::Allreduce(ToGroup(ctx), buf, count, dtype, op);
+  Status Allreduce(const CollectiveContext& ctx, const AllreduceOptions& o) override {
+    HVD_RETURN_IF_ERROR(ScaleBuffer(o.buf, o.count, o.dtype, o.prescale));
+    return hvdlite::Allreduce(Group(ctx, transport_), o.buf, o.count, o.dtype, o.op, o.postscale);
   }
-  Status AllreduceAndScale(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                           ReduceOp op, double postscale) override {
-    return hvdlite::Allreduce(ToGroup(ctx), buf, count, dtype, op, postscale);
+  Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) override {
+    return hvdlite::Allgatherv(Group(ctx, transport_), o.send, o.recv, o.bytes);
   }
-  Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
-                    const std::vector<int64_t>& bytes) override {
-    return hvdlite::Allgatherv(ToGroup(ctx), send, recv, bytes);
+  Status Broadcast(const CollectiveContext& ctx, const BroadcastOptions& o) override {
+    return hvdlite::Broadcast(Group(ctx, transport_), o.buf, o.bytes, o.root_member);
   }
-  Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) override {
-    return hvdlite::Broadcast(ToGroup(ctx), buf, len, root_member);
+  Status Alltoallv(const CollectiveContext& ctx, const AlltoallvOptions& o) override {
+    return hvdlite::Alltoallv(Group(ctx, transport_), o.send, o.send_bytes, o.recv, o.recv_bytes);
   }
-  Status Alltoallv(const CollectiveContext& ctx, const void* send, const std::vector<int64_t>& send_bytes,
-                   void* recv, const std::vector<int64_t>& recv_bytes) override {
-    return hvdlite::Alltoallv(ToGroup(ctx), send, send_bytes, recv, recv_bytes);
-  }
-  Status ReduceScatter(const CollectiveContext& ctx, void* buf, const std::vector<int64_t>& counts, void* out,
-                       DataType dtype, ReduceOp op) override {
-    return hvdlite::ReduceScatter(ToGroup(ctx), buf, counts, out, dtype, op);
+  Status ReduceScatter(const CollectiveContext& ctx, const ReduceScatterOptions& o) override {
+    const void* in = nullptr;
+    HVD_RETURN_IF_ERROR(PrescaledInput(o, &scratch_, &in));
+    HVD_RETURN_IF_ERROR(hvdlite::ReduceScatter(Group(ctx, transport_), in, o.counts, o.out, o.dtype, o.op));
+    return ScaleBuffer(o.out, o.counts[ctx.me], o.dtype, o.postscale);
   }
 
  private:
-  Group ToGroup(const CollectiveContext& ctx) const {
-    Group g;
-    g.transport = transport_;
-    g.ranks = ctx.ranks;
-    g.me = ctx.me;
-    g.tag = ctx.tag;
-    return g;
+  static Algorithm Choice(Collective c, int64_t bytes, int members) {
+    switch (c) {
+      case Collective::kAllreduce:
+        return AllreduceAlgorithm(bytes, members);
+      case Collective::kBroadcast:
+        return BroadcastAlgorithm(bytes, members);
+      case Collective::kAllgather:
+        return Algorithm::kRingAllgatherv;
+      case Collective::kAlltoall:
+        return Algorithm::kPairwiseExchange;
+      case Collective::kReducescatter:
+        return Algorithm::kRingReduceScatter;
+    }
+    return Algorithm::kRing;
   }
+
   Transport* transport_;
+  std::vector<char> scratch_;  // a prescaled reducescatter input
 };
 
 }  // namespace

@@ -1,70 +1,70 @@
 // HVDLITE_CPU_OPERATIONS=auto in a job started by mpirun: each collective goes
-// to the backend that is faster for its size on the numbers measured with
-// benchmarks/_mpi_path.py (docs/mpi_and_cuda.md): the native ring below
-// `threshold` bytes, where the two are within noise of each other, MPI at and
-// above it, where Open MPI's shared-memory path is 1.1-5x faster.
+// to the ring or to MPI by its kind and size, on the numbers measured with
+// benchmarks/_mpi_path.py (the table and its measurements are in registry.cc).
 // Every member picks the same backend: the size deciding it agrees across
-// members (alltoall, whose sizes do not, always uses the large-message one).
-#include "backend/backend.h"
+// members (alltoall, whose per-member sizes do not, decides by kind alone).
+#include "backend/split_backend.h"
 
 namespace hvdlite {
 namespace {
 
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+int64_t Bytes(const Reduction& r, int64_t count) {
+  return count * static_cast<int64_t>(DataTypeSize(r.dtype));
+}
+
 class SplitBackend : public Backend {
  public:
-  SplitBackend(std::unique_ptr<Backend> small, std::unique_ptr<Backend> large, int64_t threshold)
-      : small_(std::move(small)), large_(std::move(large)), threshold_(threshold) {}
+  SplitBackend(std::unique_ptr<Backend> ring, std::unique_ptr<Backend> mpi, const AutoTable& table)
+      : ring_(std::move(ring)), mpi_(std::move(mpi)), table_(table) {}
   const char* name() const override { return "auto"; }
   std::string Describe(Collective c, int64_t bytes, int members) const override {
-    return (c == Collective::kAlltoall ? large_.get() : Pick(bytes))->Describe(c, bytes, members);
+    return Pick(c, bytes)->Describe(c, bytes, members);
   }
 
-  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                   ReduceOp op) override {
-    return Pick(count * static_cast<int64_t>(DataTypeSize(dtype)))->Allreduce(ctx, buf, count, dtype, op);
+  Status Allreduce(const CollectiveContext& ctx, const AllreduceOptions& o) override {
+    return Pick(Collective::kAllreduce, Bytes(o, o.count))->Allreduce(ctx, o);
   }
-  Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
-                    const std::vector<int64_t>& bytes) override {
-    return Pick(Sum(bytes))->Allgatherv(ctx, send, recv, bytes);
+  Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) override {
+    return Pick(Collective::kAllgather, Sum(o.bytes))->Allgatherv(ctx, o);
   }
-  Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) override {
-    return Pick(len)->Broadcast(ctx, buf, len, root_member);
+  Status Broadcast(const CollectiveContext& ctx, const BroadcastOptions& o) override {
+    return Pick(Collective::kBroadcast, o.bytes)->Broadcast(ctx, o);
   }
-  Status Alltoallv(const CollectiveContext& ctx, const void* send, const std::vector<int64_t>& send_bytes,
-                   void* recv, const std::vector<int64_t>& recv_bytes) override {
-    return large_->Alltoallv(ctx, send, send_bytes, recv, recv_bytes);
+  Status Alltoallv(const CollectiveContext& ctx, const AlltoallvOptions& o) override {
+    return Pick(Collective::kAlltoall, 0)->Alltoallv(ctx, o);
   }
-  Status ReduceScatter(const CollectiveContext& ctx, void* buf, const std::vector<int64_t>& counts, void* out,
-                       DataType dtype, ReduceOp op) override {
-    return Pick(Sum(counts) * static_cast<int64_t>(DataTypeSize(dtype)))
-        ->ReduceScatter(ctx, buf, counts, out, dtype, op);
+  Status ReduceScatter(const CollectiveContext& ctx, const ReduceScatterOptions& o) override {
+    return Pick(Collective::kReducescatter, Bytes(o, Sum(o.counts)))->ReduceScatter(ctx, o);
   }
   Status AddProcessSet(int32_t id, const std::vector<int>& ranks) override {
-    HVD_RETURN_IF_ERROR(small_->AddProcessSet(id, ranks));
-    return large_->AddProcessSet(id, ranks);
+    HVD_RETURN_IF_ERROR(ring_->AddProcessSet(id, ranks));
+    return mpi_->AddProcessSet(id, ranks);
   }
   void RemoveProcessSet(int32_t id) override {
-    small_->RemoveProcessSet(id);
-    large_->RemoveProcessSet(id);
+    ring_->RemoveProcessSet(id);
+    mpi_->RemoveProcessSet(id);
   }
 
  private:
-  static int64_t Sum(const std::vector<int64_t>& v) {
-    int64_t s = 0;
-    for (int64_t x : v) s += x;
-    return s;
+  Backend* Pick(Collective c, int64_t bytes) const {
+    return table_.UsesMpi(c, bytes) ? mpi_.get() : ring_.get();
   }
-  Backend* Pick(int64_t bytes) const { return bytes >= threshold_ ? large_.get() : small_.get(); }
 
-  std::unique_ptr<Backend> small_, large_;
-  int64_t threshold_;
+  std::unique_ptr<Backend> ring_, mpi_;
+  AutoTable table_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewSplitBackend(std::unique_ptr<Backend> small, std::unique_ptr<Backend> large,
-                                         int64_t threshold_bytes) {
-  return std::unique_ptr<Backend>(new SplitBackend(std::move(small), std::move(large), threshold_bytes));
+std::unique_ptr<Backend> NewSplitBackend(std::unique_ptr<Backend> ring, std::unique_ptr<Backend> mpi,
+                                         const AutoTable& table) {
+  return std::unique_ptr<Backend>(new SplitBackend(std::move(ring), std::move(mpi), table));
 }
 
 }  // namespace hvdlite

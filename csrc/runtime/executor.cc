@@ -24,12 +24,16 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Sum and Min/Max/Product reduce as themselves; Average reduces as Sum and
-// divides afterwards.
-ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
-
-double Postscale(const Request& r, int set_size) {
-  return r.op == ReduceOp::kAverage ? r.postscale / set_size : r.postscale;
+// What a backend applies for request `r` over `set_size` members: Sum and
+// Min/Max/Product reduce as themselves; Average reduces as Sum and divides
+// afterwards (a postscale of 1/size on top of the caller's).
+Reduction ReductionOf(const Request& r, int set_size) {
+  Reduction red;
+  red.dtype = r.dtype;
+  red.op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+  red.prescale = r.prescale;
+  red.postscale = r.op == ReduceOp::kAverage ? r.postscale / set_size : r.postscale;
+  return red;
 }
 
 // The value that leaves the other operand unchanged: 0 for Sum/Average, 1 for
@@ -236,8 +240,11 @@ Status Executor::Run(const Response& r, std::vector<TensorEntry>& entries, Handl
       return RunAllgather(ctx, r, entries[0], result);
     case OpType::kBroadcast: {
       const Request& q = entries[0].request;
-      int64_t bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
-      return backend_->Broadcast(ctx, entries[0].data, bytes, sets_->MemberIndex(r.process_set, q.root));
+      BroadcastOptions o;
+      o.buf = entries[0].data;
+      o.bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
+      o.root_member = sets_->MemberIndex(r.process_set, q.root);
+      return backend_->Broadcast(ctx, o);
     }
     case OpType::kAlltoall:
       return RunAlltoall(ctx, r, entries[0], result);
@@ -304,9 +311,11 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
 // prescale, allreduce, postscale of `count` elements at `data` (the fused
 // tensors share q's dtype, op and scales: they have one fusion key).
 Status Executor::ReduceInPlace(const CollectiveContext& ctx, const Request& q, void* data, int64_t count) {
-  const double post = Postscale(q, static_cast<int>(ctx.ranks.size()));
-  HVD_RETURN_IF_ERROR(ScaleBuffer(data, count, q.dtype, q.prescale));
-  return backend_->AllreduceAndScale(ctx, data, count, q.dtype, WireOp(q.op), post);
+  AllreduceOptions o;
+  static_cast<Reduction&>(o) = ReductionOf(q, ctx.size());
+  o.buf = data;
+  o.count = count;
+  return backend_->Allreduce(ctx, o);
 }
 
 Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e,
@@ -324,7 +333,11 @@ Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, T
   out->output_shape = q.shape.empty() ? std::vector<int64_t>{rows} : q.shape;
   out->output_shape[0] = rows;
   if (out->output == nullptr) return Status::Internal("out of memory allocating allgather output");
-  return backend_->Allgatherv(ctx, e.data, out->output, bytes);
+  AllgathervOptions o;
+  o.send = e.data;
+  o.recv = out->output;
+  o.bytes = std::move(bytes);
+  return backend_->Allgatherv(ctx, o);
 }
 
 Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e,
@@ -332,7 +345,11 @@ Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, Te
   const Request& q = e.request;
   const size_t n = ctx.ranks.size();
   const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
-  std::vector<int64_t> send(n), recv(n);
+  AlltoallvOptions o;
+  std::vector<int64_t>& send = o.send_bytes;
+  std::vector<int64_t>& recv = o.recv_bytes;
+  send.resize(n);
+  recv.resize(n);
   int64_t recv_rows = 0;
   out->received_splits.resize(n);
   for (size_t j = 0; j < n; ++j) {
@@ -346,7 +363,9 @@ Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, Te
   out->output_shape = q.shape;
   out->output_shape[0] = recv_rows;
   if (out->output == nullptr) return Status::Internal("out of memory allocating alltoall output");
-  return backend_->Alltoallv(ctx, e.data, send, out->output, recv);
+  o.send = e.data;
+  o.recv = out->output;
+  return backend_->Alltoallv(ctx, o);
 }
 
 // Rows of the first dimension are split across members, the first
@@ -356,23 +375,20 @@ Status Executor::RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, 
   const int64_t n = static_cast<int64_t>(ctx.ranks.size());
   const int64_t rows = q.shape[0], row = RowElements(q.shape);
   const size_t esize = DataTypeSize(q.dtype);
-  std::vector<int64_t> counts(n);
+  ReduceScatterOptions o;
+  static_cast<Reduction&>(o) = ReductionOf(q, static_cast<int>(n));
+  std::vector<int64_t>& counts = o.counts;
+  counts.resize(n);
   for (int64_t i = 0; i < n; ++i) counts[i] = (rows / n + (i < rows % n ? 1 : 0)) * row;
-  const int64_t total = NumElements(q.shape);
-  void* input = e.data;  // the backend only reads it; a prescale needs a scaled copy
-  if (q.prescale != 1.0) {
-    input = Scratch(total * static_cast<int64_t>(esize));
-    if (total) std::memcpy(input, e.data, static_cast<size_t>(total) * esize);
-    HVD_RETURN_IF_ERROR(ScaleBuffer(input, total, q.dtype, q.prescale));
-  }
   out->output_bytes = counts[ctx.me] * static_cast<int64_t>(esize);
   out->output = AllocateOutput(out->output_bytes);
   out->output_shape = q.shape;
   out->output_shape[0] = counts[ctx.me] / (row ? row : 1);
   if (row == 0) out->output_shape[0] = rows / n + (ctx.me < rows % n ? 1 : 0);
   if (out->output == nullptr) return Status::Internal("out of memory allocating reducescatter output");
-  HVD_RETURN_IF_ERROR(backend_->ReduceScatter(ctx, input, counts, out->output, q.dtype, WireOp(q.op)));
-  return ScaleBuffer(out->output, counts[ctx.me], q.dtype, Postscale(q, static_cast<int>(n)));
+  o.in = e.data;  // the backend only reads it (a prescale works on a copy)
+  o.out = out->output;
+  return backend_->ReduceScatter(ctx, o);
 }
 
 Status Executor::RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult* out) {
@@ -400,14 +416,12 @@ Status Executor::RunGpu(const CollectiveContext& ctx, const Response& r, std::ve
     return Status::Internal("a CUDA tensor was scheduled but the NCCL module is not loaded");
   const Request& q = entries[0].request;
   GpuOp op;
+  static_cast<Reduction&>(op) = ReductionOf(q, ctx.size());
   op.device = q.device;
-  op.dtype = q.dtype;
-  op.op = WireOp(q.op);
-  op.prescale = q.prescale;
-  op.postscale = Postscale(q, static_cast<int>(ctx.ranks.size()));
+  op.root_member = r.type == OpType::kBroadcast ? sets_->MemberIndex(r.process_set, q.root) : 0;
   for (auto& e : entries) op.tensors.push_back(GpuTensor{e.data, NumElements(e.request.shape), e.stream});
   if (r.type == OpType::kAllreduce) return gpu->Allreduce(ctx, op);
-  if (r.type == OpType::kBroadcast) return gpu->Broadcast(ctx, op, sets_->MemberIndex(r.process_set, q.root));
+  if (r.type == OpType::kBroadcast) return gpu->Broadcast(ctx, op);
   return Status::NotSupported(std::string(OpTypeName(r.type)) + " of CUDA tensors is not supported");
 }
 

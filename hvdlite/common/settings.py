@@ -114,7 +114,7 @@ SETTINGS = (
         "CPU_OPERATIONS",
         "str",
         "auto",
-        "backend for CPU tensors: ring (native TCP transport), mpi (MPI collectives; needs a build with MPI and a job started by mpirun) or auto (ring, but in a job started by mpirun MPI for messages of 64 KiB and up, where it is faster)",
+        "backend for CPU tensors: ring (native TCP transport), mpi (MPI collectives; needs a build with MPI and a job started by mpirun) or auto (per collective and size, the faster of the two as measured; today the ring everywhere on one host)",
     ),
     Setting("LOG_LEVEL", "str", "warning", "trace, debug, info, warning, error or fatal"),
 )

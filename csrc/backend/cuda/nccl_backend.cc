@@ -208,7 +208,7 @@ Status NcclBackend::FusedAllreduce(const GpuOp& op, ncclComm_t comm, ncclDataTyp
   return Status::OK();
 }
 
-Status NcclBackend::Broadcast(const CollectiveContext& ctx, const GpuOp& op, int root_member) {
+Status NcclBackend::Broadcast(const CollectiveContext& ctx, const GpuOp& op) {
   HVD_RETURN_IF_ERROR(Prepare(op.device));
   ncclComm_t comm;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
@@ -216,7 +216,7 @@ Status NcclBackend::Broadcast(const CollectiveContext& ctx, const GpuOp& op, int
   const GpuTensor& t = op.tensors.at(0);
   const size_t bytes = static_cast<size_t>(t.count) * ElementSize(op.dtype);
   if (bytes > 0)
-    HVD_NCCL_CALL(comm, ncclBroadcast(t.data, t.data, bytes, ncclUint8, root_member, comm, stream_));
+    HVD_NCCL_CALL(comm, ncclBroadcast(t.data, t.data, bytes, ncclUint8, op.root_member, comm, stream_));
   return Finish(op);
 }
 

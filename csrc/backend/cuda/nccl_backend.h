@@ -20,7 +20,7 @@ class NcclBackend : public GpuBackend {
   explicit NcclBackend(const GpuHost* host) : host_(host) {}
   ~NcclBackend() override;
   Status Allreduce(const CollectiveContext& ctx, const GpuOp& op) override;
-  Status Broadcast(const CollectiveContext& ctx, const GpuOp& op, int root_member) override;
+  Status Broadcast(const CollectiveContext& ctx, const GpuOp& op) override;
   void RemoveProcessSet(int32_t id) override;
 
  private:

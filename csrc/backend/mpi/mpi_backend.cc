@@ -19,6 +19,7 @@
 #include <cstring>
 #include <map>
 
+#include "algorithms/reduce_kernels.h"
 #include "backend/backend.h"
 #include "backend/mpi/mpi_types.h"
 #include "backend/mpi/mpi_world.h"
@@ -72,20 +73,19 @@ class MpiBackend : public Backend {
     return "mpi";
   }
 
-  Status Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                   ReduceOp op) override;
-  Status Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
-                    const std::vector<int64_t>& bytes) override;
-  Status Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) override;
-  Status Alltoallv(const CollectiveContext& ctx, const void* send, const std::vector<int64_t>& send_bytes,
-                   void* recv, const std::vector<int64_t>& recv_bytes) override;
-  Status ReduceScatter(const CollectiveContext& ctx, void* buf, const std::vector<int64_t>& counts, void* out,
-                       DataType dtype, ReduceOp op) override;
+  Status Allreduce(const CollectiveContext& ctx, const AllreduceOptions& o) override;
+  Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) override;
+  Status Broadcast(const CollectiveContext& ctx, const BroadcastOptions& o) override;
+  Status Alltoallv(const CollectiveContext& ctx, const AlltoallvOptions& o) override;
+  Status ReduceScatter(const CollectiveContext& ctx, const ReduceScatterOptions& o) override;
   Status AddProcessSet(int32_t id, const std::vector<int>& ranks) override;
   void RemoveProcessSet(int32_t id) override;
 
  private:
   Status Comm(const CollectiveContext& ctx, MPI_Comm* out) const;
+  Status AllreduceUnscaled(MPI_Comm comm, const CollectiveContext& ctx, const AllreduceOptions& o);
+  Status ReduceScatterUnscaled(MPI_Comm comm, const CollectiveContext& ctx, const ReduceScatterOptions& o,
+                               const void* in);
   Status SplitAllreduce(MPI_Comm comm, const CollectiveContext& ctx, char* buf, int64_t count, DataType dtype,
                         MPI_Op op);
   Status BroadcastBytes(MPI_Comm comm, char* buf, int64_t len, int root);
@@ -95,6 +95,7 @@ class MpiBackend : public Backend {
 
   std::map<int32_t, MPI_Comm> comms_;  // process set id -> communicator (members only)
   std::vector<char> scratch_;
+  std::vector<char> prescaled_;  // a prescaled reducescatter input
 };
 
 Status MpiBackend::Comm(const CollectiveContext& ctx, MPI_Comm* out) const {
@@ -107,13 +108,20 @@ Status MpiBackend::Comm(const CollectiveContext& ctx, MPI_Comm* out) const {
   return Status::OK();
 }
 
-Status MpiBackend::Allreduce(const CollectiveContext& ctx, void* buf, int64_t count, DataType dtype,
-                             ReduceOp op) {
+Status MpiBackend::Allreduce(const CollectiveContext& ctx, const AllreduceOptions& o) {
   MPI_Comm comm;
-  MPI_Op mop;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
-  HVD_RETURN_IF_ERROR(ToMpiOp(dtype, op, &mop));
-  char* p = static_cast<char*>(buf);
+  HVD_RETURN_IF_ERROR(ScaleBuffer(o.buf, o.count, o.dtype, o.prescale));
+  HVD_RETURN_IF_ERROR(AllreduceUnscaled(comm, ctx, o));
+  return ScaleBuffer(o.buf, o.count, o.dtype, o.postscale);
+}
+
+Status MpiBackend::AllreduceUnscaled(MPI_Comm comm, const CollectiveContext& ctx, const AllreduceOptions& o) {
+  const DataType dtype = o.dtype;
+  const int64_t count = o.count;
+  MPI_Op mop;
+  HVD_RETURN_IF_ERROR(ToMpiOp(dtype, o.op, &mop));
+  char* p = static_cast<char*>(o.buf);
   const int64_t esize = static_cast<int64_t>(DataTypeSize(dtype));
   if (UsesUserOp(dtype)) return SplitAllreduce(comm, ctx, p, count, dtype, mop);
   for (int64_t done = 0; done < count; done += kMaxChunk) {  // count agrees on every member
@@ -148,11 +156,12 @@ Status MpiBackend::SplitAllreduce(MPI_Comm comm, const CollectiveContext& ctx, c
   return Status::OK();
 }
 
-Status MpiBackend::Allgatherv(const CollectiveContext& ctx, const void* send, void* recv,
-                              const std::vector<int64_t>& bytes) {
+Status MpiBackend::Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) {
   MPI_Comm comm;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
-  char* out = static_cast<char*>(recv);
+  const std::vector<int64_t>& bytes = o.bytes;
+  const void* send = o.send;
+  char* out = static_cast<char*>(o.recv);
   int64_t mine_at = 0;
   for (int i = 0; i < ctx.me; ++i) mine_at += bytes[i];
   if (FitsInt(bytes)) {
@@ -183,17 +192,19 @@ Status MpiBackend::BroadcastBytes(MPI_Comm comm, char* buf, int64_t len, int roo
   return Status::OK();
 }
 
-Status MpiBackend::Broadcast(const CollectiveContext& ctx, void* buf, int64_t len, int root_member) {
+Status MpiBackend::Broadcast(const CollectiveContext& ctx, const BroadcastOptions& o) {
   MPI_Comm comm;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
-  return BroadcastBytes(comm, static_cast<char*>(buf), len, root_member);
+  return BroadcastBytes(comm, static_cast<char*>(o.buf), o.bytes, o.root_member);
 }
 
-Status MpiBackend::Alltoallv(const CollectiveContext& ctx, const void* send,
-                             const std::vector<int64_t>& send_bytes, void* recv,
-                             const std::vector<int64_t>& recv_bytes) {
+Status MpiBackend::Alltoallv(const CollectiveContext& ctx, const AlltoallvOptions& o) {
   MPI_Comm comm;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
+  const void* send = o.send;
+  void* recv = o.recv;
+  const std::vector<int64_t>& send_bytes = o.send_bytes;
+  const std::vector<int64_t>& recv_bytes = o.recv_bytes;
   if (!FitsInt(send_bytes) || !FitsInt(recv_bytes)) {
     return PairwiseAlltoallv(comm, ctx, static_cast<const char*>(send), send_bytes, static_cast<char*>(recv),
                              recv_bytes);
@@ -231,22 +242,33 @@ Status MpiBackend::PairwiseAlltoallv(MPI_Comm comm, const CollectiveContext& ctx
   return Status::OK();
 }
 
-Status MpiBackend::ReduceScatter(const CollectiveContext& ctx, void* buf, const std::vector<int64_t>& counts,
-                                 void* out, DataType dtype, ReduceOp op) {
+Status MpiBackend::ReduceScatter(const CollectiveContext& ctx, const ReduceScatterOptions& o) {
   MPI_Comm comm;
-  MPI_Op mop;
+  const void* in = nullptr;
   HVD_RETURN_IF_ERROR(Comm(ctx, &comm));
-  HVD_RETURN_IF_ERROR(ToMpiOp(dtype, op, &mop));
+  HVD_RETURN_IF_ERROR(PrescaledInput(o, &prescaled_, &in));
+  HVD_RETURN_IF_ERROR(ReduceScatterUnscaled(comm, ctx, o, in));
+  return ScaleBuffer(o.out, o.counts[ctx.me], o.dtype, o.postscale);
+}
+
+// Reduce-scatter of `in_buf` (o.in or its prescaled copy), without the scales.
+Status MpiBackend::ReduceScatterUnscaled(MPI_Comm comm, const CollectiveContext& ctx,
+                                         const ReduceScatterOptions& o, const void* in_buf) {
+  const DataType dtype = o.dtype;
+  const std::vector<int64_t>& counts = o.counts;
+  void* out = o.out;
+  MPI_Op mop;
+  HVD_RETURN_IF_ERROR(ToMpiOp(dtype, o.op, &mop));
   const MPI_Datatype type = ToMpiType(dtype);
   if (FitsInt(counts)) {
     std::vector<int> c, d;
     IntCountsAndDispls(counts, &c, &d);
-    HVD_MPI_CALL(MPI_Reduce_scatter(buf, out, c.data(), type, mop, comm));
+    HVD_MPI_CALL(MPI_Reduce_scatter(in_buf, out, c.data(), type, mop, comm));
     return Status::OK();
   }
   // Beyond int counts: one chunked reduction to each member in turn.
   const int64_t esize = static_cast<int64_t>(DataTypeSize(dtype));
-  char* in = static_cast<char*>(buf);
+  const char* in = static_cast<const char*>(in_buf);
   int64_t off = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
     for (int64_t done = 0; done < counts[i]; done += kMaxChunk) {

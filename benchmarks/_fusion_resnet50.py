@@ -1,37 +1,18 @@
 """ResNet-50's 161 parameter tensors (25,557,032 float32) allreduced asynchronously in
 reverse order, then synchronized: the fused-many-tensors case, through the full runtime.
 
-    hvdliterun -np 2 .venv/bin/python tools/fusion_resnet50.py [--reps 15]
+    hvdliterun -np 2 .venv/bin/python benchmarks/_fusion_resnet50.py [--reps 15]
 
 Prints the median and best time per step (max over ranks). Information only.
+A helper (leading _, so `make bench` skips it): one rank of a job that hvdliterun starts,
+not a self-launching side-by-side benchmark.
 """
 
 import argparse
 import time
 
 import numpy as np
-
-
-def resnet50_shapes():
-    shapes = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
-    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        for b in range(blocks):
-            shapes += [
-                (width, inplanes, 1, 1),
-                (width,),
-                (width,),
-                (width, width, 3, 3),
-                (width,),
-                (width,),
-                (4 * width, width, 1, 1),
-                (4 * width,),
-                (4 * width,),
-            ]
-            if b == 0:
-                shapes += [(4 * width, inplanes, 1, 1), (4 * width,), (4 * width,)]
-            inplanes = 4 * width
-    return shapes + [(1000, 2048), (1000,)]
+from _resnet50_shapes import SHAPES
 
 
 def main():
@@ -41,9 +22,7 @@ def main():
     import hvdlite as hvd
 
     hvd.init()
-    shapes = resnet50_shapes()
-    assert len(shapes) == 161 and sum(int(np.prod(s)) for s in shapes) == 25557032
-    grads = [np.zeros(s, np.float32) for s in shapes]
+    grads = [np.zeros(s, np.float32) for s in SHAPES]
     times = []
     for rep in range(a.reps + 2):
         hvd.allreduce_(np.zeros(1, np.float32), name="barrier")

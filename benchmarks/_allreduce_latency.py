@@ -1,12 +1,14 @@
 """Small-message allreduce latency through the full runtime (negotiation included).
 
-    hvdliterun -np 2 .venv/bin/python tools/allreduce_latency.py [--bytes 4096] [--calls 1000] [--reps 7]
+    hvdliterun -np 2 .venv/bin/python benchmarks/_allreduce_latency.py [--bytes 4096] [--calls 1000] [--reps 7]
 
 Each repetition: a barrier-like allreduce, then `calls` back-to-back in-place
 allreduce_ calls of a float32 array of `bytes` bytes (kept at zero); the time per
 call is the max over ranks. Prints the median and min over repetitions, and how
 busy the machine was meanwhile (CPU time used by processes other than the ranks,
 in cores, from /proc/stat minus the ranks' own rusage). Information only.
+A helper (leading _, so `make bench` skips it): one rank of a job that hvdliterun starts,
+not a self-launching side-by-side benchmark.
 """
 
 import argparse

@@ -1,12 +1,14 @@
 """Allreduce busbw through the full runtime (processes, negotiation included).
 
-    hvdliterun -np N .venv/bin/python tools/allreduce_bench.py [--sizes 1M,16M,64M,256M]
+    hvdliterun -np N .venv/bin/python benchmarks/_allreduce_busbw.py [--sizes 1M,16M,64M,256M]
 
 float32 Sum, in place (allreduce_), buffers touched first and kept at zero while timed.
 Per size: a correctness pass with rank-dependent data (#wrong), warm-up, then repetitions;
 each repetition starts after a small allreduce (a barrier) and its time is the max over
 ranks; prints the median and best busbw (nccl-tests: algbw * 2(n-1)/n) and how many cores
 processes other than the ranks used meanwhile ("others"). Information only.
+A helper (leading _, so `make bench` skips it): one rank of a job that hvdliterun starts,
+not a self-launching side-by-side benchmark.
 """
 
 import argparse
