@@ -95,7 +95,8 @@ lint: $(VENV)/.pip-stamp
 	$(VENV)/bin/ruff check $(PY_LINT_DIRS)
 	$(VENV)/bin/ruff format --check $(PY_LINT_DIRS)
 	$(VENV)/bin/mypy
-	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
+	@echo clang-format --dry-run -Werror '<csrc/ and tests/cpp/ sources>'
+	@$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
 
 format: $(VENV)/.pip-stamp
 	$(VENV)/bin/ruff check --fix $(PY_LINT_DIRS)

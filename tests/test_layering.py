@@ -1,11 +1,10 @@
 """The layering of ARCHITECTURE.md, checked: csrc/ folders include only the layers below them
-(so there is no include cycle), hvdlite/ has no import cycle, and the CMake build's per-layer
+(so there is no include cycle), and the CMake build's per-layer
 link check turns a call from a layer into a layer above it (a back edge) into a link error.
 
 The checks are the ones of the shared tool import_cycles.py, restated here so that the test
-suite needs nothing outside the repository."""
+suite needs nothing outside the repository. hvdlite/'s import cycles: tests/test_import_cycles.py."""
 
-import ast
 import os
 import re
 import subprocess
@@ -91,60 +90,6 @@ def test_csrc_folders_include_only_lower_layers():
             if order[target] >= order[folder]:
                 bad.append("%s -> %s (%s)" % (folder, target, ", ".join(sorted(files))))
     assert bad == [], "back edges in the csrc/ layering:\n" + "\n".join(bad)
-
-
-def python_import_graph():
-    """{module: {imported hvdlite module}}: every import counts, also inside functions, except
-    under `if TYPE_CHECKING:`; a module's import of its own parent package does not."""
-    mods = {}
-    for dirpath, _, files in os.walk(os.path.join(ROOT, "hvdlite")):
-        for name in files:
-            if name.endswith(".py"):
-                rel = os.path.relpath(os.path.join(dirpath, name), ROOT)[:-3].replace(os.sep, ".")
-                mods[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(
-                    dirpath, name
-                )
-
-    def resolve(name):
-        while name and name not in mods:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph = {}
-    for mod, path in mods.items():
-        with open(path) as f:
-            tree = ast.parse(f.read(), path)
-        skip = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                skip.update(id(n) for n in ast.walk(node))
-        package = mod.split(".") if path.endswith("__init__.py") else mod.split(".")[:-1]
-        deps = set()
-        for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package[: len(package) - (node.level - 1)]
-                    base = ".".join(parts + ([base] if base else []))
-                targets = [base + "." + a.name for a in node.names] + [base]
-            for t in targets:
-                r = resolve(t)
-                if r and r != mod and not mod.startswith(r + "."):
-                    deps.add(r)
-        graph[mod] = deps
-    return graph
-
-
-# Other branches of issue 17 remove the remaining Python cycles; this turns into XPASS once they
-# are merged, and the marker must then go (strict=False keeps this branch green until then).
-@pytest.mark.xfail(reason="issue 17: Python import cycles are removed on other branches", strict=False)
-def test_no_python_import_cycle():
-    assert cycles(python_import_graph()) == [], "import cycles in hvdlite/"
 
 
 # ---- the link-time layering check (CMakeLists.txt: <layer>_check) ----
