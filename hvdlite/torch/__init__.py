@@ -44,6 +44,8 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from hvdlite.parallel.mesh import Mesh
+from hvdlite.torch import parallel
 from hvdlite.torch.autograd_ops import (
     allgather,
     allreduce,
