@@ -1,2 +1,10 @@
 """hvdlite.torch.parallel (``hvd.parallel``): tensor and pipeline parallelism for PyTorch
 modules, built only on hvdlite.torch's public collectives. One file per technique."""
+
+from hvdlite.torch.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    SequenceParallelLayerNorm,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
