@@ -1,6 +1,13 @@
 """hvdlite.torch.parallel (``hvd.parallel``): tensor and pipeline parallelism for PyTorch
 modules, built only on hvdlite.torch's public collectives. One file per technique."""
 
+from hvdlite.torch.parallel.pipeline import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 from hvdlite.torch.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,

@@ -1,0 +1,107 @@
+"""Pipeline parallelism on real ranks: every schedule on 2 and 4 pipeline ranks and several
+microbatch counts (fewer than the stages too, and an uneven split) gives the losses and
+gradients of one process on the whole batch. Stages pass two tensors and every stage takes
+a keyword argument."""
+
+import numpy as np
+import pytest
+from helpers import run_ranks
+from pp_models import reference
+
+SCHEDULES = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"]
+
+
+def _configs(p):
+    ms = [1, 2, 3, 4] if p == 2 else [2, 4, 8]
+    out = [(name, m, 12) for name in SCHEDULES for m in ms]
+    return out + [("Schedule1F1B", 4, 10), ("ScheduleInterleavedZeroBubble", 4, 10)]  # uneven split
+
+
+def run_pipeline(hvd, pp_set, name, m, rows):
+    """This rank's (losses, {stage: grads}) for one step of schedule `name`."""
+    import pp_models
+
+    P = hvd.parallel
+    p = pp_set.size()
+    v = 2 if "Interleaved" in name else 1
+    model = pp_models.chunks(p * v)
+    mine = [s for s in range(p * v) if s % p == pp_set.rank()]
+    stages = [P.PipelineStage(model[s], s, p * v, process_set=pp_set) for s in mine]
+    cls = getattr(P, name)
+    sched = cls(stages if v > 1 else stages[0], m, loss_fn=pp_models.loss_fn)
+    x, y, gain = pp_models.batch(rows)
+    losses: list = []
+    out = sched.step(x, target=y, losses=losses, gain=gain)
+    grads = {s: [q.grad.numpy().copy() for q in model[s].parameters()] for s in mine}
+    return [float(t) for t in losses], grads, None if out is None else tuple(out.shape)
+
+
+def _pp_body(configs):
+    import torch
+
+    import hvdlite.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    mesh = hvd.Mesh(pp=hvd.size())
+    results = {cfg: run_pipeline(hvd, mesh.process_set("pp"), *cfg) for cfg in configs}
+    errors = _bad_configs(hvd, mesh) if hvd.size() == 2 else None
+    hvd.shutdown()
+    return results, errors
+
+
+def _check(outs, configs, p):
+    refs = {}
+    for name, m, rows in configs:
+        v = 2 if "Interleaved" in name else 1
+        key = (p * v, rows)
+        if key not in refs:
+            refs[key] = reference(p * v, rows)
+        ref_loss, ref_grads = refs[key]
+        last = (p * v - 1) % p
+        losses, _, shape = outs[last][(name, m, rows)]
+        assert len(losses) == m and shape == (rows, 3)
+        split = np.array_split(np.arange(rows), m)
+        weighted = sum(loss * len(s) / rows for loss, s in zip(losses, split))
+        assert abs(weighted - ref_loss) < 1e-6 * max(1.0, abs(ref_loss)), (name, m, rows)
+        for r in range(p):
+            for s, grads in outs[r][(name, m, rows)][1].items():
+                for g, want in zip(grads, ref_grads[s]):
+                    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=str((name, m, rows, s)))
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_every_schedule_equals_one_process(p):
+    configs = _configs(p)
+    outs = run_ranks(_pp_body, p, args=(configs,), timeout=150)
+    _check([o[0] for o in outs], configs, p)
+    for _, errors in outs if p == 2 else ():
+        assert "belongs on pipeline rank" in errors[0]
+        assert "divisible" in errors[1]
+        assert "need 2 stages per rank; this rank passed 1" in errors[2]
+
+
+def _bad_configs(hvd, mesh):
+    """Impossible configurations fail at construction, before any rank communicates."""
+    import torch
+
+    from hvdlite.parallel import ScheduleError
+
+    P, ps = hvd.parallel, mesh.process_set("pp")
+    errors = []
+    try:
+        P.PipelineStage(torch.nn.Linear(2, 2), 1 - ps.rank(), 2, process_set=ps)
+    except hvd.InvalidArgumentError as e:
+        errors.append(str(e))
+    stages = [
+        P.PipelineStage(torch.nn.Linear(2, 2), s, 4, process_set=ps) for s in (ps.rank(), ps.rank() + 2)
+    ]
+    try:
+        P.ScheduleInterleaved1F1B(stages, 5, loss_fn=torch.nn.functional.mse_loss)
+    except ScheduleError as e:
+        errors.append(str(e))
+    try:
+        P.Schedule1F1B(stages[0], 4, loss_fn=torch.nn.functional.mse_loss)
+    except hvd.InvalidArgumentError as e:
+        errors.append(str(e))
+    return errors
