@@ -112,3 +112,14 @@ def test_impossible_configurations_are_clear_errors():
         S.build("GPipe", 2, 1, 0)
     with pytest.raises(ScheduleError, match="unknown schedule"):
         S.build("Looped", 2, 1, 2)
+
+
+def test_zero_bubble_defers_a_bounded_number_of_weight_gradients():
+    p = 4
+    sched = S.build("InterleavedZeroBubble", p, 1, 8)
+    for r, acts in enumerate(sched.actions):
+        pending, most = 0, 0
+        for a in acts:
+            pending += {"I": 1, "W": -1}.get(a.kind, 0)
+            most = max(most, pending)
+        assert most <= p - r  # at most p-1-r deferred, plus the one just produced

@@ -164,7 +164,10 @@ def compute_orders(name, num_ranks, stages_per_rank, n_microbatches):
 
 class _Sim:
     """Discrete-time run of the compute orders: a rank starts its next compute action as soon
-    as its inputs are there (deferred W actions fill the gaps of zero-bubble schedules);
+    as its inputs are there. Zero-bubble W actions are deferred: one runs when the next
+    action's inputs are not there yet, or when more than p-1-r are pending on rank r (ZB-H1's
+    rule: early ranks have the most bubble to fill at the end; it also bounds the activations
+    kept alive);
     outputs travel to the next rank when the action ends. Produces one global event list."""
 
     def __init__(self, orders, p, num_stages, split):
@@ -202,12 +205,8 @@ class _Sim:
             for r in range(p):
                 if running[r] is not None:
                     continue
-                nxt = self.orders[r][ptr[r]] if ptr[r] < len(self.orders[r]) else None
-                if nxt is not None and self._ready(*nxt):
-                    ptr[r] += 1
-                elif wq[r]:
-                    nxt = wq[r].pop(0)
-                else:
+                nxt = self._pick(r, ptr, wq[r])
+                if nxt is None:
                     continue
                 running[r], busy_until[r], started = nxt, t + COSTS[nxt[0]], True
                 self.events.append((r, Action(*nxt)))
@@ -222,6 +221,17 @@ class _Sim:
                 raise ScheduleError("schedule cannot make progress: " + "; ".join(heads))
             t += 1
         return self.events, self.timeline
+
+    def _pick(self, r, ptr, deferred):
+        """Rank r's next compute action if it can start now (advancing ptr), else None."""
+        nxt = self.orders[r][ptr[r]] if ptr[r] < len(self.orders[r]) else None
+        ready = nxt is not None and self._ready(*nxt)
+        if deferred and (not ready or len(deferred) > self.p - 1 - r):
+            return deferred.pop(0)  # a deferred W: fills a wait, or keeps at most p-1-r pending
+        if ready:
+            ptr[r] += 1
+            return nxt
+        return None
 
     def _finish(self, r, action, wq):
         kind, s, mb = action
