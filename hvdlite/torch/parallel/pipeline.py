@@ -27,6 +27,7 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.parallel import schedules
+from hvdlite.parallel.mesh import pair_process_set
 from hvdlite.torch.parallel import p2p
 
 
@@ -104,6 +105,10 @@ class _PipelineScheduleBase:
         self.schedule = schedules.build(self._kind, p, len(stages), n_microbatches)
         self._actions = self.schedule.actions[ps.rank()]
         self._me = ps.ranks[ps.rank()]
+        for offset in (-1, 1):  # fail here, not at the first transfer, when a channel is missing
+            peer = ps.ranks[(ps.rank() + offset) % p]
+            if peer != self._me:
+                pair_process_set(self._me, peer)
         self.last_timeline: list[tuple[schedules.Action, float, float]] = []
 
     # ---- one step --------------------------------------------------------------------
