@@ -4,7 +4,6 @@ gradients of one process on the whole batch. Stages pass two tensors and every s
 a keyword argument."""
 
 import numpy as np
-import pytest
 from helpers import run_ranks
 from pp_models import reference
 
@@ -36,18 +35,22 @@ def run_pipeline(hvd, pp_set, name, m, rows):
     return [float(t) for t in losses], grads, None if out is None else tuple(out.shape)
 
 
-def _pp_body(configs):
+def _pp_body():
+    """Both pipeline sizes in one 4-rank job: two pp=2 pipelines side by side (hvd.Mesh(pp=2,
+    dp=2)), then one pp=4 pipeline."""
     import torch
 
     import hvdlite.torch as hvd
 
     torch.set_num_threads(1)
     hvd.init()
-    mesh = hvd.Mesh(pp=hvd.size())
-    results = {cfg: run_pipeline(hvd, mesh.process_set("pp"), *cfg) for cfg in configs}
-    errors = _bad_configs(hvd, mesh) if hvd.size() == 2 else None
+    out = {}
+    for p in (2, 4):
+        mesh = hvd.Mesh(pp=p, dp=-1)
+        out[p] = {cfg: run_pipeline(hvd, mesh.process_set("pp"), *cfg) for cfg in _configs(p)}
+    errors = _bad_configs(hvd, mesh)
     hvd.shutdown()
-    return results, errors
+    return out, errors
 
 
 def _check(outs, configs, p):
@@ -70,12 +73,12 @@ def _check(outs, configs, p):
                     np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=str((name, m, rows, s)))
 
 
-@pytest.mark.parametrize("p", [2, 4])
-def test_every_schedule_equals_one_process(p):
-    configs = _configs(p)
-    outs = run_ranks(_pp_body, p, args=(configs,), timeout=150)
-    _check([o[0] for o in outs], configs, p)
-    for _, errors in outs if p == 2 else ():
+def test_every_schedule_equals_one_process():
+    outs = run_ranks(_pp_body, 4, timeout=200)
+    _check([outs[0][0][2], outs[2][0][2]], _configs(2), 2)  # the pp=2 pipeline of ranks 0 and 2
+    _check([outs[1][0][2], outs[3][0][2]], _configs(2), 2)  # and its twin on ranks 1 and 3
+    _check([o[0][4] for o in outs], _configs(4), 4)
+    for _, errors in outs:
         assert "belongs on pipeline rank" in errors[0]
         assert "divisible" in errors[1]
         assert "need 2 stages per rank; this rank passed 1" in errors[2]
@@ -90,14 +93,14 @@ def _bad_configs(hvd, mesh):
     P, ps = hvd.parallel, mesh.process_set("pp")
     errors = []
     try:
-        P.PipelineStage(torch.nn.Linear(2, 2), 1 - ps.rank(), 2, process_set=ps)
+        P.PipelineStage(torch.nn.Linear(2, 2), (ps.rank() + 1) % 4, 4, process_set=ps)
     except hvd.InvalidArgumentError as e:
         errors.append(str(e))
     stages = [
-        P.PipelineStage(torch.nn.Linear(2, 2), s, 4, process_set=ps) for s in (ps.rank(), ps.rank() + 2)
+        P.PipelineStage(torch.nn.Linear(2, 2), s, 8, process_set=ps) for s in (ps.rank(), ps.rank() + 4)
     ]
     try:
-        P.ScheduleInterleaved1F1B(stages, 5, loss_fn=torch.nn.functional.mse_loss)
+        P.ScheduleInterleaved1F1B(stages, 9, loss_fn=torch.nn.functional.mse_loss)
     except ScheduleError as e:
         errors.append(str(e))
     try:
