@@ -11,18 +11,19 @@ SCHEDULES = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "Schedu
 
 
 def _configs(p):
+    """(schedule, stages per rank, microbatches, batch rows)."""
     ms = [1, 2, 3, 4] if p == 2 else [2, 4, 8]
-    out = [(name, m, 12) for name in SCHEDULES for m in ms]
-    return out + [("Schedule1F1B", 4, 10), ("ScheduleInterleavedZeroBubble", 4, 10)]  # uneven split
+    out = [(name, 2 if "Interleaved" in name else 1, m, 12) for name in SCHEDULES for m in ms]
+    out += [("ScheduleInterleavedZeroBubble", 1, m, 12) for m in ms]  # one stage per rank: ZB-H1
+    return out + [("Schedule1F1B", 1, 4, 10), ("ScheduleInterleavedZeroBubble", 2, 4, 10)]  # uneven split
 
 
-def run_pipeline(hvd, pp_set, name, m, rows):
+def run_pipeline(hvd, pp_set, name, v, m, rows):
     """This rank's (losses, {stage: grads}) for one step of schedule `name`."""
     import pp_models
 
     P = hvd.parallel
     p = pp_set.size()
-    v = 2 if "Interleaved" in name else 1
     model = pp_models.chunks(p * v)
     mine = [s for s in range(p * v) if s % p == pp_set.rank()]
     stages = [P.PipelineStage(model[s], s, p * v, process_set=pp_set) for s in mine]
@@ -55,22 +56,23 @@ def _pp_body():
 
 def _check(outs, configs, p):
     refs = {}
-    for name, m, rows in configs:
-        v = 2 if "Interleaved" in name else 1
+    for name, v, m, rows in configs:
         key = (p * v, rows)
         if key not in refs:
             refs[key] = reference(p * v, rows)
         ref_loss, ref_grads = refs[key]
         last = (p * v - 1) % p
-        losses, _, shape = outs[last][(name, m, rows)]
+        losses, _, shape = outs[last][(name, v, m, rows)]
         assert len(losses) == m and shape == (rows, 3)
         split = np.array_split(np.arange(rows), m)
         weighted = sum(loss * len(s) / rows for loss, s in zip(losses, split))
-        assert abs(weighted - ref_loss) < 1e-6 * max(1.0, abs(ref_loss)), (name, m, rows)
+        assert abs(weighted - ref_loss) < 1e-6 * max(1.0, abs(ref_loss)), (name, v, m, rows)
         for r in range(p):
-            for s, grads in outs[r][(name, m, rows)][1].items():
+            for s, grads in outs[r][(name, v, m, rows)][1].items():
                 for g, want in zip(grads, ref_grads[s]):
-                    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=str((name, m, rows, s)))
+                    np.testing.assert_allclose(
+                        g, want, rtol=1e-5, atol=1e-6, err_msg=str((name, v, m, rows, s))
+                    )
 
 
 def test_every_schedule_equals_one_process():

@@ -90,6 +90,11 @@ def _vocab(hvd, emb, head, ids, target, out):
     logits = phead(pemb(ids))
     loss = P.vocab_parallel_cross_entropy(logits, target)
     loss.backward()
+    from hvdlite.torch.parallel.tp_comm import partition
+
+    s0, n = partition(ids.shape[0], hvd.size(), hvd.rank())
+    sp_emb = P.VocabParallelEmbedding.from_dense(emb, sequence_parallel=True)
+    out["sp_emb"] = (_np(sp_emb(ids)), s0, n)
     out["vocab"] = {
         "loss": _np(loss),
         "emb.grad": _np(pemb.weight.grad),
@@ -140,6 +145,7 @@ def _reference():
     (y * probe).sum().backward()
     ref["sp"] = {"y": _np(y), "x.grad": _np(xi.grad), "ln.w": _np(ln.weight.grad), "ln.b": _np(ln.bias.grad)}
     ref["sp"].update(_grads(fc1, fc2))
+    ref["emb_out"] = _np(emb(ids))
     loss = F.cross_entropy(head(emb(ids)).reshape(-1, 11), target.reshape(-1), ignore_index=-100)
     loss.backward()
     ref["vocab"] = {"loss": _np(loss), "emb": _np(emb.weight.grad), "head": _np(head.weight.grad)}
@@ -190,6 +196,10 @@ def test_tensor_parallel_equals_dense(tp):
     for key in ("ln.w.grad", "row.b.grad"):
         assert all(np.array_equal(o["sp"][key], outs[0]["sp"][key]) for o in outs), key
 
+    dense_emb = ref["emb_out"]
+    for out in outs:
+        got, s0, n = out["sp_emb"]
+        _close(got, dense_emb[s0 : s0 + n])
     v = ref["vocab"]
     for out in outs:
         got = out["vocab"]
