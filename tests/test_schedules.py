@@ -123,3 +123,17 @@ def test_zero_bubble_defers_a_bounded_number_of_weight_gradients():
             pending += {"I": 1, "W": -1}.get(a.kind, 0)
             most = max(most, pending)
         assert most <= p - r  # at most p-1-r deferred, plus the one just produced
+
+
+def test_exchanges_are_fused_alike_on_both_ranks():
+    sched = S.build("1F1B", 4, 1, 8)
+    assert any(a.fused for acts in sched.actions for a in acts)  # some steady-state pairs fuse
+    r, i = next((r, i) for r, acts in enumerate(sched.actions) for i, a in enumerate(acts) if a.fused)
+    sched.actions[r][i] = sched.actions[r][i]._replace(fused=False)
+    with pytest.raises(ScheduleError, match="different orders"):
+        S.check(sched)
+    sched = S.build("GPipe", 2, 1, 2)
+    i = next(i for i, a in enumerate(sched.actions[0]) if a.kind == "SEND_F")
+    sched.actions[0][i] = sched.actions[0][i]._replace(fused=True)
+    with pytest.raises(ScheduleError, match="must be followed by the opposite transfer"):
+        S.check(sched)

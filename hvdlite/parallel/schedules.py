@@ -15,7 +15,9 @@ Actions (``Action(kind, stage, mb, peer)``, peer a pipeline rank for transfers):
   RECV_B  receive the gradient of stage's output from the next stage's rank
 
 Transfers are blocking and matched: a SEND completes only together with the peer's RECV
-(that is how collectives on a two-rank set behave). Generation therefore works in two steps:
+(that is how collectives on a two-rank set behave). When both directions of one pair fall on
+the same instant, the first of the two is marked ``fused`` on both ranks and the pair runs as
+one exchange (one collective instead of two). Generation therefore works in two steps:
 a per-rank order of compute actions (the schedule's policy), then one global order of events
 from a timed simulation, projected onto every rank. Because every rank executes its events in
 the order of one global sequence, the earliest unfinished event always has all its
@@ -38,15 +40,19 @@ class ScheduleError(exceptions.InvalidArgumentError):
     deadlock, mismatch their transfers or miss a microbatch."""
 
 
-class Action(collections.namedtuple("Action", "kind stage mb peer")):
+class Action(collections.namedtuple("Action", "kind stage mb peer fused")):
+    """``fused`` (transfers only): this transfer and the next action of the same rank, the
+    transfer in the other direction with the same peer, run as one exchange (both ranks of
+    the pair flag the same one)."""
+
     __slots__ = ()
 
-    def __new__(cls, kind, stage, mb, peer=None):
-        return super().__new__(cls, kind, stage, mb, peer)
+    def __new__(cls, kind, stage, mb, peer=None, fused=False):
+        return super().__new__(cls, kind, stage, mb, peer, fused)
 
     def __str__(self):
         text = "%s(s%d,mb%d" % (self.kind, self.stage, self.mb)
-        return text + (",peer%d)" % self.peer if self.peer is not None else ")")
+        return text + (",peer%d)" % self.peer if self.peer is not None else ")") + ("+" if self.fused else "")
 
 
 class PipelineSchedule:
@@ -199,8 +205,14 @@ class _Sim:
                 if running[r] is not None and busy_until[r] == t:
                     transfers += self._finish(r, running[r], wq)
                     running[r] = None
-            for x in sorted(transfers, key=_transfer_key):
-                self._transfer(*x)
+            ordered, second = sorted(transfers, key=_transfer_key), False
+            for i, x in enumerate(ordered):
+                # both directions of one pair in the same instant: one exchange
+                nxt = ordered[i + 1] if i + 1 < len(ordered) else None
+                fuse = not second and nxt is not None and _pair(nxt) == _pair(x) and nxt[3] != x[3] != x[4]
+                kind, s, mb, src, dst = x
+                self._transfer(kind, s, mb, src, dst, fused=fuse)
+                second = fuse
             started = False
             for r in range(p):
                 if running[r] is not None:
@@ -245,17 +257,21 @@ class _Sim:
             out.append(("B", s, mb, r, (s - 1) % self.p))
         return out
 
-    def _transfer(self, kind, s, mb, src, dst):
+    def _transfer(self, kind, s, mb, src, dst, fused=False):
         if kind == "F":
             self.act.add((s + 1, mb))
             if src != dst:
-                self.events.append((src, Action("SEND_F", s, mb, dst)))
-                self.events.append((dst, Action("RECV_F", s + 1, mb, src)))
+                self.events.append((src, Action("SEND_F", s, mb, dst, fused)))
+                self.events.append((dst, Action("RECV_F", s + 1, mb, src, fused)))
         else:
             self.grad.add((s - 1, mb))
             if src != dst:
-                self.events.append((src, Action("SEND_B", s, mb, dst)))
-                self.events.append((dst, Action("RECV_B", s - 1, mb, src)))
+                self.events.append((src, Action("SEND_B", s, mb, dst, fused)))
+                self.events.append((dst, Action("RECV_B", s - 1, mb, src, fused)))
+
+
+def _pair(x):
+    return (min(x[3], x[4]), max(x[3], x[4]))
 
 
 def _transfer_key(x):
@@ -304,12 +320,30 @@ def _check_coverage(sched, seen, want):
                     )
 
 
+def _check_fused(r, acts):
+    """A fused transfer is followed by the opposite transfer with the same peer, unfused."""
+    for i, a in enumerate(acts):
+        if a.kind in TRANSFERS and a.fused:
+            b = acts[i + 1] if i + 1 < len(acts) else None
+            if (
+                b is None
+                or b.kind not in TRANSFERS
+                or b.peer != a.peer
+                or b.fused
+                or b.kind.startswith("SEND") == a.kind.startswith("SEND")
+            ):
+                raise ScheduleError(
+                    "rank %d: fused %s must be followed by the opposite transfer with the same peer, not %s"
+                    % (r, a, b)
+                )
+
+
 def _check_static(sched):
     p, n, m = sched.num_ranks, sched.num_stages, sched.n_microbatches
     want = ("I", "W") if sched.split_backward else ("B",)
     seen: collections.Counter[tuple[str, int, int]] = collections.Counter()
-    links: dict[tuple[int, int], dict[int, list[tuple[int, int, str, int, int]]]] = collections.defaultdict(
-        lambda: collections.defaultdict(list)
+    links: dict[tuple[int, int], dict[int, list[tuple[tuple[int, int, str, int, int], bool]]]] = (
+        collections.defaultdict(lambda: collections.defaultdict(list))
     )
     for r, acts in enumerate(sched.actions):
         for a in acts:
@@ -326,7 +360,8 @@ def _check_static(sched):
             nxt = a.stage + 1 if a.kind == "SEND_F" else a.stage - 1 if a.kind == "SEND_B" else a.stage
             if a.kind.startswith("SEND") and (not 0 <= nxt < n or sched.stage_rank(nxt) != a.peer):
                 raise ScheduleError("rank %d: %s sends to a rank that does not hold the peer stage" % (r, a))
-            links[(min(r, a.peer), max(r, a.peer))][r].append(tid)
+            links[(min(r, a.peer), max(r, a.peer))][r].append((tid, a.fused))
+        _check_fused(r, acts)
     for (a, b), per_rank in links.items():
         sa, sb = per_rank.get(a, []), per_rank.get(b, [])
         if sa != sb:
@@ -351,11 +386,35 @@ def _deps_met(sched, r, a, local):
     return ("F", a.stage, a.mb) in local and got_grad
 
 
+def _precheck(sched, r, a, local):
+    """Raises unless rank r, having done `local`, has what action a consumes."""
+    if a.kind in COMPUTE and not _deps_met(sched, r, a, local):
+        raise ScheduleError("rank %d runs %s before its input is there" % (r, a))
+    if a.kind == "SEND_F" and ("F", a.stage, a.mb) not in local:
+        raise ScheduleError("rank %d runs %s before the forward that produces it" % (r, a))
+    if a.kind == "SEND_B" and not any((k, a.stage, a.mb) in local for k in ("B", "I")):
+        raise ScheduleError("rank %d runs %s before the backward that produces it" % (r, a))
+
+
+def _unit(sched, r, i):
+    """The actions rank r runs as one step from index i: one action, or a fused exchange."""
+    acts = sched.actions[r]
+    return acts[i : i + 2] if acts[i].kind in TRANSFERS and acts[i].fused else acts[i : i + 1]
+
+
+def _matches(sched, r, unit, q, other):
+    p = sched.num_ranks
+    return len(unit) == len(other) and all(
+        y.kind in TRANSFERS and y.peer == r and _transfer_id(q, y, p) == _transfer_id(r, x, p)
+        for x, y in zip(unit, other)
+    )
+
+
 def check(sched):
     """Raises ScheduleError unless the action lists run to the end under blocking, matched
     send/recv: every (stage, microbatch) forward and backward (or I and W) exactly once on the
     stage's rank, inputs received or produced before use, both ranks of every pair issuing
-    their transfers in the same order, and no circular wait."""
+    their transfers (and fused exchanges) in the same order, and no circular wait."""
     seen, want = _check_static(sched)
     p = sched.num_ranks
     ptr = [0] * p
@@ -364,30 +423,20 @@ def check(sched):
         progress = False
         for r in range(p):
             while ptr[r] < len(sched.actions[r]):
-                a = sched.actions[r][ptr[r]]
-                if a.kind in COMPUTE:
-                    if not _deps_met(sched, r, a, local[r]):
-                        raise ScheduleError("rank %d runs %s before its input is there" % (r, a))
-                elif a.kind.startswith("SEND") and (
-                    a.kind[-1] == "F" and ("F", a.stage, a.mb) not in local[r]
-                ):
-                    raise ScheduleError("rank %d runs %s before the forward that produces it" % (r, a))
-                elif a.kind == "SEND_B" and not any((k, a.stage, a.mb) in local[r] for k in ("B", "I")):
-                    raise ScheduleError("rank %d runs %s before the backward that produces it" % (r, a))
-                if a.kind in TRANSFERS:
-                    q = a.peer
-                    b = sched.actions[q][ptr[q]] if ptr[q] < len(sched.actions[q]) else None
-                    if (
-                        b is None
-                        or b.kind not in TRANSFERS
-                        or b.peer != r
-                        or _transfer_id(q, b, p) != _transfer_id(r, a, p)
-                    ):
+                unit = _unit(sched, r, ptr[r])
+                sides = [(r, unit)]
+                if unit[0].kind in TRANSFERS:
+                    q = unit[0].peer
+                    other = _unit(sched, q, ptr[q]) if ptr[q] < len(sched.actions[q]) else []
+                    if not _matches(sched, r, unit, q, other):
                         break  # waits for the peer
-                    local[q].add((b.kind, b.stage, b.mb))
-                    ptr[q] += 1
-                local[r].add((a.kind, a.stage, a.mb))
-                ptr[r] += 1
+                    sides.append((q, other))
+                for rank, acts in sides:  # everything an exchange sends exists before it starts
+                    for x in acts:
+                        _precheck(sched, rank, x, local[rank])
+                for rank, acts in sides:
+                    local[rank].update((x.kind, x.stage, x.mb) for x in acts)
+                    ptr[rank] += len(acts)
                 progress = True
         if not progress:
             heads = [

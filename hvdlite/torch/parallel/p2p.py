@@ -86,3 +86,13 @@ def recv(me, peer, name, device=None):
     ps = pair_process_set(me, peer)
     empty = torch.empty(0, dtype=torch.uint8)
     return unpack(mpi_ops.synchronize(mpi_ops.allgather_async(empty, name=name, process_set=ps)), device)
+
+
+def exchange(tensors, me, peer, name):
+    """Sends `tensors` to `peer` and returns what `peer` sends in the same exchange (one
+    allgather on the pair's set, both contributing); both call it under the same name."""
+    ps = pair_process_set(me, peer)
+    mine = pack(tensors)
+    both = mpi_ops.synchronize(mpi_ops.allgather_async(mine, name=name, process_set=ps))
+    n = mine.numel()
+    return unpack(both[n:] if me < peer else both[: both.numel() - n])

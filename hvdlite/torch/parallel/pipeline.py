@@ -104,7 +104,7 @@ class _PipelineScheduleBase:
         self._n_microbatches, self._loss_fn = n_microbatches, loss_fn
         self.schedule = schedules.build(self._kind, p, len(stages), n_microbatches)
         self._actions = self.schedule.actions[ps.rank()]
-        self._me = ps.ranks[ps.rank()]
+        self._me, self._pp_ranks = ps.ranks[ps.rank()], list(ps.ranks)
         for offset in (-1, 1):  # fail here, not at the first transfer, when a channel is missing
             peer = ps.ranks[(ps.rank() + offset) % p]
             if peer != self._me:
@@ -119,10 +119,17 @@ class _PipelineScheduleBase:
         None elsewhere."""
         self._prepare(args, target, kwargs)
         timeline = []
-        for action in self._actions:
-            start = time.perf_counter()
-            getattr(self, "_do_" + action.kind)(action)
+        i = 0
+        while i < len(self._actions):
+            action, start = self._actions[i], time.perf_counter()
+            if action.fused:  # this transfer and the next one, in the other direction, as one exchange
+                self._exchange(action, self._actions[i + 1])
+                timeline.append((action, start, time.perf_counter()))
+                action, i = self._actions[i + 1], i + 1
+            else:
+                getattr(self, "_do_" + action.kind)(action)
             timeline.append((action, start, time.perf_counter()))
+            i += 1
         self.last_timeline = timeline
         if losses is not None:
             losses.extend(self._losses[k] for k in sorted(self._losses))
@@ -157,6 +164,27 @@ class _PipelineScheduleBase:
 
     def _name(self, action, direction):
         return "pp.%s.s%d.mb%d" % (direction, action.stage, action.mb)
+
+    def _transfer_name(self, a):
+        """The name both ends give transfer action a (named by the sending stage)."""
+        sender = {"SEND_F": a.stage, "SEND_B": a.stage, "RECV_F": a.stage - 1, "RECV_B": a.stage + 1}[a.kind]
+        return self._name(a._replace(stage=sender), a.kind[-1])
+
+    def _exchange(self, a, b):
+        """Transfers a and b (one SEND, one RECV, same peer) as one exchange."""
+        send, recv = (a, b) if a.kind.startswith("SEND") else (b, a)
+        name = "+".join(sorted((self._transfer_name(send), self._transfer_name(recv))))
+        if send.kind == "SEND_F":
+            payload = list(self._outputs[(send.stage, send.mb)])
+        else:
+            payload = self._grad_in.pop((send.stage, send.mb))
+        got = p2p.exchange(payload, self._me, self._pp_ranks[send.peer], name)
+        stage = self._stages[recv.stage]
+        got = [t.to(stage.device) for t in got] if stage.device is not None else got
+        if recv.kind == "RECV_F":
+            self._inputs[(recv.stage, recv.mb)] = tuple(got)
+        else:
+            self._grad_out[(recv.stage, recv.mb)] = got
 
     def _do_F(self, a):
         stage = self._stages[a.stage]
