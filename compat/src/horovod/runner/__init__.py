@@ -1,0 +1,1 @@
+"""horovod.runner: `horovodrun` (launch.py), Horovod's launcher flags over hvdliterun."""
