@@ -253,3 +253,32 @@ def test_install_refused_over_a_real_horovod(tmp_path, fake_real_horovod):
     assert out.returncode != 0
     assert "refuses to install over a real Horovod: horovod 0.28.1" in out.stdout + out.stderr
     assert not (tmp_path / "target" / "horovod").exists()
+
+
+def test_offline_mnist_reads_back_through_the_standins(tmp_path):
+    """compat/examples/run_offline.py's synthetic MNIST, read as Horovod's PyTorch example reads it
+    (the stand-in torchvision) and as its Keras examples do (the swapped mnist.load_data)."""
+    runner = COMPAT / "examples" / "run_offline.py"
+    code = """
+import json, runpy, sys
+from pathlib import Path
+m = runpy.run_path(sys.argv[1])
+npz = m["write_data"](Path(sys.argv[2]))
+import os
+os.environ["HVDLITE_OFFLINE_MNIST_NPZ"] = str(npz)
+from torchvision import datasets, transforms
+ds = datasets.MNIST(sys.argv[2], train=False, transform=transforms.Compose([transforms.ToTensor()]))
+img, label = ds[0]
+x_train, y_train, x_test, y_test = m["synthetic_mnist"]()
+print(json.dumps([len(ds), list(img.shape), label == int(y_test[0]), float(img.max()), len(x_train)]))
+"""
+    standins = COMPAT / "examples" / "standins"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(runner), str(tmp_path / "data")],
+        env=_env(standins),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [256, [1, 28, 28], True, 1.0, 1024]
