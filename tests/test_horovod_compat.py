@@ -163,6 +163,30 @@ def test_horovodrun_runs_a_two_rank_horovod_torch_script(installed, tmp_path):
     assert "--network-interface has no effect with hvdlite" in out.stderr
 
 
+_HOROVOD_RUN = """
+import horovod, torch
+
+def main(scale):
+    import horovod.torch as hvd  # a function defined in __main__ travels by value (cloudpickle)
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return total * scale + hvd.rank()
+
+if __name__ == "__main__":
+    print("results", horovod.run(main, args=(10,), np=2, use_gloo=True))
+"""
+
+
+def test_horovod_run_returns_every_ranks_result_in_rank_order(installed, tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(_HOROVOD_RUN)
+    out = subprocess.run(
+        [sys.executable, str(script)], env=_env(installed), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "results [30.0, 31.0]" in out.stdout
+
+
 def test_horovodrun_version_and_check_build(installed):
     run = str(installed / "bin" / "horovodrun")
     out = subprocess.run([run, "--version"], env=_env(installed), capture_output=True, text=True, timeout=60)

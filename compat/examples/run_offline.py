@@ -37,11 +37,17 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-# name -> (script under examples/, arguments that only shorten the run; DATA is the data directory)
+# name -> (script under examples/, arguments that only shorten the run; DATA is the data directory).
+# NPROC in the arguments: the script starts its ranks itself (horovod.run) and runs without horovodrun.
 EXAMPLES = {
     "pytorch_mnist": (
         "pytorch/pytorch_mnist.py",
         ["--epochs", "1", "--no-cuda", "--log-interval", "2", "--data-dir", "DATA"],
+    ),
+    "pytorch_mnist_horovod_run": (
+        "pytorch/pytorch_mnist.py",
+        ["--epochs", "1", "--no-cuda", "--log-interval", "2", "--data-dir", "DATA"]
+        + ["--num-proc", "NPROC", "--communication", "gloo"],
     ),
     "pytorch_synthetic_benchmark": (
         "pytorch/pytorch_synthetic_benchmark.py",
@@ -128,7 +134,10 @@ def job_env(data_npz, legacy_keras=None):
 
 def run_one(script, args, np_, env, workdir, time_limit):
     """Runs one example under horovodrun; returns a result dict."""
-    cmd = [sys.executable, "-m", "horovod.runner.launch", "-np", str(np_), sys.executable, str(script), *args]
+    launcher = [] if "--num-proc" in args else ["horovodrun", "-np", str(np_)]
+    cmd = [sys.executable, str(script), *args]
+    if launcher:
+        cmd = [sys.executable, "-m", "horovod.runner.launch", "-np", str(np_), *cmd]
     start = time.monotonic()
     log = workdir / "output.txt"
     with open(log, "w") as out:
@@ -154,7 +163,7 @@ def run_one(script, args, np_, env, workdir, time_limit):
         "output_lines": len(lines),
         "last_error": errors[-1] if errors else None,
         "log": str(log),
-        "command": " ".join(["horovodrun", "-np", str(np_), "python", str(script), *args]),
+        "command": " ".join([*launcher, "python", str(script), *args]),
     }
 
 
@@ -198,7 +207,7 @@ def main(argv=None):
             continue
         workdir = root / name
         workdir.mkdir(exist_ok=True)
-        shortened = [str(data) if a == "DATA" else a for a in extra]
+        shortened = [{"DATA": str(data), "NPROC": str(args.np)}.get(a, a) for a in extra]
         print("== %s: %s" % (name, rel), flush=True)
         results[name] = run_one(script, shortened, args.np, env, workdir, args.time_limit)
         r = results[name]

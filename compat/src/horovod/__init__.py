@@ -18,11 +18,4 @@ _alias.install()
 # hvdlite.__version__ where it has one.
 __version__ = "0.28.1"
 
-
-def run(*args: object, **kwargs: object) -> None:
-    """Horovod's programmatic launcher (horovod.run) is not provided: start the script with
-    `horovodrun -np N python script.py` instead."""
-    raise NotImplementedError(
-        "horovod.run() is not provided by hvdlite's Horovod compatibility namespace; "
-        "launch the script with `horovodrun -np N python script.py` instead"
-    )
+from horovod.runner import run  # noqa: E402  (after the guard; Horovod's horovod.run)
