@@ -72,16 +72,16 @@ EXAMPLES = {
 
 
 def synthetic_mnist(n_train=1024, n_test=256, seed=0):
-    """MNIST-shaped data (28x28 uint8 images, int labels 0-9): noise plus a bright 6x6 square whose
-    place depends on the label, so a model can learn it."""
+    """MNIST-shaped data (28x28 uint8 images, uint8 labels 0-9): noise plus a brighter 6x6 square
+    whose place depends on the label (jittered by up to 2 pixels), so a model can learn it."""
     rng = np.random.default_rng(seed)
     out = []
     for n in (n_train, n_test):
         labels = rng.integers(0, 10, n).astype(np.uint8)
-        images = rng.integers(0, 64, (n, 28, 28)).astype(np.uint8)
+        images = rng.integers(0, 128, (n, 28, 28)).astype(np.uint8)
         for i, label in enumerate(labels):
-            r, c = 3 + 12 * (label // 5), 2 + 5 * (label % 5)
-            images[i, r : r + 6, c : c + 6] = 255
+            r, c = 3 + 12 * (label // 5) + rng.integers(-2, 3), 2 + 5 * (label % 5) + rng.integers(-1, 2)
+            images[i, max(r, 0) : r + 6, max(c, 0) : c + 6] = rng.integers(128, 256)
         out += [images, labels]
     return out
 
@@ -156,12 +156,14 @@ def run_one(script, args, np_, env, workdir, time_limit):
     text = log.read_text(errors="replace")
     lines = text.splitlines()
     errors = [ln for ln in lines if "Error" in ln and ":" in ln]
+    stdout = [ln for ln in lines if "<stdout>:" in ln and ln.split("<stdout>:", 1)[1].strip()]
     return {
         "status": status,
         "rc": rc,
         "seconds": round(time.monotonic() - start, 1),
         "output_lines": len(lines),
         "last_error": errors[-1] if errors else None,
+        "last_output": stdout[-1] if stdout else None,
         "log": str(log),
         "command": " ".join([*launcher, "python", str(script), *args]),
     }
@@ -211,13 +213,14 @@ def main(argv=None):
         print("== %s: %s" % (name, rel), flush=True)
         results[name] = run_one(script, shortened, args.np, env, workdir, args.time_limit)
         r = results[name]
+        last = r["last_error"] if r["status"] == "failed" else r["last_output"]
         print(
             "   %s in %ss (%d output lines)%s"
             % (
                 r["status"],
                 r["seconds"],
                 r["output_lines"],
-                "; " + r["last_error"] if r["status"] == "failed" and r["last_error"] else "",
+                "; " + last if last else "",
             ),
             flush=True,
         )
