@@ -5,6 +5,7 @@ here imports `horovod` into the pytest process, so no other test sees the namesp
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -161,6 +162,18 @@ def test_horovodrun_runs_a_two_rank_horovod_torch_script(installed, tmp_path):
     for r in range(2):
         assert "[%d]<stdout>:rank %d of 2 sum 3.0 fusion %d" % (r, r, 8 << 20) in out.stdout
     assert "--network-interface has no effect with hvdlite" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed")
+def test_horovodrun_mpi_passes_the_hosts_to_mpirun(installed, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(_ALLREDUCE)
+    cmd = [str(installed / "bin" / "horovodrun"), "--mpi", "-np", "2", "-H", "localhost:2"]
+    cmd += ["--fusion-threshold-mb", "8", sys.executable, str(script)]
+    out = subprocess.run(cmd, env=_env(installed), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for r in range(2):
+        assert "rank %d of 2 sum 3.0 fusion %d" % (r, 8 << 20) in out.stdout
 
 
 _HOROVOD_RUN = """
