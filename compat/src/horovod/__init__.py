@@ -2,7 +2,8 @@
 
 `import horovod.torch as hvd`, `horovod.tensorflow`, `horovod.tensorflow.keras`, `horovod.keras`
 and `horovod.common.exceptions` are hvdlite's modules themselves (see _alias.py), and
-`horovodrun` is hvdliterun with Horovod's flags (horovod.runner.launch). Importing this package
+`horovodrun` is hvdliterun with Horovod's flags (horovod.runner.launch); horovod.run() launches a
+function on N ranks through it (horovod.runner). Importing this package
 fails with ImportError when a real Horovod distribution is installed on the same path.
 """
 
