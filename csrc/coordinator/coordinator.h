@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "coordinator/deadlock.h"
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -42,7 +43,11 @@ class Coordinator {
   // (default: the steady clock) times cycle holds and stalls.
   Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline, NowFn now = {});
 
-  // Takes the requests `rank` sent; expands cached (compact) requests.
+  // Takes the requests `rank` sent; expands cached (compact) requests. Takes
+  // the rank's blocked callers too (list.has_waits) and, when every tensor
+  // some blocked ranks wait for can never complete, fails those tensors on
+  // every member at once with a Mismatch error naming who waits for what
+  // (coordinator/deadlock.h); HVDLITE_DEADLOCK_CHECK_DISABLE turns that off.
   void Add(int rank, const RequestList& list);
   // Moves the decided responses into per-rank lists (index = global rank).
   // Returns false when there is nothing to send.
@@ -91,6 +96,7 @@ class Coordinator {
   // Joined members take part with identity values: refuse what they cannot.
   Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const;
   void FuseInto(std::vector<Decided>* out);
+  void CheckDeadlock();
   // For the stall warning: "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'".
   std::string DescribeWaits(const std::vector<int>& ranks) const;
 
@@ -104,6 +110,7 @@ class Coordinator {
   Timeline* timeline_;
   int64_t fusion_threshold_;
   double cycle_time_ms_;
+  std::map<int, RankWaits> waits_;  // ranks that reported blocked callers: their latest report
   std::set<int> shutdown_ranks_;
   std::set<int> joined_ranks_;  // ranks inside join(), until every rank has joined
   int last_joined_ = -1;

@@ -60,6 +60,14 @@ def submit(
 
 def wait(core_handle):
     """Blocks until the operation completes; raises its error, if any."""
+    token = _core.wait_begin([core_handle])
+    try:
+        _wait_one(core_handle)
+    finally:
+        _core.wait_end(token)
+
+
+def _wait_one(core_handle):
     while True:
         code, message = _core.wait(core_handle, _WAIT_SLICE_S)
         if code == exceptions.TIMEOUT and _core.poll(core_handle) == 0:
@@ -156,13 +164,18 @@ def _core_handles(entry):
 
 def _wait_all(core_handles):
     """Waits for every core handle, even after one failed (the core may still be
-    using the buffers of the others); then raises the first error."""
+    using the buffers of the others); then raises the first error. While it
+    blocks, the core's deadlock detector knows this rank waits for all of them."""
     first_error = None
-    for core_handle in core_handles:
-        try:
-            wait(core_handle)
-        except exceptions.HvdliteError as e:
-            first_error = first_error or e
+    token = _core.wait_begin(list(core_handles))
+    try:
+        for core_handle in core_handles:
+            try:
+                _wait_one(core_handle)
+            except exceptions.HvdliteError as e:
+                first_error = first_error or e
+    finally:
+        _core.wait_end(token)
     if first_error is not None:
         for core_handle in core_handles:  # all done now: free what the others produced
             _core.release(core_handle)

@@ -51,6 +51,13 @@ SETTINGS = (
     ),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
     Setting(
+        "DEADLOCK_CHECK_DISABLE",
+        "bool",
+        False,
+        "disable the deadlock detector (fails at once what ranks blocked in synchronize() wait for"
+        " when none of it can complete)",
+    ),
+    Setting(
         "STALL_CHECK_TIME_SECONDS",
         "float",
         60.0,
