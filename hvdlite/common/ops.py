@@ -4,6 +4,7 @@ shape) and keep them alive until the operation completes; this module owns
 the integer handles users see (Horovod's async API) and the waiting policy.
 """
 
+import ctypes
 import threading
 
 from hvdlite import _core
@@ -156,6 +157,23 @@ def _lookup(handle):
 def poll(handle):
     """True when the operation behind `handle` has completed (Horovod's poll)."""
     return all(_core.poll(h) != 0 for h in _core_handles(_lookup(handle)))
+
+
+def core_handles(handle):
+    """The core handles behind a user handle (one, or several for a grouped operation),
+    for native code that waits on them (e.g. the TensorFlow await kernel) before
+    synchronize() takes the result."""
+    return list(_core_handles(_lookup(handle)))
+
+
+def native_wait_entry_points():
+    """Addresses of the core's C functions hvdlite_wait and hvdlite_poll
+    (csrc/include/hvdlite/c_api.h), for native code that waits on core handles."""
+    lib = ctypes.CDLL(_core.__file__)  # the module already loaded: the same library
+    return (
+        ctypes.cast(lib.hvdlite_wait, ctypes.c_void_p).value,
+        ctypes.cast(lib.hvdlite_poll, ctypes.c_void_p).value,
+    )
 
 
 def _core_handles(entry):

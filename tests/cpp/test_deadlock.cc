@@ -31,8 +31,9 @@ void TestCycleOfTwo() {
   Check(FindDeadlock(waits, undecided, &r), "each rank waits for what only it submitted: a deadlock");
   Check(r.ranks == std::vector<int>{0, 1}, "both ranks are deadlocked");
   Check(r.tensors.size() == 2, "both waited tensors are failed");
-  Check(Contains(r.message, "deadlock: rank 0 waits in allreduce 'a' (submitted by ranks [0]); rank 1 waits "
-                            "in allreduce 'b' (submitted by ranks [1]); no operation can complete"),
+  Check(Contains(r.message,
+                 "deadlock: rank 0 waits in allreduce 'a' (submitted by ranks [0]); rank 1 waits "
+                 "in allreduce 'b' (submitted by ranks [1]); no operation can complete"),
         "the message names who waits for what: " + r.message);
   Check(Contains(r.message, "Fix: make every rank submit the same collectives"), "the message names the fix");
 }
@@ -43,8 +44,9 @@ void TestBarrierAgainstReducescatter() {
                                                {Key("x"), Tensor(OpType::kReducescatter, {1}, {0})}};
   DeadlockReport r;
   Check(FindDeadlock(waits, undecided, &r), "barrier against reducescatter is a deadlock");
-  Check(Contains(r.message, "rank 0 waits in a barrier (submitted by ranks [0]); rank 1 waits in "
-                            "reducescatter 'x' (submitted by ranks [1])"),
+  Check(Contains(r.message,
+                 "rank 0 waits in a barrier (submitted by ranks [0]); rank 1 waits in "
+                 "reducescatter 'x' (submitted by ranks [1])"),
         "a barrier is named as such: " + r.message);
 }
 
