@@ -7,7 +7,9 @@
 namespace hvdlite {
 namespace {
 
-bool Has(const std::vector<int>& ranks, int rank) { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); }
+bool Has(const std::vector<int>& ranks, int rank) {
+  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
 
 // The undecided tensor `rank` waits for as `key`, or null when the wait can
 // still end: the tensor was decided, or this rank has not submitted it (a
