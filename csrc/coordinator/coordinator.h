@@ -52,8 +52,9 @@ class Coordinator {
   // Moves the decided responses into per-rank lists (index = global rank).
   // Returns false when there is nothing to send.
   bool Drain(std::vector<ResponseList>* per_rank);
-  // Warns about (and past the stall shutdown time, fails) tensors some ranks
-  // have not submitted. Returns milliseconds until the next check is due.
+  // Warns about tensors some ranks have not submitted; once one has waited
+  // the stall shutdown time, fails it and every tensor stalled past the
+  // warning time. Returns milliseconds until the next check is due.
   int CheckStalls();
   bool AllRanksShutDown() const { return static_cast<int>(shutdown_ranks_.size()) == world_size_; }
   // Tuning knobs (the autotuner moves them): fusion threshold in bytes, and

@@ -67,7 +67,8 @@ SETTINGS = (
         "STALL_SHUTDOWN_TIME_SECONDS",
         "float",
         600.0,
-        "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail",
+        "fail a tensor stalled this long with an error on every rank (and with it every tensor stalled"
+        " past the warning time); 0 = only warn, never fail",
     ),
     Setting(
         "TIMEOUT_SECONDS",
