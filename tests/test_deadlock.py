@@ -160,3 +160,27 @@ def _slow_ranks():
 def test_slow_ranks_are_not_a_deadlock():
     results = run_ranks(_slow_ranks, 2, env=STALL_ENV, timeout=60)
     assert results == [([2.0, 2.0], [[2.0, 2.0], [2.0, 2.0]])] * 2
+
+
+def _process_sets():
+    """The same name in two process sets is two collectives: rank 0 waits in one, rank 1 in
+    the other."""
+    import hvdlite as hvd
+
+    hvd.init()
+    pair = hvd.add_process_set([0, 1])
+    r = hvd.rank()
+    chosen = pair if r == 0 else hvd.global_process_set
+    failure = _failure(lambda: hvd.allreduce(np.ones(2), name="same", process_set=chosen))
+    after = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after", process_set=pair).tolist()
+    hvd.shutdown()
+    return failure, after
+
+
+def test_same_name_in_different_process_sets_is_a_deadlock():
+    results = run_ranks(_process_sets, 2, env=STALL_ENV, timeout=60)
+    for failure, after in results:
+        assert failure is not None and failure[1], failure
+        assert "rank 0 waits in allreduce 'same' of process set 1 (submitted by ranks [0])" in failure[2]
+        assert "rank 1 waits in allreduce 'same' (submitted by ranks [1])" in failure[2]
+        assert after == [2.0, 2.0]
