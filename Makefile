@@ -7,6 +7,8 @@
 #   make test      install, then the whole test suite
 #   make bench     install, then every benchmarks/*.py (after `make horovod`)
 #   make horovod   Horovod 0.28.1 (gloo + PyTorch) in .venv-horovod/, the benchmarks' Horovod peer
+#   make install-horovod-compat   opt-in: the `horovod` package and `horovodrun` over hvdlite
+#                  (distribution hvdlite-horovod-compat from compat/; refuses over a real Horovod)
 #   make lint      ruff check + ruff format --check (Python), mypy (hvdlite/), clang-format (csrc/)
 #   make format    apply ruff format, ruff's safe fixes and clang-format
 #   make build     incremental rebuild of the C++ core only (what install runs last)
@@ -43,7 +45,8 @@ ifneq ($(NVCC),)
 export CUDACXX ?= $(NVCC)
 endif
 
-.PHONY: install apt build demo test lint format bench horovod clean distclean
+.PHONY: install apt build demo test lint format bench horovod clean distclean install-horovod-compat \
+	uninstall-horovod-compat
 
 install: build
 
@@ -80,6 +83,15 @@ $(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp $(CUDA_STAMP
 build: $(VENV)/.editable-stamp $(CUDA_STAMP) | apt
 	env -u MAKEFLAGS -u MAKELEVEL $(VPY) setup.py -q build_ext --inplace
 
+# Opt-in Horovod compatibility namespace (docs/horovod_compat.md): a regular (not editable) install
+# of compat/, so rerun after editing compat/. compat/setup.py exits non-zero, and pip with it,
+# when a real Horovod is installed in the venv.
+install-horovod-compat: install
+	env -u MAKEFLAGS -u MAKELEVEL $(VPY) -m pip install --no-build-isolation --no-deps ./compat
+
+uninstall-horovod-compat:
+	$(VPY) -m pip uninstall -y hvdlite-horovod-compat
+
 demo: install
 	$(VENV)/bin/hvdliterun -np 2 $(VPY) examples/pytorch_digits.py
 
@@ -89,7 +101,7 @@ test: install
 
 # Static checks; the tools are pinned in requirements-dev.txt, configured in pyproject.toml (ruff),
 # mypy.ini and .clang-format. Needs only the venv, not a build of the core.
-PY_LINT_DIRS := hvdlite tests benchmarks examples
+PY_LINT_DIRS := hvdlite tests benchmarks examples compat
 CXX_SOURCES = $(shell git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu' 'tests/cpp/*.cc' 'tests/cpp/*.h')
 lint: $(VENV)/.pip-stamp
 	$(VENV)/bin/ruff check $(PY_LINT_DIRS)

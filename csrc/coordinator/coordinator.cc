@@ -80,6 +80,49 @@ void Coordinator::Add(int rank, const RequestList& list) {
     }
     AddOne(std::move(r));
   }
+  if (list.has_waits) {
+    if (list.waits.empty()) {
+      waits_.erase(rank);
+    } else {
+      waits_[rank] = list.waits;
+    }
+  }
+  if (!waits_.empty() && (list.has_waits || !list.requests.empty())) CheckDeadlock();
+}
+
+void Coordinator::CheckDeadlock() {
+  if (cfg_.DEADLOCK_CHECK_DISABLE) return;
+  std::map<WaitKey, UndecidedTensor> undecided;
+  for (const auto& kv : waits_) {
+    for (const auto& caller : kv.second) {
+      for (const WaitKey& key : caller) {
+        auto it = pending_.find({key.process_set, key.name});
+        if (it == pending_.end() || undecided.count(key)) continue;
+        const Pending& p = it->second;
+        UndecidedTensor& t = undecided[key];
+        std::vector<int> ranks = sets_->Ranks(key.process_set);
+        for (size_t i = 0; i < ranks.size() && i < p.have.size(); ++i) {
+          if (p.have[i]) {
+            t.type = p.reqs[i].type;
+            t.submitted.push_back(ranks[i]);
+          } else if (!joined_ranks_.count(ranks[i])) {
+            t.missing.push_back(ranks[i]);
+          }
+        }
+      }
+    }
+  }
+  DeadlockReport report;
+  if (!FindDeadlock(waits_, undecided, &report)) return;
+  HVD_LOG(kError, report.message);
+  for (const WaitKey& key : report.tensors) {
+    auto it = pending_.find({key.process_set, key.name});
+    const Pending& p = it->second;
+    const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
+    if (timeline_) timeline_->End(key.name, NegotiatePhase(any.type));
+    DecideError(any, sets_->Ranks(key.process_set), Status::Mismatch(report.message));
+    pending_.erase(it);
+  }
 }
 
 void Coordinator::Push(Decided d) {
@@ -271,6 +314,7 @@ void Coordinator::DecideError(const Request& r, const std::vector<int>& recipien
 // undecided tensor of a set that contains it fails on every member.
 void Coordinator::OnShutdown(int rank) {
   shutdown_ranks_.insert(rank);
+  waits_.erase(rank);
   for (auto it = pending_.begin(); it != pending_.end();) {
     std::vector<int> ranks = sets_->Ranks(it->first.first);
     if (!std::binary_search(ranks.begin(), ranks.end(), rank)) {
@@ -378,13 +422,21 @@ int Coordinator::CheckStalls() {
   const auto now = now_();
   const auto warn_after = std::chrono::duration<double>(cfg_.STALL_CHECK_TIME_SECONDS);
   const auto fail_after = std::chrono::duration<double>(cfg_.STALL_SHUTDOWN_TIME_SECONDS);
+  // Once one tensor reaches the stall shutdown time, every tensor stalled past
+  // the warning time fails with it: diverged ranks submit their collectives
+  // moments apart, and each must learn of the stall, not of a peer that shut
+  // down after its own error.
+  bool failing = false;
+  for (const auto& kv : pending_) failing |= now - kv.second.first_seen >= fail_after;
+  failing &= cfg_.STALL_SHUTDOWN_TIME_SECONDS > 0;
+  const auto fail_now = std::min(fail_after, warn_after);
   std::vector<Key> failed;  // erased after the loop: DescribeWaits sees every rank's submission
   for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     Pending& p = it->second;
     std::vector<int> ranks = sets_->Ranks(it->first.first), missing, ready;
     for (size_t i = 0; i < ranks.size(); ++i) (p.have[i] ? ready : missing).push_back(ranks[i]);
     const double waited = std::chrono::duration<double>(now - p.first_seen).count();
-    if (cfg_.STALL_SHUTDOWN_TIME_SECONDS > 0 && now - p.first_seen >= fail_after) {
+    if (failing && now - p.first_seen >= fail_now) {
       std::ostringstream os;
       os << "tensor '" << it->first.second << "' stalled for " << static_cast<int>(waited) << " s: ranks "
          << JoinRanks(missing) << " never submitted it (ranks " << JoinRanks(ready)

@@ -211,6 +211,10 @@ PYBIND11_MODULE(_core, m) {
         py::arg("splits"), py::arg("process_set"), py::arg("device") = -1, py::arg("stream") = 0);
   m.def("poll", &hvdlite_poll);
   m.def("wait", &Wait);
+  m.def("wait_begin", [](const std::vector<int64_t>& handles) {
+    return hvdlite_wait_begin(handles.data(), static_cast<int32_t>(handles.size()));
+  });
+  m.def("wait_end", &hvdlite_wait_end);
   m.def("take_output", &TakeOutput);
   m.def("release", &hvdlite_release);
   m.def("add_process_set", &AddProcessSet);

@@ -46,28 +46,25 @@ Status ShmTransport::DrainControl() {
 }
 
 Status ShmTransport::SendControl(int peer, const std::string& payload) {
-  if (!tcp_->broken().ok()) return tcp_->broken();
+  if (!base_->broken().ok()) return base_->broken();
   HVD_RETURN_IF_ERROR(CheckPeer(peer, "control"));
-  if (!Linked(peer)) return tcp_->SendControl(peer, payload);
+  if (!Linked(peer)) return base_->SendControl(peer, payload);
   if (payload.size() > kMaxControlLen) return Status::InvalidArgument("control message larger than 1 GiB");
   Transfer t;
-  t.ss.peer = peer;
-  t.ss.kind = shm::kControlPiece;
-  t.ss.data = payload.data();
-  t.ss.len = payload.size();
-  t.ss.done = false;
+  t.ss = SendOp::Control(peer, payload);
   Status st = Run(&t);
   return st.ok() ? st : Fail(st);
 }
 
 // Returns what is queued or in the control channels at once; otherwise (with
-// timeout_ms > 0) sleeps on the TCP sockets and wake_fd with this rank's
-// sleeping flag set, so a peer that publishes control nudges it awake.
-// timeout_ms == 0 is a cheap poll of the channels, for callers that spin:
-// it looks at the sockets only every millisecond (or always, when some peers
-// are reached over TCP), so a spinning caller makes almost no syscalls.
+// timeout_ms > 0) sleeps in the base's WaitEvents (its connections and
+// wake_fd) with this rank's sleeping flag set, so a peer that publishes
+// control nudges it awake. timeout_ms == 0 is a cheap poll of the channels,
+// for callers that spin: it looks at the base only every millisecond (or
+// always, when some peers are reached through it), so a spinning caller makes
+// almost no syscalls.
 Status ShmTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) {
-  if (!tcp_->broken().ok()) return tcp_->broken();
+  if (!base_->broken().ok()) return base_->broken();
   if (timeout_ms < 0) return Status::InvalidArgument("WaitControl needs a bounded timeout_ms");
   Status st = DrainControl();
   if (st.ok() && ctrl_queue_.empty() && timeout_ms == 0) {
@@ -76,24 +73,24 @@ Status ShmTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
     if (remote_peers || now - last_socket_check_ >= std::chrono::milliseconds(1)) {
       last_socket_check_ = now;
       bool woken = false;
-      st = tcp_->WaitEvents(-1, 0, -1, &tcp_ctrl_, &woken);
+      st = base_->WaitEvents(-1, 0, -1, &base_ctrl_, &woken);
     }
   } else if (st.ok() && ctrl_queue_.empty()) {
     Deadline deadline = Deadline::After(timeout_ms / 1000.0);
     bool woken = false;
-    while (st.ok() && ctrl_queue_.empty() && tcp_ctrl_.empty() && !woken && !deadline.expired()) {
+    while (st.ok() && ctrl_queue_.empty() && base_ctrl_.empty() && !woken && !deadline.expired()) {
       sleeping_->store(1, std::memory_order_seq_cst);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       st = DrainControl();
       if (st.ok() && ctrl_queue_.empty())
-        st = tcp_->WaitEvents(wake_fd, deadline.RemainingMs(), -1, &tcp_ctrl_, &woken);
+        st = base_->WaitEvents(wake_fd, deadline.RemainingMs(), -1, &base_ctrl_, &woken);
       sleeping_->store(0, std::memory_order_relaxed);
       if (st.ok()) st = DrainControl();
     }
   }
   if (!st.ok()) return Fail(st);
-  for (auto& m : tcp_ctrl_) ctrl_queue_.push_back(std::move(m));
-  tcp_ctrl_.clear();
+  for (auto& m : base_ctrl_) ctrl_queue_.push_back(std::move(m));
+  base_ctrl_.clear();
   while (!ctrl_queue_.empty()) {
     out->push_back(std::move(ctrl_queue_.front()));
     ctrl_queue_.pop_front();
@@ -104,7 +101,7 @@ Status ShmTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
 void ShmTransport::Close() {
   if (closed_) return;
   closed_ = true;
-  tcp_->Close();  // the segments stay mapped until destruction: nothing reads them after this
+  base_->Close();  // the segments stay mapped until destruction: nothing reads them after this
 }
 
 }  // namespace hvdlite

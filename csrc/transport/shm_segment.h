@@ -48,7 +48,8 @@ struct SegmentHeader {
   uint32_t reserved;
   Geometry geometry;
   // Set by the owner while it sleeps (or is about to) in a wait; whoever
-  // publishes into or releases a slot of the owner's then nudges it over TCP.
+  // publishes into or releases a slot of the owner's then nudges it (through
+  // the base transport: stepped.h).
   alignas(kLine) std::atomic<uint32_t> sleeping;
 };
 

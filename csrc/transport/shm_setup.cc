@@ -1,5 +1,6 @@
-// CreateShmTransport: the TCP mesh, then the shared-memory segment exchange
-// between the ranks of this host.
+// AddSharedMemory (CreateShmTransport's second half; transport.cc builds the
+// base transport first): the shared-memory segment exchange between the ranks
+// of this host.
 //
 // Protocol, through the store, among the members of this host (local order =
 // ascending global rank):
@@ -125,21 +126,18 @@ Status LinkPeers(Store* store, const std::string& prefix, int rank, const HostPl
 
 }  // namespace
 
-Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int size,
-                          const std::string& advertise_host, const std::string& secret,
-                          double connect_timeout_s, double io_timeout_s,
-                          const std::vector<std::string>& hosts, const ShmOptions& opts,
-                          std::unique_ptr<Transport>* out) {
-  std::unique_ptr<TcpTransport> tcp;
-  HVD_RETURN_IF_ERROR(NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s,
-                                      io_timeout_s, &tcp));
+Status AddSharedMemory(std::unique_ptr<SteppedTransport> base, Store* store, const std::string& prefix,
+                       const std::string& secret, double connect_timeout_s, double io_timeout_s,
+                       const std::vector<std::string>& hosts, const ShmOptions& opts,
+                       std::unique_ptr<Transport>* out) {
+  const int rank = base->rank(), size = base->size();
   if (static_cast<int>(hosts.size()) != size) {
     return Status::InvalidArgument("CreateShmTransport: " + std::to_string(hosts.size()) +
                                    " host names for " + std::to_string(size) + " ranks");
   }
   const HostPlan plan = PlanHost(hosts, rank);
   if (opts.disable || plan.members.size() < 2) {
-    *out = std::move(tcp);
+    *out = std::move(base);
     return Status::OK();
   }
   shm::Segment own;
@@ -152,7 +150,7 @@ Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int
   int linked = 0;
   for (const auto& l : links) linked += l.linked ? 1 : 0;
   if (linked == 0) {
-    *out = std::move(tcp);
+    *out = std::move(base);
     return Status::OK();
   }
   for (int q = 0; q < size; ++q) {
@@ -162,7 +160,7 @@ Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int
   const bool oversubscribed = cpus > 0 && static_cast<long>(plan.members.size()) > cpus;
   HVD_LOG(kDebug, "shared memory with " << linked << " of " << plan.members.size() - 1 << " local peers"
                                         << (oversubscribed ? " (more ranks than cores: waits yield)" : ""));
-  out->reset(new ShmTransport(std::move(tcp), std::move(own), std::move(mapped), std::move(links), opts,
+  out->reset(new ShmTransport(std::move(base), std::move(own), std::move(mapped), std::move(links), opts,
                               io_timeout_s, oversubscribed));
   return Status::OK();
 }

@@ -1,5 +1,5 @@
 // ShmTransport data path: Send / Recv / SendRecv(Reduce) through the rings,
-// with a TCP side when a peer is not linked. Control plane and lifecycle:
+// with a side through the base transport (stepped.h) when a peer is not linked. Control plane and lifecycle:
 // shm_control.cc; setup: shm_setup.cc.
 #include "transport/shm_transport.h"
 
@@ -11,10 +11,10 @@
 
 namespace hvdlite {
 
-ShmTransport::ShmTransport(std::unique_ptr<TcpTransport> tcp, shm::Segment own,
+ShmTransport::ShmTransport(std::unique_ptr<SteppedTransport> base, shm::Segment own,
                            std::vector<shm::Segment> mapped, std::vector<Link> links, const ShmOptions& opts,
                            double io_timeout_s, bool oversubscribed)
-    : tcp_(std::move(tcp)),
+    : base_(std::move(base)),
       own_(std::move(own)),
       mapped_(std::move(mapped)),
       links_(std::move(links)),
@@ -79,38 +79,22 @@ Status ShmTransport::SelfExchange(uint32_t send_tag, const void* send_data, size
 Status ShmTransport::Exchange(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
                               int recv_peer, uint32_t recv_tag, void* recv_data, size_t recv_len,
                               const Reducer* reducer) {
-  if (!tcp_->broken().ok()) return tcp_->broken();
+  if (!base_->broken().ok()) return base_->broken();
   if (send_peer == rank() && recv_peer == rank()) {
     return SelfExchange(send_tag, send_data, send_len, recv_tag, recv_data, recv_len, reducer);
   }
   if (send_peer != -1) HVD_RETURN_IF_ERROR(CheckPeer(send_peer, "send"));
   if (recv_peer != -1) HVD_RETURN_IF_ERROR(CheckPeer(recv_peer, "receive"));
   const bool shm_send = Linked(send_peer), shm_recv = Linked(recv_peer);
-  if (!shm_send && !shm_recv) {  // both sides (or the only one) over TCP: its own loop
-    return reducer ? tcp_->SendRecvReduce(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag,
-                                          recv_data, recv_len, *reducer)
-                   : tcp_->SendRecv(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag, recv_data,
-                                    recv_len);
+  if (!shm_send && !shm_recv) {  // both sides (or the only one) through the base: its own loop
+    return reducer ? base_->SendRecvReduce(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag,
+                                           recv_data, recv_len, *reducer)
+                   : base_->SendRecv(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag, recv_data,
+                                     recv_len);
   }
   Transfer t;
-  HVD_RETURN_IF_ERROR(tcp_->PrepareOps(shm_send ? -1 : send_peer, send_tag, send_data, send_len,
-                                       shm_recv ? -1 : recv_peer, recv_tag, recv_data, recv_len, reducer,
-                                       &t.ts, &t.tr));
-  if (shm_send) {
-    t.ss.peer = send_peer;
-    t.ss.tag = send_tag;
-    t.ss.data = static_cast<const char*>(send_data);
-    t.ss.len = send_len;
-    t.ss.done = false;
-  }
-  if (shm_recv) {
-    t.sr.peer = recv_peer;
-    t.sr.tag = recv_tag;
-    t.sr.data = static_cast<char*>(recv_data);
-    t.sr.len = recv_len;
-    t.sr.done = false;
-    t.sr.reducer = reducer;
-  }
+  (shm_send ? t.ss : t.bs) = SendOp::Data(send_peer, send_tag, send_data, send_len);
+  (shm_recv ? t.sr : t.br) = RecvOp::Data(recv_peer, recv_tag, recv_data, recv_len, reducer);
   Status st = Run(&t);
   return st.ok() ? st : Fail(st);
 }
@@ -145,25 +129,26 @@ Status ShmTransport::Run(Transfer* t) {
 
 // One round: at most one slot each way through shared memory (so sending and
 // receiving interleave finely and both rings stay busy), plus whatever the
-// TCP side can move without blocking.
+// base's side can move without blocking.
 Status ShmTransport::Step(Transfer* t, bool* progressed) {
   if (!t->ss.done && Push(&t->ss)) *progressed = true;
   if (!t->sr.done) HVD_RETURN_IF_ERROR(Pull(&t->sr, progressed));
-  if (!t->ts.done || !t->tr.done) HVD_RETURN_IF_ERROR(tcp_->StepOps(&t->ts, &t->tr, progressed));
+  if (!t->bs.done || !t->br.done) HVD_RETURN_IF_ERROR(base_->StepOps(&t->bs, &t->br, progressed));
   return Status::OK();
 }
 
 // Copies the next piece of `s` into a free slot, if there is one.
-bool ShmTransport::Push(ShmSend* s) {
+bool ShmTransport::Push(SendOp* s) {
   Link& l = links_[s->peer];
-  shm::Producer& out = s->kind == shm::kControlPiece ? l.ctrl_out : l.data_out;
+  const bool control = s->kind == MessageKind::kControl;
+  shm::Producer& out = control ? l.ctrl_out : l.data_out;
   char* payload = nullptr;
   shm::SlotHeader* h = out.Acquire(&payload);
   if (h == nullptr) return false;
   const size_t n = std::min(out.slot_bytes(), s->len - s->sent);
   if (n > 0) std::memcpy(payload, s->data + s->sent, n);
   h->tag = s->tag;
-  h->kind = s->kind;
+  h->kind = control ? shm::kControlPiece : shm::kDataPiece;
   h->msg_len = s->len;
   h->offset = s->sent;
   h->len = n;
@@ -175,7 +160,7 @@ bool ShmTransport::Push(ShmSend* s) {
 }
 
 // Copies (or reduces) the next piece for `r` out of its slot, if one is there.
-Status ShmTransport::Pull(ShmRecv* r, bool* progressed) {
+Status ShmTransport::Pull(RecvOp* r, bool* progressed) {
   Link& l = links_[r->peer];
   const char* payload = nullptr;
   const shm::SlotHeader* slot = l.data_in.Peek(&payload);
@@ -209,7 +194,7 @@ Status ShmTransport::Pull(ShmRecv* r, bool* progressed) {
 // full fence on both sides, either the sleeper sees the slot or we see the flag.
 void ShmTransport::NudgeIfSleeping(int peer) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (links_[peer].peer_sleeping->load(std::memory_order_relaxed) != 0) tcp_->Nudge(peer);
+  if (links_[peer].peer_sleeping->load(std::memory_order_relaxed) != 0) base_->Nudge(peer);
 }
 
 Status ShmTransport::Sleep(Transfer* t) {
@@ -220,9 +205,9 @@ Status ShmTransport::Sleep(Transfer* t) {
   if (st.ok()) st = DrainControl();
   if (st.ok() && !progressed && !t->done()) {
     bool woken = false;
-    st = tcp_->WaitEvents(-1, 50, t->ts.done ? -1 : t->ts.peer, &tcp_ctrl_, &woken);
-    for (auto& m : tcp_ctrl_) ctrl_queue_.push_back(std::move(m));
-    tcp_ctrl_.clear();
+    st = base_->WaitEvents(-1, 50, t->bs.done ? -1 : t->bs.peer, &base_ctrl_, &woken);
+    for (auto& m : base_ctrl_) ctrl_queue_.push_back(std::move(m));
+    base_ctrl_.clear();
     if (st.ok()) st = PeersAlive(*t);
   }
   sleeping_->store(0, std::memory_order_relaxed);
@@ -233,20 +218,20 @@ Status ShmTransport::Sleep(Transfer* t) {
 // will never move our transfer along. A crashed one is reported by WaitEvents.
 Status ShmTransport::PeersAlive(const Transfer& t) const {
   for (int peer : {t.ss.done ? -1 : t.ss.peer, t.sr.done ? -1 : t.sr.peer}) {
-    if (peer >= 0 && tcp_->PeerClosed(peer))
+    if (peer >= 0 && base_->PeerClosed(peer))
       return Status::Aborted("rank " + std::to_string(peer) + " has shut down");
   }
   return Status::OK();
 }
 
 Status ShmTransport::TimeoutError(const Transfer& t) const {
-  if (t.ss.done && t.sr.done) return tcp_->TimeoutError(t.ts, t.tr);
+  if (t.ss.done && t.sr.done) return base_->TimeoutError(t.bs, t.br);
   std::ostringstream os;
   os << "rank " << rank() << ": no data moved for " << io_timeout_s_ << "s while";
   if (!t.ss.done) {
-    os << " sending to rank " << t.ss.peer << " (" << (t.ss.kind == shm::kControlPiece ? "control" : "tag ")
-       << (t.ss.kind == shm::kControlPiece ? "" : std::to_string(t.ss.tag)) << ", " << t.ss.sent << " of "
-       << t.ss.len << " bytes sent)";
+    os << " sending to rank " << t.ss.peer << " ("
+       << (t.ss.kind == MessageKind::kControl ? "control" : "tag " + std::to_string(t.ss.tag)) << ", "
+       << t.ss.sent << " of " << t.ss.len << " bytes sent)";
   }
   if (!t.ss.done && !t.sr.done) os << " and";
   if (!t.sr.done) {

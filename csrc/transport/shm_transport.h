@@ -1,11 +1,13 @@
 // ShmTransport: the Transport for a job with several ranks on one host.
 //
 // Private to csrc/transport (others use CreateShmTransport in transport.h).
-// It owns a TcpTransport (the full mesh) and, for each peer on the same host
-// with which the segment exchange succeeded (a "linked" peer), four channels
-// (shm_channel.h): control and data out (in this rank's segment), control and
-// data in (in the peer's segment). Traffic to a linked peer goes through the
-// channels; traffic to other peers goes through TCP; a SendRecv may mix both.
+// It owns the "base" transport, a SteppedTransport (stepped.h; in practice the
+// TCP mesh, which the factory in transport.cc builds), and, for each peer on
+// the same host with which the segment exchange succeeded (a "linked" peer),
+// four channels (shm_channel.h): control and data out (in this rank's
+// segment), control and data in (in the peer's segment). Traffic to a linked
+// peer goes through the channels; traffic to other peers goes through the
+// base; a SendRecv may mix both.
 //
 // Data: a message is cut into slot-sized pieces; the sender copies each piece
 // into a free slot and publishes it; the receiver copies it out (Recv) or
@@ -15,18 +17,18 @@
 //
 // Waiting (data and control sends and receives): poll the rings with no
 // syscall for the spin budget (at most ShmOptions::spin_us, adapted to how
-// recent waits ended: common/spin.h), then sleep in
-// TcpTransport::WaitEvents: this rank's `sleeping` flag in its segment header
-// asks peers to NUDGE it over TCP after they publish or release a slot of its
-// (the flag is set, then the rings re-checked, then the sleep: so a publish is
-// never missed). Sleeping on the TCP sockets also watches liveness: a peer
+// recent waits ended: common/spin.h), then sleep in the base's WaitEvents:
+// this rank's `sleeping` flag in its segment header asks peers to Nudge it
+// through the base after they publish or release a slot of its (the flag is
+// set, then the rings re-checked, then the sleep: so a publish is never
+// missed). Sleeping on the base's connections also watches liveness: a peer
 // that dies closes its socket, which ends the wait with Aborted naming it; a
 // peer that is alive but silent for io_timeout_s is a Timeout. While a data
 // transfer waits, incoming control pieces are drained into a queue, so a
 // control sender never waits on a receiver busy with data.
 //
 // Threading and failure: as Transport (one thread at a time; the first error
-// breaks the transport, and is sent to the peers as an ABORT over TCP).
+// breaks the transport, and the base's Abort tells the peers).
 #pragma once
 #include <chrono>
 #include <deque>
@@ -37,14 +39,14 @@
 #include "common/spin.h"
 #include "transport/shm_channel.h"
 #include "transport/shm_segment.h"
-#include "transport/tcp_transport.h"
+#include "transport/stepped.h"
 #include "transport/transport.h"
 
 namespace hvdlite {
 
 class ShmTransport : public Transport {
  public:
-  // One peer's channels; `linked` is false for peers reached over TCP.
+  // One peer's channels; `linked` is false for peers reached through the base.
   struct Link {
     bool linked = false;
     shm::Producer ctrl_out, data_out;
@@ -55,12 +57,12 @@ class ShmTransport : public Transport {
 
   // `own` is this rank's segment (its `sleeping` flag is this rank's);
   // `mapped` keeps the peers' segments mapped; links[r] for every rank.
-  ShmTransport(std::unique_ptr<TcpTransport> tcp, shm::Segment own, std::vector<shm::Segment> mapped,
+  ShmTransport(std::unique_ptr<SteppedTransport> base, shm::Segment own, std::vector<shm::Segment> mapped,
                std::vector<Link> links, const ShmOptions& opts, double io_timeout_s, bool oversubscribed);
   ~ShmTransport() override;
 
-  int rank() const override { return tcp_->rank(); }
-  int size() const override { return tcp_->size(); }
+  int rank() const override { return base_->rank(); }
+  int size() const override { return base_->size(); }
 
   Status Send(int peer, uint32_t tag, const void* data, size_t len) override;
   Status Recv(int peer, uint32_t tag, void* data, size_t len) override;
@@ -73,42 +75,23 @@ class ShmTransport : public Transport {
   Status SendControl(int peer, const std::string& payload) override;
   Status WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) override;
 
-  void Depart() override { tcp_->Depart(); }
-  bool PeerDeparted(int peer) const override { return tcp_->PeerDeparted(peer); }
+  void Depart() override { base_->Depart(); }
+  bool PeerDeparted(int peer) const override { return base_->PeerDeparted(peer); }
   void Close() override;
 
   // Number of peers reached through shared memory (for tests and logs).
   int linked_peers() const;
 
  private:
-  // A message going out through a linked peer's control or data channel.
-  struct ShmSend {
-    int peer = -1;
-    uint32_t kind = shm::kDataPiece;
-    uint32_t tag = 0;
-    const char* data = nullptr;
-    size_t len = 0;
-    size_t sent = 0;  // an empty message still takes one slot
-    bool done = true;
-  };
-  // A data message coming in from a linked peer.
-  struct ShmRecv {
-    int peer = -1;
-    uint32_t tag = 0;
-    char* data = nullptr;
-    size_t len = 0;
-    size_t got = 0;
-    bool done = true;
-    const Reducer* reducer = nullptr;
-  };
   // Everything one call moves: at most one send and one receive, each
-  // either through shared memory or through TCP.
+  // either through shared memory (ss, sr: an empty message still takes one
+  // slot) or through the base (bs, br). Ops: stepped.h.
   struct Transfer {
-    ShmSend ss;
-    ShmRecv sr;
-    TcpTransport::SendOp ts;
-    TcpTransport::RecvOp tr;
-    bool done() const { return ss.done && sr.done && ts.done && tr.done; }
+    SendOp ss;
+    RecvOp sr;
+    SendOp bs;
+    RecvOp br;
+    bool done() const { return ss.done && sr.done && bs.done && br.done; }
   };
 
   bool Linked(int peer) const { return peer >= 0 && peer < size() && links_[peer].linked; }
@@ -119,8 +102,8 @@ class ShmTransport : public Transport {
                       void* recv_data, size_t recv_len, const Reducer* reducer);
   Status Run(Transfer* t);
   Status Step(Transfer* t, bool* progressed);
-  bool Push(ShmSend* s);
-  Status Pull(ShmRecv* r, bool* progressed);
+  bool Push(SendOp* s);
+  Status Pull(RecvOp* r, bool* progressed);
   Status Sleep(Transfer* t);
   Status PeersAlive(const Transfer& t) const;
   Status TimeoutError(const Transfer& t) const;
@@ -129,9 +112,9 @@ class ShmTransport : public Transport {
   Status DrainControl();
   Status OnControlPiece(int peer, const shm::SlotHeader& h, const char* payload);
   void NudgeIfSleeping(int peer);
-  Status Fail(const Status& st) { return tcp_->Abort(st); }
+  Status Fail(const Status& st) { return base_->Abort(st); }
 
-  std::unique_ptr<TcpTransport> tcp_;
+  std::unique_ptr<SteppedTransport> base_;  // the full mesh; liveness and doorbell
   shm::Segment own_;
   std::vector<shm::Segment> mapped_;
   std::vector<Link> links_;
@@ -142,9 +125,20 @@ class ShmTransport : public Transport {
   SpinBudget data_spin_;                   // how long transfers poll before sleeping (common/spin.h)
   std::atomic<uint32_t>* sleeping_;        // this rank's flag, in own_
   std::deque<ControlMessage> ctrl_queue_;  // complete control messages not yet returned
-  std::vector<ControlMessage> tcp_ctrl_;   // scratch for TcpTransport::WaitEvents
+  std::vector<ControlMessage> base_ctrl_;  // scratch for the base's WaitEvents
   std::chrono::steady_clock::time_point last_socket_check_{};  // WaitControl(timeout 0)
   bool closed_ = false;
 };
+
+// CreateShmTransport's shared-memory half (shm_setup.cc), over `base`, the
+// transport to every rank that transport.cc has already connected (its rank
+// and size are this job's). Runs the segment exchange with the ranks on this
+// host (equal hosts[r]) through `store`, bounded by connect_timeout_s. *out is
+// a ShmTransport that owns `base`, or `base` itself when opts.disable is set
+// or no peer on this host could be linked.
+Status AddSharedMemory(std::unique_ptr<SteppedTransport> base, Store* store, const std::string& prefix,
+                       const std::string& secret, double connect_timeout_s, double io_timeout_s,
+                       const std::vector<std::string>& hosts, const ShmOptions& opts,
+                       std::unique_ptr<Transport>* out);
 
 }  // namespace hvdlite

@@ -139,13 +139,8 @@ Status TcpTransport::SendControl(int peer, const std::string& payload) {
   if (!broken_.ok()) return broken_;
   HVD_RETURN_IF_ERROR(CheckPeer(peer, "control"));
   if (payload.size() > kMaxControlLen) return Status::InvalidArgument("control message larger than 1 GiB");
-  SendOp s;
+  SendOp s = SendOp::Control(peer, payload);
   RecvOp r;
-  s.peer = peer;
-  s.hdr = FrameHeader{kControl, 0, uint64_t(payload.size())};
-  s.data = payload.data();
-  s.len = payload.size();
-  s.done = false;
   Status st = RunOps(&s, &r);
   return st.ok() ? st : Fail(st);
 }

@@ -56,28 +56,14 @@ Status TcpTransport::SelfCopy(uint32_t send_tag, const void* send_data, size_t s
   return Status::OK();
 }
 
+// Fills the ops for a SendRecv(Reduce) without moving a byte (peer -1: no such side).
 Status TcpTransport::PrepareOps(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
                                 int recv_peer, uint32_t recv_tag, void* recv_data, size_t recv_len,
-                                const Reducer* reducer, SendOp* s, RecvOp* r) {
+                                const Reducer* reducer, SendOp* s, RecvOp* r) const {
   if (send_peer != -1) HVD_RETURN_IF_ERROR(CheckPeer(send_peer, "send"));
   if (recv_peer != -1) HVD_RETURN_IF_ERROR(CheckPeer(recv_peer, "receive"));
-  *s = SendOp();
-  *r = RecvOp();
-  if (send_peer != -1) {
-    s->peer = send_peer;
-    s->hdr = FrameHeader{kData, send_tag, uint64_t(send_len)};
-    s->data = static_cast<const char*>(send_data);
-    s->len = send_len;
-    s->done = false;
-  }
-  if (recv_peer != -1) {
-    r->peer = recv_peer;
-    r->tag = recv_tag;
-    r->data = static_cast<char*>(recv_data);
-    r->len = recv_len;
-    r->done = false;
-    r->reducer = reducer;
-  }
+  *s = SendOp::Data(send_peer, send_tag, send_data, send_len);
+  *r = RecvOp::Data(recv_peer, recv_tag, recv_data, recv_len, reducer);
   return Status::OK();
 }
 
@@ -150,28 +136,31 @@ Status TcpTransport::RunOps(SendOp* s, RecvOp* r) {
   }
 }
 
+// Writes the frame header (built from the op: kind, tag, length) and the
+// payload together, as far as the socket takes them.
 Status TcpTransport::ProgressSend(SendOp* s, bool* progressed) {
   Peer& p = peers_[s->peer];
-  const size_t hdr_len = sizeof(FrameHeader);
-  const size_t total = hdr_len + s->len;
-  while (s->sent < total) {
+  constexpr size_t hdr_len = sizeof(FrameHeader);
+  const FrameHeader hdr{s->kind == MessageKind::kControl ? kControl : kData, s->tag, uint64_t(s->len)};
+  while (s->header_sent < hdr_len || s->sent < s->len) {
     iovec iov[2];
     int cnt = 0;
-    if (s->sent < hdr_len) {
-      iov[cnt++] = iovec{reinterpret_cast<char*>(&s->hdr) + s->sent, hdr_len - s->sent};
-      if (s->len > 0) iov[cnt++] = iovec{const_cast<char*>(s->data), s->len};
-    } else {
-      iov[cnt++] = iovec{const_cast<char*>(s->data) + (s->sent - hdr_len), total - s->sent};
+    if (s->header_sent < hdr_len) {
+      iov[cnt++] = iovec{const_cast<char*>(reinterpret_cast<const char*>(&hdr)) + s->header_sent,
+                         hdr_len - s->header_sent};
     }
+    if (s->sent < s->len) iov[cnt++] = iovec{const_cast<char*>(s->data) + s->sent, s->len - s->sent};
     msghdr msg;
     std::memset(&msg, 0, sizeof(msg));
     msg.msg_iov = iov;
     msg.msg_iovlen = cnt;
     ssize_t n = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL);
     if (n > 0) {
-      s->sent += size_t(n);
+      const size_t to_header = std::min(size_t(n), hdr_len - s->header_sent);
+      s->header_sent += to_header;
+      s->sent += size_t(n) - to_header;
       *progressed = true;
-      p.send_mid_frame = s->sent < total;
+      p.send_mid_frame = s->header_sent < hdr_len || s->sent < s->len;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -261,9 +250,9 @@ Status TcpTransport::TimeoutError(const SendOp& s, const RecvOp& r) const {
   std::ostringstream os;
   os << "rank " << rank_ << ": no data moved for " << io_timeout_s_ << "s while";
   if (!s.done) {
-    os << " sending to rank " << s.peer << " (tag " << s.hdr.tag << ", "
-       << (s.sent > sizeof(FrameHeader) ? s.sent - sizeof(FrameHeader) : 0) << " of " << s.len
-       << " bytes sent)";
+    os << " sending to rank " << s.peer << " ("
+       << (s.kind == MessageKind::kControl ? "control" : "tag " + std::to_string(s.tag)) << ", " << s.sent
+       << " of " << s.len << " bytes sent)";
   }
   if (!s.done && !r.done) os << " and";
   if (!r.done) {

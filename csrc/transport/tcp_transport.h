@@ -15,12 +15,13 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "transport/stepped.h"
 #include "transport/tcp_wire.h"
 #include "transport/transport.h"
 
 namespace hvdlite {
 
-class TcpTransport : public Transport {
+class TcpTransport : public SteppedTransport {
  public:
   // Takes ownership of the connected sockets (fds[rank] == -1).
   TcpTransport(int rank, int size, std::vector<int> fds, double io_timeout_s);
@@ -45,53 +46,18 @@ class TcpTransport : public Transport {
   bool PeerDeparted(int peer) const override;
   void Close() override;
 
-  // ---- Used by ShmTransport, which keeps this transport as its liveness
-  // channel and for peers on other hosts. Same thread as every other call.
-
-  // Sends `peer` a NUDGE frame if that can be done without blocking (best
-  // effort: a peer that sleeps also wakes on its own timeout).
-  void Nudge(int peer);
-  // Like WaitControl, but also returns as soon as anything arrives from any
-  // peer (a NUDGE, a DATA header) or, when writable_peer >= 0, that peer's
-  // socket can take more bytes. *woken is set when wake_fd fired.
+  // ---- SteppedTransport (stepped.h): used by the shared-memory transport,
+  // which keeps this transport as its liveness channel and for peers on other
+  // hosts. Same thread as every other call.
+  Status StepOps(SendOp* s, RecvOp* r, bool* progressed) override;
+  Status TimeoutError(const SendOp& s, const RecvOp& r) const override;
+  // The NUDGE frame is tcp_wire's doorbell; a sleeping peer's WaitEvents returns on it.
   Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out,
-                    bool* woken);
-  // True once a departed peer's connection has reached EOF.
-  bool PeerClosed(int peer) const { return peers_[peer].closed; }
-  // Marks the transport broken with `st` (unless already broken), tells the
-  // peers (ABORT), and returns the first error.
-  Status Abort(const Status& st) { return Fail(st); }
-  const Status& broken() const { return broken_; }
-
-  // One direction of a SendRecv (public only so that ShmTransport can run
-  // a TCP side next to a shared-memory side).
-  struct SendOp {
-    int peer = -1;
-    tcp_wire::FrameHeader hdr{};
-    const char* data = nullptr;
-    size_t len = 0;
-    size_t sent = 0;  // over header + payload
-    bool done = true;
-  };
-  struct RecvOp {
-    int peer = -1;
-    uint32_t tag = 0;
-    char* data = nullptr;
-    size_t len = 0;
-    size_t got = 0;
-    bool checked = false;  // the pending header matched tag and length
-    bool done = true;
-    const Reducer* reducer = nullptr;  // reduce into data (through scratch) instead of copying
-    size_t reduced = 0;                // bytes of data already reduced
-  };
-  // Fills the ops for a SendRecv(Reduce) without moving a byte.
-  Status PrepareOps(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
-                    uint32_t recv_tag, void* recv_data, size_t recv_len, const Reducer* reducer, SendOp* s,
-                    RecvOp* r);
-  // Moves what can move without blocking. Errors are returned unrecorded
-  // (the caller decides, usually through Abort).
-  Status StepOps(SendOp* s, RecvOp* r, bool* progressed);
-  Status TimeoutError(const SendOp& s, const RecvOp& r) const;
+                    bool* woken) override;
+  void Nudge(int peer) override;
+  bool PeerClosed(int peer) const override { return peers_[peer].closed; }
+  Status Abort(const Status& st) override { return Fail(st); }
+  const Status& broken() const override { return broken_; }
 
  private:
   struct Peer {
@@ -112,6 +78,9 @@ class TcpTransport : public Transport {
   Status SelfCopy(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag,
                   void* recv_data, size_t recv_len);
   Status WriteFrame(int peer, uint32_t kind, uint32_t tag, const void* data, size_t len);
+  Status PrepareOps(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len, int recv_peer,
+                    uint32_t recv_tag, void* recv_data, size_t recv_len, const Reducer* reducer, SendOp* s,
+                    RecvOp* r) const;
   Status RunOps(SendOp* s, RecvOp* r);
   Status ProgressSend(SendOp* s, bool* progressed);
   Status ProgressRecv(RecvOp* r, bool* progressed);
@@ -145,7 +114,8 @@ class TcpTransport : public Transport {
   bool nudged_ = false;               // a NUDGE arrived since the last WaitEvents
 };
 
-// CreateTcpTransport's work, returning the concrete type (for ShmTransport).
+// CreateTcpTransport's work, returning the concrete type (for the factory of
+// the shared-memory transport, which keeps it as a SteppedTransport).
 Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size,
                        const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
                        double io_timeout_s, std::unique_ptr<TcpTransport>* out);

@@ -1,7 +1,12 @@
-// Default implementations of the optional Transport primitives.
+// Default implementations of the optional Transport primitives, and the
+// factory that puts the shared-memory transport over the TCP one (the only
+// place that knows both: shm_* sees the TCP transport as a SteppedTransport).
 #include "transport/transport.h"
 
 #include <vector>
+
+#include "transport/shm_transport.h"
+#include "transport/tcp_transport.h"
 
 namespace hvdlite {
 
@@ -15,6 +20,18 @@ Status Transport::SendRecvReduce(int send_peer, uint32_t send_tag, const void* s
       SendRecv(send_peer, send_tag, send_data, send_len, recv_peer, recv_tag, tmp.data(), tmp.size()));
   if (recv_peer < 0 || recv_len == 0) return Status::OK();
   return reducer.fn(reducer.ctx, recv_dst, tmp.data(), recv_len);
+}
+
+Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int size,
+                          const std::string& advertise_host, const std::string& secret,
+                          double connect_timeout_s, double io_timeout_s,
+                          const std::vector<std::string>& hosts, const ShmOptions& opts,
+                          std::unique_ptr<Transport>* out) {
+  std::unique_ptr<TcpTransport> tcp;
+  HVD_RETURN_IF_ERROR(NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s,
+                                      io_timeout_s, &tcp));
+  return AddSharedMemory(std::move(tcp), store, prefix, secret, connect_timeout_s, io_timeout_s, hosts, opts,
+                         out);
 }
 
 }  // namespace hvdlite

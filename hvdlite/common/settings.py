@@ -51,6 +51,13 @@ SETTINGS = (
     ),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
     Setting(
+        "DEADLOCK_CHECK_DISABLE",
+        "bool",
+        False,
+        "disable the deadlock detector (fails at once what ranks blocked in synchronize() wait for"
+        " when none of it can complete)",
+    ),
+    Setting(
         "STALL_CHECK_TIME_SECONDS",
         "float",
         60.0,
@@ -60,7 +67,8 @@ SETTINGS = (
         "STALL_SHUTDOWN_TIME_SECONDS",
         "float",
         600.0,
-        "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail",
+        "fail a tensor stalled this long with an error on every rank (and with it every tensor stalled"
+        " past the warning time); 0 = only warn, never fail",
     ),
     Setting(
         "TIMEOUT_SECONDS",

@@ -1,0 +1,246 @@
+"""horovodrun for hvdlite: Horovod 0.28's launcher flags, translated to hvdliterun.
+
+    horovodrun -np 4 python train.py
+    horovodrun -np 4 -H localhost:4 --fusion-threshold-mb 32 --timeline-filename t.json python train.py
+    horovodrun --mpi -np 4 -H a:2,b:2 python train.py      # mpirun with -H a:2,b:2
+
+translate() maps the flags to (hvdliterun arguments, environment overrides): the tunables become
+the HVDLITE_* settings Horovod's HOROVOD_* variables stand for; hosts must all be this host unless
+--mpi is given (then mpirun gets them); flags for features hvdlite does not have in its launcher
+(elastic, jsrun, remote hosts without --mpi, a config file) are refused with a message, and flags
+without effect here (NIC choice, ssh, hierarchical and torus modes, thread affinity, timestamps)
+are accepted with a note on stderr. run_commandline() is the console script's entry point.
+"""
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+# Flags accepted for compatibility that change nothing in hvdlite: dest -> whether it takes a value.
+_NO_EFFECT = {
+    "--network-interfaces": True,
+    "--network-interface": True,
+    "--output-filename": True,
+    "-p": True,
+    "--ssh-port": True,
+    "-i": True,
+    "--ssh-identity-file": True,
+    "--binding-args": True,
+    "--num-nccl-streams": True,
+    "--thread-affinity": True,
+    "--gloo-timeout-seconds": True,
+    "--autotune-bayes-opt-max-samples": True,
+    "--autotune-gaussian-process-noise": True,
+    "--tcp": False,
+    "--hierarchical-allreduce": False,
+    "--no-hierarchical-allreduce": False,
+    "--hierarchical-allgather": False,
+    "--no-hierarchical-allgather": False,
+    "--torus-allreduce": False,
+    "--no-torus-allreduce": False,
+    "--mpi-threads-disable": False,
+    "--no-mpi-threads-disable": False,
+    "--log-with-timestamp": False,
+    "--log-without-timestamp": False,
+    "--log-hide-timestamp": False,
+    "--no-log-hide-timestamp": False,
+    "-prefix-timestamp": False,
+    "--prefix-output-with-timestamp": False,
+    "--no-autotune": False,
+    "--stall-check": False,
+    "--no-timeline-mark-cycles": False,
+}
+
+# Horovod features this launcher does not provide: flag -> why.
+_REFUSED = {
+    "--min-np": "elastic training",
+    "--min-num-proc": "elastic training",
+    "--max-np": "elastic training",
+    "--max-num-proc": "elastic training",
+    "--slots-per-host": "elastic training",
+    "--elastic-timeout": "elastic training",
+    "--reset-limit": "elastic training",
+    "--blacklist-cooldown-range": "elastic training",
+    "--host-discovery-script": "elastic training",
+    "--jsrun": "the jsrun controller",
+    "--config-file": "YAML config files",
+}
+
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class UsageError(Exception):
+    """A horovodrun command line hvdlite cannot run; the message says why and what to do."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="horovodrun",
+        description="Horovod's launcher, provided by hvdlite: runs COMMAND on N ranks through hvdliterun.",
+    )
+    p.add_argument("-v", "--version", action="store_true")
+    p.add_argument("-np", "--num-proc", dest="np", type=int)
+    p.add_argument("-cb", "--check-build", action="store_true")
+    p.add_argument("--disable-cache", action="store_true")
+    p.add_argument("--start-timeout", type=int)
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--fusion-threshold-mb", type=int)
+    p.add_argument("--cycle-time-ms", type=float)
+    p.add_argument("--cache-capacity", type=int)
+    p.add_argument("--autotune", action="store_true")
+    p.add_argument("--autotune-log-file")
+    p.add_argument("--autotune-warmup-samples", type=int)
+    p.add_argument("--autotune-steps-per-sample", type=int)
+    p.add_argument("--timeline-filename")
+    p.add_argument("--timeline-mark-cycles", action="store_true")
+    p.add_argument("--no-stall-check", action="store_true")
+    p.add_argument("--stall-check-warning-time-seconds", type=int)
+    p.add_argument("--stall-check-shutdown-time-seconds", type=int)
+    p.add_argument("--log-level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"])
+    p.add_argument("-H", "--hosts")
+    p.add_argument("-hostfile", "--hostfile")
+    p.add_argument("--gloo", action="store_true")
+    p.add_argument("--mpi", action="store_true")
+    p.add_argument("--mpi-args", default="")
+    for flag, takes_value in _NO_EFFECT.items():
+        p.add_argument(
+            flag,
+            dest="ignored_" + flag.lstrip("-").replace("-", "_"),
+            action="append" if takes_value else "count",
+        )
+    for flag in _REFUSED:
+        p.add_argument(flag, dest="refused_" + flag.lstrip("-").replace("-", "_"), nargs="?", const=True)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def _is_local(host: str) -> bool:
+    return host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn())
+
+
+def _parse_hosts(hosts: str | None, hostfile: str | None) -> list[tuple[str, int]]:
+    """[(host, slots)] from Horovod's -H `a:2,b:2` or a hostfile of `host slots=N` lines."""
+    out = []
+    if hosts:
+        for item in hosts.split(","):
+            name, _, slots = item.strip().partition(":")
+            out.append((name, int(slots) if slots else 1))
+    if hostfile:
+        with open(hostfile) as f:
+            for line in f:
+                fields = line.split("#", 1)[0].split()
+                if not fields:
+                    continue
+                count = 1
+                for field in fields[1:]:
+                    if field.startswith("slots="):
+                        count = int(field.split("=", 1)[1])
+                out.append((fields[0], count))
+    return out
+
+
+def translate(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]]:
+    """(hvdliterun arguments, environment overrides, notes for stderr) for a horovodrun command
+    line; raises UsageError for one hvdlite cannot run."""
+    args = _parser().parse_args(list(argv))
+    for flag in _REFUSED:
+        if getattr(args, "refused_" + flag.lstrip("-").replace("-", "_")) is not None:
+            raise UsageError(
+                "horovodrun %s: hvdlite's launcher has no %s; run a fixed number of ranks with -np N"
+                % (flag, _REFUSED[flag])
+            )
+    notes = [
+        "horovodrun: %s has no effect with hvdlite, ignored" % flag
+        for flag in _NO_EFFECT
+        if getattr(args, "ignored_" + flag.lstrip("-").replace("-", "_"))
+    ]
+    if args.gloo and args.mpi:
+        raise UsageError("horovodrun: --gloo and --mpi exclude each other")
+    run_args: list[str] = []
+    env: dict[str, str] = {}
+    if args.version:
+        return ["--version"], env, notes
+    if args.check_build:
+        return ["--check-build"], env, notes
+    if args.np is not None:
+        run_args += ["-np", str(args.np)]
+
+    hosts = _parse_hosts(args.hosts, args.hostfile)
+    remote = [h for h, _ in hosts if not _is_local(h)]
+    mpi_args = args.mpi_args
+    if hosts and args.np is not None and args.np > sum(s for _, s in hosts):
+        raise UsageError(
+            "horovodrun: -np %d is more than the %d slots the hosts offer"
+            % (args.np, sum(s for _, s in hosts))
+        )
+    if remote and not args.mpi:
+        raise UsageError(
+            "horovodrun: hvdliterun starts ranks on this host only, and %s %s not this host; "
+            "add --mpi to start them with mpirun" % (", ".join(remote), "is" if len(remote) == 1 else "are")
+        )
+    if args.mpi:
+        run_args.append("--mpi")
+        if args.hostfile:
+            mpi_args = ("--hostfile %s %s" % (args.hostfile, mpi_args)).strip()
+        elif args.hosts:
+            mpi_args = ("-H %s %s" % (",".join("%s:%d" % hs for hs in hosts), mpi_args)).strip()
+        if mpi_args:
+            run_args += ["--mpi-args", mpi_args]
+    elif args.mpi_args:
+        notes.append("horovodrun: --mpi-args has no effect without --mpi, ignored")
+    if args.verbose:
+        run_args.append("--verbose")
+    if args.timeline_filename:
+        run_args += ["--timeline-filename", args.timeline_filename]
+
+    settings = {
+        "START_TIMEOUT": args.start_timeout,
+        "FUSION_THRESHOLD": None
+        if args.fusion_threshold_mb is None
+        else args.fusion_threshold_mb * 1024 * 1024,
+        "CYCLE_TIME": args.cycle_time_ms,
+        "CACHE_CAPACITY": 0 if args.disable_cache else args.cache_capacity,
+        "AUTOTUNE": 1 if args.autotune else None,
+        "AUTOTUNE_LOG": args.autotune_log_file,
+        "AUTOTUNE_WARMUP_SAMPLES": args.autotune_warmup_samples,
+        "AUTOTUNE_STEPS_PER_SAMPLE": args.autotune_steps_per_sample,
+        "TIMELINE_MARK_CYCLES": 1 if args.timeline_mark_cycles else None,
+        "STALL_CHECK_DISABLE": 1 if args.no_stall_check else None,
+        "STALL_CHECK_TIME_SECONDS": args.stall_check_warning_time_seconds,
+        "STALL_SHUTDOWN_TIME_SECONDS": args.stall_check_shutdown_time_seconds,
+        "LOG_LEVEL": args.log_level.lower() if args.log_level else None,
+    }
+    env.update({"HVDLITE_" + k: str(v) for k, v in settings.items() if v is not None})
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return run_args + command, env, notes
+
+
+def run_commandline(argv: Sequence[str] | None = None) -> int:
+    """The `horovodrun` console script: translates, then runs hvdliterun in this process and
+    returns its exit code (the failing rank's code when a rank fails)."""
+    try:
+        run_args, env, notes = translate(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
+    for note in notes:
+        print(note, file=sys.stderr)
+    if run_args == ["--version"]:
+        from horovod import __version__
+
+        print(__version__)
+        return 0
+    from hvdlite.runner import launch
+
+    os.environ.update(env)
+    return int(launch.main(run_args) or 0)
+
+
+def main() -> None:
+    sys.exit(run_commandline())
+
+
+if __name__ == "__main__":
+    main()
