@@ -108,6 +108,8 @@ class _DistributedOptimizer(HookedOptimizer):
             tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
         prescale, postscale = self._scale_factors()
+        if hasattr(p, "hvd_process_set"):
+            return self._own_set_allreduce_async(p, name, compressed, prescale, postscale), ctx
         handle = mpi_ops.allreduce_async_(
             compressed,
             name=name,
@@ -118,7 +120,35 @@ class _DistributedOptimizer(HookedOptimizer):
         )
         return handle, ctx
 
+    def _own_set_allreduce_async(self, p, name, tensor, prescale, postscale):
+        """A parameter marked `p.hvd_process_set` (MoE experts: hvdlite/torch/parallel/moe.py)
+        is replicated only over that set (None: this rank alone), and its gradient already
+        sums the contributions of the optimizer's other ranks (through the all-to-all), so it
+        is reduced over its own set only; Average divides by the optimizer set's size."""
+        own = p.hvd_process_set
+        if self.op not in (dtypes.Average, dtypes.Sum):
+            raise exceptions.NotSupportedError(
+                "parameters with their own hvd_process_set need op Average or Sum"
+            )
+        if self.op == dtypes.Average:
+            postscale *= (own.size() if own is not None else 1) / self.process_set.size()
+        if own is None:
+            scale = prescale * postscale
+            return lambda: tensor.mul_(scale)
+        return mpi_ops.allreduce_async_(
+            tensor,
+            name=name,
+            op=self.op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=own,
+        )
+
     def _grouped_allreduce_grad_async(self, group):
+        if any(hasattr(p, "hvd_process_set") for p in group):
+            raise exceptions.NotSupportedError(
+                "groups= with parameters that have their own hvd_process_set (MoE experts)"
+            )
         for p in group:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

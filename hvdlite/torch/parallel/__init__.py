@@ -1,6 +1,7 @@
 """hvdlite.torch.parallel (``hvd.parallel``): tensor and pipeline parallelism for PyTorch
 modules, built only on hvdlite.torch's public collectives. One file per technique."""
 
+from hvdlite.torch.parallel.moe import MoE, expert_parameters
 from hvdlite.torch.parallel.pipeline import (
     PipelineStage,
     Schedule1F1B,
