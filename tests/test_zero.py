@@ -1,0 +1,144 @@
+"""ZeRO stages 1-3 (hvdlite.torch.ZeroOptimizer): equivalence with one process on the
+concatenated batch, bitwise-identical replicas, the error paths, gradient clipping and
+accumulation. Checkpoints and memory: tests/test_zero_checkpoint.py."""
+
+import numpy as np
+import pytest
+import torch
+import zero_cases as zc
+from helpers import run_ranks
+
+STEPS = 4
+
+
+def _configs(size):
+    hybrid = 2 if size == 4 else 1
+    out = []
+    for stage in (1, 2, 3):
+        for shard_size in (None, hybrid):
+            for kind in ("sgd", "adamw"):
+                out.append((stage, shard_size, kind))
+    return out
+
+
+def _train(stage, shard_size, kind, bucket_numel=None, clip=None, passes=1):
+    import hvdlite.torch as hvd
+
+    model = zc.make_model()
+    opt = hvd.ZeroOptimizer(
+        zc.make_optimizer(kind, model),
+        model,
+        stage=stage,
+        shard_size=shard_size,
+        bucket_numel=bucket_numel,
+        backward_passes_per_step=passes,
+    )
+    for step in range(STEPS):
+        x, y = zc.local_batch(step, hvd.rank(), hvd.size())
+        if passes == 1:
+            zc.loss_of(model, x, y).backward()
+        else:  # the same local batch in `passes` micro-batches, losses scaled to the mean
+            for xm, ym in zip(x.chunk(passes), y.chunk(passes)):
+                (zc.loss_of(model, xm, ym) / passes).backward()
+        if clip is not None:
+            opt.clip_grad_norm_(clip)
+        opt.step()
+        opt.zero_grad()
+    full = hvd.full_state_dict(model)
+    live = None
+    if stage < 3:
+        live = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return full, live
+
+
+def _np(tensors):
+    """numpy copies: torch tensors sent back over the helper's pipe would travel as shared
+    memory that dies with the rank."""
+    return None if tensors is None else {k: v.numpy().copy() for k, v in tensors.items()}
+
+
+def _equivalence(configs):
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    out = {}
+    refs = {kind: zc.reference(kind, STEPS) for kind in ("sgd", "adamw")}
+    for stage, shard_size, kind in configs:
+        bucket = 200 if stage < 3 and kind == "sgd" else None  # several buckets, split params
+        full, live = _train(stage, shard_size, kind, bucket_numel=bucket)
+        out[(stage, shard_size, kind)] = (zc.max_rel_diff(full, refs[kind]), _np(full), _np(live))
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_equivalence_with_one_process(size):
+    configs = _configs(size)
+    results = run_ranks(_equivalence, size, args=(configs,), timeout=120)
+    for cfg in configs:
+        rel, full0, live0 = results[0][cfg]
+        assert rel <= 1e-6, "%s on %d ranks: max relative difference %.3g" % (cfg, size, rel)
+        for r in range(1, size):
+            _, full, live = results[r][cfg]
+            for k in full0:
+                assert np.array_equal(full[k], full0[k]), "%s: rank %d differs from rank 0 in %s" % (
+                    cfg,
+                    r,
+                    k,
+                )
+            if live0 is not None:
+                for k in live0:
+                    assert np.array_equal(live[k], live0[k]), "%s: rank %d's live %s differs" % (cfg, r, k)
+
+
+def _clip_and_accumulate():
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    ref = zc.reference("sgd", STEPS, clip=0.5)
+    out = {}
+    for stage in (1, 2, 3):
+        full, _ = _train(stage, None, "sgd", clip=0.5)
+        out[("clip", stage)] = zc.max_rel_diff(full, ref)
+        full, _ = _train(stage, None, "sgd", clip=0.5, passes=2)
+        out[("accumulate", stage)] = zc.max_rel_diff(full, ref)
+    hvd.shutdown()
+    return out
+
+
+def test_clip_grad_norm_and_backward_passes_per_step():
+    for out in run_ranks(_clip_and_accumulate, 2, timeout=90):
+        for key, rel in out.items():
+            assert rel <= 1e-5, "%s: max relative difference %.3g" % (key, rel)
+
+
+def _errors():
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    model = zc.make_model()
+    messages = []
+    for opt in (torch.optim.LBFGS(model.parameters()),):
+        try:
+            hvd.ZeroOptimizer(opt, model)
+        except hvd.InvalidArgumentError as e:  # a ValueError
+            messages.append(str(e))
+    other = torch.nn.Linear(2, 2)
+    try:
+        hvd.ZeroOptimizer(torch.optim.SGD(other.parameters(), lr=0.1), model)
+    except ValueError as e:
+        messages.append(str(e))
+    try:
+        hvd.ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, shard_size=3)
+    except ValueError as e:
+        messages.append(str(e))
+    hvd.shutdown()
+    return messages
+
+
+def test_clear_errors():
+    for messages in run_ranks(_errors, 2, timeout=60):
+        assert len(messages) == 3, messages
+        assert "LBFGS" in messages[0] and "not elementwise" in messages[0]
+        assert "not parameters of the model" in messages[1]
+        assert "shard_size=3" in messages[2]
