@@ -384,6 +384,28 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self.stage3 is None:
             self.publish()
 
+    def memory_bytes(self):
+        """Bytes this rank holds now, by kind: `params` (the model's parameter storages),
+        `master` (fp32 master shards), `grads` (the model's .grad plus reduced shards) and
+        `optimizer_state` (the wrapped optimizer's state tensors)."""
+        seen, params, grads = set(), 0, 0
+        for b in self.buckets:
+            for s in b.slots:
+                storage = s.param.untyped_storage()
+                if storage.data_ptr() not in seen or storage.nbytes() == 0:
+                    seen.add(storage.data_ptr())
+                    params += storage.nbytes()
+                if s.param.grad is not None:
+                    grads += s.param.grad.nbytes
+        grads += sum(m.grad.nbytes for m in self.master if m.grad is not None)
+        state = sum(v.nbytes for st in self._inner.state.values() for v in st.values() if torch.is_tensor(v))
+        return {
+            "params": params,
+            "master": sum(m.nbytes for m in self.master),
+            "grads": grads,
+            "optimizer_state": state,
+        }
+
     def state_dict(self):
         raise exceptions.NotSupportedError(
             "ZeroOptimizer holds shards: save with hvd.save_checkpoint(path, model, opt) instead"
