@@ -21,7 +21,7 @@ def _configs(size):
     return out
 
 
-def _train(stage, shard_size, kind, bucket_numel=None, clip=None, passes=1):
+def _train(stage, shard_size, kind, bucket_numel=None, clip=None, passes=1, mixed=None):
     import hvdlite.torch as hvd
 
     model = zc.make_model()
@@ -32,6 +32,7 @@ def _train(stage, shard_size, kind, bucket_numel=None, clip=None, passes=1):
         shard_size=shard_size,
         bucket_numel=bucket_numel,
         backward_passes_per_step=passes,
+        mixed_precision=mixed,
     )
     for step in range(STEPS):
         x, y = zc.local_batch(step, hvd.rank(), hvd.size())
@@ -105,6 +106,17 @@ def _clip_and_accumulate():
     return out
 
 
+def _mixed():
+    """bf16 compute parameters, fp32 masters: close to fp32 training, identical on all ranks."""
+    ref = zc.reference("adamw", STEPS)
+    out = {}
+    for stage in (1, 2, 3):
+        full, live = _train(stage, None, "adamw", mixed=torch.bfloat16)
+        dtypes = {str(v.dtype) for v in (live or {}).values()}
+        out[stage] = (zc.max_rel_diff(full, ref), {str(v.dtype) for v in full.values()}, dtypes, _np(full))
+    return out
+
+
 def _errors():
     import hvdlite.torch as hvd
 
@@ -131,13 +143,19 @@ def _clip_accumulate_errors():
     import hvdlite.torch as hvd
 
     hvd.init()
-    out = (_clip_and_accumulate(), _errors())
+    out = (_clip_and_accumulate(), _errors(), _mixed())
     hvd.shutdown()
     return out
 
 
-def test_clip_grad_norm_backward_passes_per_step_and_errors():
-    for rels, messages in run_ranks(_clip_accumulate_errors, 2, timeout=90):
+def test_clip_accumulation_mixed_precision_and_errors():
+    results = run_ranks(_clip_accumulate_errors, 2, timeout=90)
+    for stage, (rel, full_dtypes, live_dtypes, full) in results[0][2].items():
+        assert rel <= 3e-2, (stage, rel)  # bf16 forward/backward: close, not equal
+        assert full_dtypes == {"torch.float32"} and live_dtypes <= {"torch.bfloat16"}, stage
+        other = results[1][2][stage][3]
+        assert all(np.array_equal(full[k], other[k]) for k in full), stage
+    for rels, messages, _ in results:
         for key, rel in rels.items():
             assert rel <= 1e-5, "%s: max relative difference %.3g" % (key, rel)
         assert len(messages) == 3, messages

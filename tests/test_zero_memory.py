@@ -36,13 +36,14 @@ def test_memory_per_stage_matches_zero_accounting():
     stage 1: parameters 4P, gradients 4P (full) + 4P/N (the reduced shard), state 12P/N;
     stage 2: parameters 4P, gradients 4P/N, state 12P/N;
     stage 3: parameters 0 outside forward/backward, gradients 4P/N, state 12P/N
-    (the master shard is the parameter shard). Padding: < N elements per bucket."""
+    (the master shard is the parameter shard; in stages 1 and 2 it is this rank's slice of the
+    parameters' flat buffer, no second copy). Padding: < N elements per bucket."""
     for mem in run_ranks(_memory, RANKS, timeout=90):
         for stage, (got, p, buckets) in mem.items():
             shard = p / RANKS
             want = {
                 "params": 4 * p if stage < 3 else 0,
-                "master": 4 * shard,
+                "master": 4 * shard if stage == 3 else 0,  # stages 1, 2: a view of the parameters
                 "grads": (4 * p if stage == 1 else 0) + 4 * shard,
                 "optimizer_state": 8 * shard,  # exp_avg, exp_avg_sq (+ scalar steps)
             }

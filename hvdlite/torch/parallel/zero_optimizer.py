@@ -113,7 +113,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise exceptions.InvalidArgumentError("mixed_precision must be None or a torch float dtype")
         self.stage = stage
         self.backward_passes_per_step = int(backward_passes_per_step)
-        self.compute_dtype = mixed_precision
+        self.compute_dtype = None if mixed_precision == torch.float32 else mixed_precision
         self.groups = zero_shard.ShardGroups(process_set, shard_size)
         self.process_set = self.groups.process_set
         self.prefix = "zero%d" % next(_UIDS)
@@ -121,6 +121,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.model = model
         self.buckets = self._plan(optimizer, model, bucket_numel)
         self._sync_initial_parameters()
+        self._flat_params = {}  # stages 1, 2: bucket -> flat buffer the parameters are views of
+        self._grad_flat = {}  # stage 1, fp32: bucket -> flat buffer the .grad are views of
         self.master = [self._make_master(b) for b in self.buckets]
         self._install_shards(optimizer)
         super().__init__([{"params": list(self.master)}], dict(optimizer.defaults))
@@ -131,7 +133,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._reset_step_state()
         self._hooks = []
         self._slot_bucket = {id(s.param): b for b in self.buckets for s in b.slots}
-        self._cast_parameters()
+        self._attach_grad_views()
         self.stage3 = None
         if stage == 3:
             from hvdlite.torch.parallel.zero_stage3 import Stage3Gatherer
@@ -182,11 +184,24 @@ class ZeroOptimizer(torch.optim.Optimizer):
             mpi_ops.synchronize(h)
 
     def _make_master(self, bucket):
+        """This rank's fp32 master shard of `bucket`. Stages 1, 2: the parameters become views
+        of one flat buffer per bucket, and in fp32 the master shard is a view of it too (no
+        second copy; the optimizer updates this rank's slice of the parameters in place)."""
         flat = torch.zeros(bucket.padded_numel, dtype=torch.float32)
         for s in bucket.slots:
             flat[s.offset : s.offset + s.numel].copy_(s.param.detach().reshape(-1))
         start, end = bucket.shard_range(self.groups.member)
-        return torch.nn.Parameter(flat[start:end].clone())
+        if self.stage == 3:
+            return torch.nn.Parameter(flat[start:end].clone())
+        if self.compute_dtype is None:
+            master = torch.nn.Parameter(flat[start:end])
+        else:
+            master = torch.nn.Parameter(flat[start:end].clone())
+            flat = flat.to(self.compute_dtype)
+        self._flat_params[bucket.index] = flat
+        for s in bucket.slots:
+            s.param.data = flat[s.offset : s.offset + s.numel].view(s.shape)
+        return master
 
     def _install_shards(self, optimizer):
         """The wrapped optimizer's groups now hold the master shards, hyperparameters kept."""
@@ -198,12 +213,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
         optimizer.param_groups = new_groups
         optimizer.state = collections.defaultdict(dict)
 
-    def _cast_parameters(self):
-        if self.compute_dtype is None or self.stage == 3:
+    def _attach_grad_views(self, buckets=None):
+        """Stage 1 in fp32: every .grad is a view of its bucket's flat gradient buffer
+        (autograd accumulates into it in place), which is reduce-scattered without a copy."""
+        if self.stage != 1 or self.compute_dtype is not None:
             return
-        for b in self.buckets:
+        for b in self.buckets if buckets is None else buckets:
+            flat = self._grad_flat.get(b.index)
+            if flat is None:
+                flat = self._grad_flat[b.index] = torch.zeros(b.padded_numel, dtype=torch.float32)
             for s in b.slots:
-                s.param.data = s.param.data.to(self.compute_dtype)
+                view = flat[s.offset : s.offset + s.numel]
+                g = s.param.grad
+                if g is None:
+                    view.zero_()
+                elif g.data_ptr() != view.data_ptr():
+                    view.copy_(g.reshape(-1))
+                else:
+                    continue
+                s.param.grad = view.view(s.shape)
 
     def _register_grad_hooks(self):
         for b in self.buckets:
@@ -236,14 +264,23 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self._counts[b.index] >= self._expected(b):
             self._launch(b)
 
-    def _launch(self, bucket):
-        """Submits the reduce-scatter of `bucket` (zeros where a gradient is missing)."""
+    def _bucket_gradient(self, bucket):
+        """The padded fp32 gradient of `bucket` (zeros where a gradient is missing); stages 2
+        and 3 drop the parameters' full gradients."""
+        if bucket.index in self._grad_flat:
+            self._attach_grad_views([bucket])  # a .grad replaced or None: copied or zeroed into it
+            return self._grad_flat[bucket.index]
         flat = torch.zeros(bucket.padded_numel, dtype=torch.float32)
         for s in bucket.slots:
             if s.param.grad is not None:
                 flat[s.offset : s.offset + s.numel].copy_(s.param.grad.reshape(-1))
                 if self.stage >= 2:
                     s.param.grad = None
+        return flat
+
+    def _launch(self, bucket):
+        """Submits the reduce-scatter of `bucket`."""
+        flat = self._bucket_gradient(bucket)
         self._launched.add(bucket.index)
         if self.groups.shard_set is None:
             self._shards[bucket.index] = flat
@@ -361,6 +398,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     s.param.data.copy_(full[s.offset : s.offset + s.numel].view(s.shape))
 
     def zero_grad(self, set_to_none=True):
+        """Clears the gradients. Stage 1 in fp32 zeroes its flat gradient buffers instead of
+        setting .grad to None (the .grad stay views of them, as DDP's gradient_as_bucket_view)."""
+        for m in self.master:
+            m.grad = None
+        if self._grad_flat:
+            for flat in self._grad_flat.values():
+                flat.zero_()
+            self._attach_grad_views()
+            return
         for b in self.buckets:
             for s in b.slots:
                 if s.param.grad is not None:
@@ -368,8 +414,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
                         s.param.grad = None
                     else:
                         s.param.grad.zero_()
-        for m in self.master:
-            m.grad = None
 
     def _finish_pending_for_checkpoint(self):
         if self._launched:
@@ -386,7 +430,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def memory_bytes(self):
         """Bytes this rank holds now, by kind: `params` (the model's parameter storages),
-        `master` (fp32 master shards), `grads` (the model's .grad plus reduced shards) and
+        `master` (fp32 master shards not sharing the parameters' storage), `grads` (the model's .grad plus reduced shards) and
         `optimizer_state` (the wrapped optimizer's state tensors)."""
         seen, params, grads = set(), 0, 0
         for b in self.buckets:
@@ -399,9 +443,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     grads += s.param.grad.nbytes
         grads += sum(m.grad.nbytes for m in self.master if m.grad is not None)
         state = sum(v.nbytes for st in self._inner.state.values() for v in st.values() if torch.is_tensor(v))
+        master = sum(m.nbytes for m in self.master if m.untyped_storage().data_ptr() not in seen)
         return {
             "params": params,
-            "master": sum(m.nbytes for m in self.master),
+            "master": master,
             "grads": grads,
             "optimizer_state": state,
         }
