@@ -35,8 +35,8 @@ RANKS = 2
 # Row -> (launcher, model-state bytes per parameter per rank as f(N), the formula shown).
 ROWS = {
     "ddp": ("hvdlite", lambda n: 16.0, "16P"),
-    "zero1": ("hvdlite", lambda n: 8 + 16 / n, "8P + 16P/N"),
-    "zero2": ("hvdlite", lambda n: 4 + 16 / n, "4P + 16P/N"),
+    "zero1": ("hvdlite", lambda n: 8 + 12 / n, "8P + 12P/N"),
+    "zero2": ("hvdlite", lambda n: 4 + 12 / n, "4P + 12P/N"),
     "zero3": ("hvdlite", lambda n: 16 / n, "16P/N"),
     "fsdp2": ("gloo", lambda n: 16 / n, "16P/N"),
     "fsdp2-keep": ("gloo", lambda n: 16 / n, "16P/N"),
