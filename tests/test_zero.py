@@ -58,6 +58,32 @@ def _np(tensors):
     return None if tensors is None else {k: v.numpy().copy() for k, v in tensors.items()}
 
 
+def _subsets(refs):
+    """4 ranks as two independent data-parallel sets [0, 1] and [2, 3] (a mesh's dp sets):
+    each set trains the whole global batch split over its 2 ranks, plain and hybrid."""
+    import hvdlite.torch as hvd
+
+    sets = [hvd.add_process_set([0, 1]), hvd.add_process_set([2, 3])]
+    mine = sets[hvd.rank() // 2]
+    out = {}
+    for stage, shard_size in ((2, None), (3, 1)):
+        model = zc.make_model()
+        opt = hvd.ZeroOptimizer(
+            zc.make_optimizer("adamw", model), model, stage=stage, process_set=mine, shard_size=shard_size
+        )
+        for step in range(STEPS):
+            x, y = zc.local_batch(step, mine.rank(), mine.size())
+            zc.loss_of(model, x, y).backward()
+            opt.step()
+            opt.zero_grad()
+        out[("subset", stage, shard_size)] = (
+            zc.max_rel_diff(hvd.full_state_dict(model), refs["adamw"]),
+            None,
+            None,
+        )
+    return out
+
+
 def _equivalence(configs):
     import hvdlite.torch as hvd
 
@@ -68,6 +94,8 @@ def _equivalence(configs):
         bucket = 200 if stage < 3 and kind == "sgd" else None  # several buckets, split params
         full, live = _train(stage, shard_size, kind, bucket_numel=bucket)
         out[(stage, shard_size, kind)] = (zc.max_rel_diff(full, refs[kind]), _np(full), _np(live))
+    if hvd.size() == 4:
+        out.update(_subsets(refs))
     hvd.shutdown()
     return out
 
@@ -78,6 +106,9 @@ def _equivalence(configs):
 def test_equivalence_with_one_process(size):
     configs = _configs(size)
     results = run_ranks(_equivalence, size, args=(configs,), timeout=120)
+    for r in range(size):
+        for cfg, (rel, _, _) in results[r].items():
+            assert rel <= 1e-6, "%s on %d ranks, rank %d: max relative difference %.3g" % (cfg, size, r, rel)
     for cfg in configs:
         rel, full0, live0 = results[0][cfg]
         assert rel <= 1e-6, "%s on %d ranks: max relative difference %.3g" % (cfg, size, rel)
