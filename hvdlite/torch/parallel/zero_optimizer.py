@@ -29,6 +29,7 @@ from hvdlite.common import dtypes, exceptions
 from hvdlite.common.objects import broadcast_object
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.parallel import zero_shard
+from hvdlite.torch.parallel.zero_stage3 import Stage3Gatherer
 
 # torch.optim classes whose update and state are elementwise per parameter element.
 _ELEMENTWISE = (
@@ -136,8 +137,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._attach_grad_views()
         self.stage3 = None
         if stage == 3:
-            from hvdlite.torch.parallel.zero_stage3 import Stage3Gatherer
-
             self.stage3 = Stage3Gatherer(self)
         self._register_grad_hooks()
         OWNERS[model] = self
