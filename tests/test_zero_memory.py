@@ -24,9 +24,16 @@ def _memory():
         model = _big_model()
         opt = hvd.ZeroOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3), model, stage=stage)
         x = torch.randn(8, 257)
-        model(x).square().mean().backward()
+        loss = model(x).square().mean()
+        between = opt.memory_bytes()["params"]  # stage 3: released after each module's forward
+        loss.backward()
         opt.step()
-        out[stage] = (opt.memory_bytes(), sum(p.numel() for p in model.parameters()), len(opt.buckets))
+        out[stage] = (
+            opt.memory_bytes(),
+            sum(p.numel() for p in model.parameters()),
+            len(opt.buckets),
+            between,
+        )
     hvd.shutdown()
     return out
 
@@ -39,7 +46,8 @@ def test_memory_per_stage_matches_zero_accounting():
     (the master shard is the parameter shard; in stages 1 and 2 it is this rank's slice of the
     parameters' flat buffer, no second copy). Padding: < N elements per bucket."""
     for mem in run_ranks(_memory, RANKS, timeout=90):
-        for stage, (got, p, buckets) in mem.items():
+        for stage, (got, p, buckets, between) in mem.items():
+            assert between == (0 if stage == 3 else got["params"]), (stage, between)
             shard = p / RANKS
             want = {
                 "params": 4 * p if stage < 3 else 0,
