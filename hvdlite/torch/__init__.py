@@ -85,4 +85,11 @@ from hvdlite.torch.mpi_ops import (
     synchronize,
 )
 from hvdlite.torch.optimizer import DistributedOptimizer
+from hvdlite.torch.parallel import (
+    ZeroOptimizer,
+    consolidate_checkpoint,
+    full_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+)
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
