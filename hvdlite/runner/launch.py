@@ -85,6 +85,9 @@ def parse_args(argv):
         metavar="COMMAND ...",
         help="the program every rank runs, with its arguments",
     )
+    from hvdlite.runner.elastic_cli import add_elastic_args
+
+    add_elastic_args(parser)
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
@@ -144,6 +147,11 @@ def main(argv=None):
         from hvdlite.runner import mpi_launch
 
         return mpi_launch.run(args.np, args.command, args.mpi_args, args.verbose)
+
+    from hvdlite.runner import elastic_cli
+
+    if elastic_cli.is_elastic(args):
+        return elastic_cli.run_elastic(args)
 
     from hvdlite.runner.job import LocalJob
 

@@ -1,0 +1,144 @@
+"""The worker's side of elastic re-rendezvous: which generation of the job this process is in,
+whether a newer one was published, and joining the next one.
+
+Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the driver's store
+(HVDLITE_ELASTIC_STORE_ADDR, authenticated with HVDLITE_ELASTIC_SECRET):
+  - "worker/<id>" = the generation this worker was started into (set before it is spawned);
+  - "gen/<g>" = JSON of generation g: {"gen", "store_addr", "secret", "workers": {id: {"rank",
+    "size", "hostname"}}, "end": null or the reason the job ends}; written once, never changed;
+  - "latest" = the newest g, set after "gen/<g>".
+Each generation has its own rendezvous store and secret, so the core's init() of generation g
+never meets keys or shared-memory names of another. A worker that is not in the next
+generation's "workers" leaves (exit status 0); one that finds "end" raises it.
+"""
+
+import json
+import os
+import sys
+import time
+
+from hvdlite.common import basics, settings
+from hvdlite.common.exceptions import HvdliteInternalError, HvdliteTimeoutError
+from hvdlite.elastic.store import StoreClient
+
+WAIT_NEXT_S = 3600.0  # at most this long for the driver's next generation (it ends the job sooner)
+_POLL_S = 0.02
+
+
+class ElasticContext:
+    """This process's view of the elastic job. Not thread-safe: used by the run wrapper's thread."""
+
+    def __init__(self):
+        self.addr = settings.get("ELASTIC_STORE_ADDR")
+        self.worker_id = settings.get("ELASTIC_WORKER_ID")
+        self._secret = bytes.fromhex(settings.get("ELASTIC_SECRET"))
+        self._client = None
+        self.generation = None  # the generation this process is in (its init() joined)
+        self.record = None
+
+    def client(self):
+        if self._client is None:
+            self._client = StoreClient(self.addr, self._secret)
+        return self._client
+
+    def current(self):
+        """The record of the generation this process is in."""
+        if self.record is None:
+            self.generation = int(self.client().get("worker/" + self.worker_id, 30.0))
+            self.record = self._read(self.generation)
+        return self.record
+
+    def _read(self, gen):
+        return json.loads(self.client().get("gen/%d" % gen, 30.0))
+
+    def latest(self):
+        """The newest generation the driver has published (never waits)."""
+        value = self.client().try_get("latest")
+        return int(value) if value is not None else 0
+
+    def newer_generation(self):
+        """(latest g, whether it adds workers this generation lacks), or None when this process
+        is in the newest generation. Called on rank 0 by State.check_host_updates()."""
+        mine = self.current()
+        latest = self.latest()
+        if latest <= self.generation:
+            return None
+        record = self._read(latest)
+        added = any(w not in mine["workers"] for w in record["workers"])
+        return latest, added
+
+    def wait_next(self):
+        """Waits for a generation newer than ours and returns its record."""
+        self.current()
+        deadline = time.monotonic() + WAIT_NEXT_S
+        while True:
+            latest = self.latest()
+            if latest > self.generation:
+                return self._read(latest)
+            if time.monotonic() >= deadline:
+                raise HvdliteTimeoutError(
+                    "the elastic driver published no new generation of the job in %.0f s" % WAIT_NEXT_S
+                )
+            time.sleep(_POLL_S)
+
+    def leave(self):
+        """Shuts this generation's runtime down. Done before waiting for the next generation: a
+        peer that is leaving (a worker whose function raised) waits in its own shutdown() for
+        ours."""
+        if basics.is_initialized():
+            try:
+                basics.shutdown()
+            except HvdliteInternalError:
+                pass  # peers are gone: the runtime is torn down anyway
+
+    def join(self, record):
+        """init()s into `record`'s generation; exits this process (status 0) when it has no place
+        there; raises when the driver ended the job."""
+        self.leave()
+        if record.get("end"):
+            raise HvdliteInternalError(record["end"])
+        me = record["workers"].get(self.worker_id)
+        if me is None:
+            sys.stdout.flush()
+            sys.exit(0)  # removed from the job: leave cleanly
+        os.environ.update(
+            {
+                "HVDLITE_RANK": str(me["rank"]),
+                "HVDLITE_SIZE": str(me["size"]),
+                "HVDLITE_HOSTNAME": me["hostname"],
+                "HVDLITE_STORE_ADDR": record["store_addr"],
+                "HVDLITE_SECRET": record["secret"],
+            }
+        )
+        for name in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+            os.environ.pop("HVDLITE_" + name, None)  # the core computes them from the host names
+        self.generation, self.record = record["gen"], record
+        basics.init()
+
+    def reset(self):
+        """Moves this process to the next generation; retries when that one fails to form."""
+        while True:
+            self.leave()
+            record = self.wait_next()
+            try:
+                self.join(record)
+                return
+            except HvdliteInternalError as e:
+                if record.get("end"):
+                    raise
+                sys.stderr.write(
+                    "hvdlite.elastic: generation %d did not form (%s); waiting for the next\n"
+                    % (record["gen"], e)
+                )
+                self.generation, self.record = record["gen"], record
+
+
+_context = None
+
+
+def context():
+    """The ElasticContext of this process, or None when no elastic driver started it."""
+    global _context
+    if _context is None and settings.get("ELASTIC_STORE_ADDR"):
+        _context = ElasticContext()
+    return _context
