@@ -34,7 +34,6 @@ _UTIL_REEXPORTS = ["check_extension", "gpu_available", "split_list", "vars_to_re
 KNOWN_MISSING = {
     "hvdlite.torch": [
         "check_extension",  # horovod.common.util helper re-exported by horovod.torch
-        "elastic",  # elastic training: not built yet (README, Status)
     ],
     "hvdlite.tensorflow": _UTIL_REEXPORTS
     + [

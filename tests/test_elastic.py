@@ -3,11 +3,13 @@
 tests/elastic_train.py. Survivors keep their processes: they raise HorovodInternalError,
 restore the last commit, re-form and finish with every committed step done exactly once."""
 
+import itertools
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +93,166 @@ def test_survivors_of_a_failed_worker_reform_and_lose_no_committed_step(how):
     for wid in ("localhost[0]", "127.0.0.1[0]"):
         steps = [int(line.split()[1]) for line in out[wid] if line.startswith("STEP")]
         assert steps[0] == 0 and steps[-1] == 19 and steps == sorted(set(steps)), (wid, steps)
+
+
+def _popen(*args, env):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
+    full_env.update(env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hvdlite.runner.launch", *[str(a) for a in args]],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_host_added_by_discovery_joins_and_host_removed_leaves(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\n127.0.0.1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
+    script.chmod(0o755)
+    env = {"ELASTIC_STEPS": "200", "ELASTIC_SLEEP": "0.03"}
+    proc = _popen(
+        "-np",
+        2,
+        "--min-np",
+        2,
+        "--max-np",
+        3,
+        "--host-discovery-script",
+        script,
+        sys.executable,
+        SCRIPT,
+        env=env,
+    )
+    timer = threading.Timer(150, proc.kill)
+    timer.start()
+    seen, lines = [], []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            m = LINE.match(line.rstrip("\n"))
+            if not m or not m.group(3).startswith("STEP "):
+                continue
+            size = int(m.group(3).split()[2])
+            if not seen and size == 2:
+                hosts.write_text("localhost\n127.0.0.1\n127.0.0.2:1\n")  # add a host
+                seen.append(2)
+            elif seen == [2] and size == 3:
+                hosts.write_text("localhost\n127.0.0.1\n")  # remove it again
+                seen.append(3)
+        proc.wait(30)
+    finally:
+        timer.cancel()
+        proc.kill()
+    stderr = proc.stderr.read()
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), stderr)
+    assert res.returncode == 0, stderr[-4000:]
+    log = check_exactly_once(res, 200)
+    sizes = [size for _, size in log]
+    changes = [sizes[0]] + [b for a, b in itertools.pairwise(sizes) if a != b]
+    assert changes == [2, 3, 2], changes
+    assert "generation 2: 3 worker(s): localhost[0], 127.0.0.1[0], 127.0.0.2[0]" in stderr
+    assert "generation 3: 2 worker(s): localhost[0], 127.0.0.1[0]" in stderr
+    out = worker_lines(res.stdout)
+    # the new worker synced rank 0's state: its first step is the job's next one, not step 0
+    joined = [int(line.split()[1]) for line in out["127.0.0.2[0]"] if line.startswith("STEP")]
+    assert joined and joined[0] > 0 and joined[0] == sizes.index(3), (joined[:3], sizes.index(3))
+
+
+def test_all_workers_failing_ends_the_job_with_horovods_message():
+    env = {"ELASTIC_STEPS": "20", "ELASTIC_RAISE": "localhost[0]:3,127.0.0.1[0]:3,127.0.0.2[0]:3"}
+    res = hvdliterun("-np", 3, "--min-np", 1, "-H", HOSTS3, sys.executable, SCRIPT, env=env)
+    assert res.returncode == 1, res.stderr[-4000:]
+    assert (
+        "Horovod detected that one or more processes exited with non-zero status, thus causing "
+        "the job to be terminated. The first process to do so was:\nProcess name: " in res.stderr
+    ), res.stderr[-4000:]
+    assert "Exit code: 1" in res.stderr
+
+
+def test_reset_limit_is_honoured():
+    env = {"ELASTIC_STEPS": "30", "ELASTIC_KILL": "127.0.0.3[0]:4,127.0.0.2[0]:12"}
+    res = hvdliterun(
+        "-np",
+        4,
+        "--min-np",
+        1,
+        "--reset-limit",
+        1,
+        "-H",
+        HOSTS3 + ",127.0.0.3:1",
+        sys.executable,
+        SCRIPT,
+        env=env,
+    )
+    assert res.returncode != 0
+    assert "generation 2: 3 worker(s)" in res.stderr  # the first failure re-formed the job
+    assert "generation 3" not in res.stderr.replace("generation 3 ", "")  # the second did not
+    assert (
+        "Horovod was shutdown because number of resets during elastic job exceeded limit: 1" in res.stderr
+    ), res.stderr[-4000:]
+    assert not any(line.startswith("DONE") for lines in worker_lines(res.stdout).values() for line in lines)
+
+
+def test_survivors_below_min_np_wait_for_the_elastic_timeout_then_end():
+    env = {"ELASTIC_STEPS": "20", "ELASTIC_KILL": "127.0.0.2[0]:4"}
+    res = hvdliterun(
+        "-np",
+        3,
+        "--min-np",
+        3,
+        "--elastic-timeout",
+        2,
+        "-H",
+        HOSTS3,
+        sys.executable,
+        SCRIPT,
+        env=env,
+        timeout=60,
+    )
+    assert res.returncode == 1, res.stderr[-4000:]
+    assert (
+        "Timed out waiting for minimum number of slots to become available. Please check that you "
+        "have enough resources to run at least 3 Horovod processes." in res.stderr
+    ), res.stderr[-4000:]
+    assert "generation 2:" not in res.stderr
+    # the survivors were told why, and none was left running (hvdliterun returned)
+    err = worker_lines(res.stderr, "stderr")
+    for wid in ("localhost[0]", "127.0.0.1[0]"):
+        assert any("Timed out waiting for minimum number of slots" in line for line in err[wid]), err.get(wid)
+
+
+def test_torch_state_and_elastic_sampler_recover_a_killed_worker():
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(REPO / "tests"))
+    import elastic_torch_train as train
+
+    env = {"ELASTIC_KILL": "127.0.0.2[0]:5"}
+    script = str(REPO / "tests" / "elastic_torch_train.py")
+    res = hvdliterun("-np", 3, "--min-np", 2, "-H", HOSTS3, sys.executable, script, env=env, timeout=150)
+    assert res.returncode == 0, res.stderr[-4000:]
+    log, params = done_of(res)
+    assert [step for step, _ in log] == list(range(len(log)))
+    assert [len(batches) for _, batches in log] == [3] * 5 + [2] * 5
+    # ElasticSampler: the rest of epoch 1 was re-partitioned; every sample done once per epoch
+    seen = sorted(i for _, batches in log for batch in batches for i in batch)
+    assert seen == sorted(list(range(train.N)) * train.EPOCHS)
+    # replay the committed steps with plain SGD on one process
+    x, y = train.data()
+    net = train.model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _, batches in log:
+        grads = []
+        for batch in batches:
+            net.zero_grad()
+            torch.nn.functional.mse_loss(net(x[batch]), y[batch]).backward()
+            grads.append([p.grad.clone() for p in net.parameters()])
+        for p, *gs in zip(net.parameters(), *grads):
+            p.grad = sum(gs) / len(gs)
+        opt.step()
+    for got, want in zip(params, net.parameters()):
+        np.testing.assert_allclose(np.array(got), want.detach().numpy(), rtol=1e-10, atol=1e-12)

@@ -44,6 +44,7 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from hvdlite.torch import elastic
 from hvdlite.torch.autograd_ops import (
     allgather,
     allreduce,
