@@ -256,3 +256,29 @@ def test_torch_state_and_elastic_sampler_recover_a_killed_worker():
         opt.step()
     for got, want in zip(params, net.parameters()):
         np.testing.assert_allclose(np.array(got), want.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_blacklisted_host_returns_after_its_cooldown_with_a_new_worker():
+    env = {"ELASTIC_STEPS": "150", "ELASTIC_SLEEP": "0.03", "ELASTIC_KILL": "127.0.0.2[0]:5"}
+    res = hvdliterun(
+        "-np",
+        3,
+        "--min-np",
+        2,
+        "--blacklist-cooldown-range",
+        1,
+        2,
+        "-H",
+        HOSTS3,
+        sys.executable,
+        SCRIPT,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    log = check_exactly_once(res, 150)
+    sizes = [size for _, size in log]
+    changes = [sizes[0]] + [b for a, b in itertools.pairwise(sizes) if a != b]
+    assert changes == [3, 2, 3], changes
+    assert "generation 3: 3 worker(s): localhost[0], 127.0.0.1[0], 127.0.0.2[0].1" in res.stderr, res.stderr[
+        -3000:
+    ]

@@ -106,16 +106,18 @@ class HostManager:
         self.order = []  # every host ever seen, first-seen first
         self._blacklist = {}  # host -> time it may return (inf: never)
         self._blacklist_count = {}
+        self._last_usable = []  # usable() as of the last apply()
 
     def apply(self, found):
         """Takes {host: slots} from a discovery run; returns True when the usable hosts or their
         slots changed."""
-        before = self.usable()
         self.slots = dict(found)
         for host in found:
             if host not in self.order:
                 self.order.append(host)
-        return self.usable() != before
+        now = self.usable()
+        changed, self._last_usable = now != self._last_usable, now
+        return changed  # also when a blacklisted host's cooldown ended since the last call
 
     def blacklist(self, host):
         n = self._blacklist_count.get(host, 0) + 1
