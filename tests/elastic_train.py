@@ -10,8 +10,8 @@ Environment knobs (all optional):
   ELASTIC_KILL       "worker_id:step[,worker_id:step...]": that worker SIGKILLs itself in that step,
                      after its gradient's allreduce was submitted (mid-step), before the commit
   ELASTIC_RAISE      same, but the worker raises ValueError
-  ELASTIC_WAIT_FILE  hold each step until this file exists (the test adds hosts meanwhile)
-Output: "STEP <step> <size> <rank> <time>" after each commit, "KILL <time>" before a kill,
+  ELASTIC_START_DELAY "worker_id:seconds": that worker sleeps before hvd.init() (a slow start)
+Output: "PID <pid>" first, "STEP <step> <size> <rank> <time>" after each commit, "KILL <time>" before a kill,
 "DONE <json log> <json w>" at the end on rank 0.
 """
 
@@ -33,11 +33,13 @@ def _plan(var):
     out = {}
     for item in filter(None, os.environ.get(var, "").split(",")):
         wid, _, step = item.rpartition(":")
-        out[wid] = int(step)
+        out[wid] = float(step)
     return out
 
 
 KILL, RAISE = _plan("ELASTIC_KILL"), _plan("ELASTIC_RAISE")
+time.sleep(_plan("ELASTIC_START_DELAY").get(ME, 0.0))
+print("PID %d" % os.getpid(), flush=True)
 
 
 def grad(step, rank):

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -282,3 +283,56 @@ def test_blacklisted_host_returns_after_its_cooldown_with_a_new_worker():
     assert "generation 3: 3 worker(s): localhost[0], 127.0.0.1[0], 127.0.0.2[0].1" in res.stderr, res.stderr[
         -3000:
     ]
+
+
+def test_generation_superseded_while_forming_is_skipped_by_its_workers(tmp_path):
+    """A host is added (its worker starts slowly) and, while the others wait in init() for it,
+    a survivor is SIGKILLed: the driver supersedes that generation; the waiting survivor and the
+    slow newcomer both join the next one instead of failing."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\n127.0.0.1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
+    script.chmod(0o755)
+    env = {"ELASTIC_STEPS": "150", "ELASTIC_SLEEP": "0.03", "ELASTIC_START_DELAY": "127.0.0.2[0]:3"}
+    proc = _popen("-np", 2, "--min-np", 1, "--host-discovery-script", script, sys.executable, SCRIPT, env=env)
+    stderr = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
+    reader.start()
+    timer = threading.Timer(150, proc.kill)
+    timer.start()
+    lines, pids = [], {}
+
+    def kill_when_forming():
+        deadline = time.monotonic() + 60
+        while not any("generation 2:" in x for x in stderr) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)  # the survivors are in init(), waiting for the slow newcomer
+        os.kill(pids["127.0.0.1[0]"], 9)
+
+    killer = threading.Thread(target=kill_when_forming, daemon=True)
+    killer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            m = LINE.match(line.rstrip("\n"))
+            if not m:
+                continue
+            if m.group(3).startswith("PID "):
+                pids[m.group(1)] = int(m.group(3).split()[1])
+            elif m.group(3).startswith("STEP ") and len(lines) < 5:
+                hosts.write_text("localhost\n127.0.0.1\n127.0.0.2\n")
+        proc.wait(30)
+    finally:
+        timer.cancel()
+        proc.kill()
+    reader.join(5)
+    err = "".join(stderr)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), err)
+    assert res.returncode == 0, err[-4000:]
+    assert "generation 3: 2 worker(s): localhost[0], 127.0.0.2[0]" in err, err[-4000:]
+    assert "generation 2 did not form" in err, err[-4000:]
+    log = check_exactly_once(res, 150)
+    assert log[-1][1] == 2
+    joined = [int(x.split()[1]) for x in worker_lines(res.stdout)["127.0.0.2[0]"] if x.startswith("STEP")]
+    assert joined and joined[0] > 0

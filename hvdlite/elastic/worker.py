@@ -18,9 +18,10 @@ import sys
 import time
 
 from hvdlite.common import basics, settings
-from hvdlite.common.exceptions import HvdliteInternalError, HvdliteTimeoutError
+from hvdlite.common.exceptions import OK, HvdliteInternalError, HvdliteTimeoutError
 from hvdlite.elastic.store import StoreClient
 
+SUPERSEDE_WAIT_S = 5.0  # after a failed init(): how long to wait for the driver to publish a newer one
 WAIT_NEXT_S = 3600.0  # at most this long for the driver's next generation (it ends the job sooner)
 _POLL_S = 0.02
 
@@ -68,13 +69,13 @@ class ElasticContext:
         return latest, added
 
     def wait_next(self):
-        """Waits for a generation newer than ours and returns its record."""
+        """Waits for a generation newer than ours and returns its number."""
         self.current()
         deadline = time.monotonic() + WAIT_NEXT_S
         while True:
             latest = self.latest()
             if latest > self.generation:
-                return self._read(latest)
+                return latest
             if time.monotonic() >= deadline:
                 raise HvdliteTimeoutError(
                     "the elastic driver published no new generation of the job in %.0f s" % WAIT_NEXT_S
@@ -91,10 +92,9 @@ class ElasticContext:
             except HvdliteInternalError:
                 pass  # peers are gone: the runtime is torn down anyway
 
-    def join(self, record):
-        """init()s into `record`'s generation; exits this process (status 0) when it has no place
-        there; raises when the driver ended the job."""
-        self.leave()
+    def _apply(self, record):
+        """Points this process's environment at `record`'s generation; exits this process
+        (status 0) when it has no place there; raises when the driver ended the job."""
         if record.get("end"):
             raise HvdliteInternalError(record["end"])
         me = record["workers"].get(self.worker_id)
@@ -113,24 +113,35 @@ class ElasticContext:
         for name in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
             os.environ.pop("HVDLITE_" + name, None)  # the core computes them from the host names
         self.generation, self.record = record["gen"], record
-        basics.init()
+
+    def init(self, core_init):
+        """The core's init() into the newest generation: the init hook of every elastic worker
+        (the script's own hvd.init() included). When a generation fails to form because the
+        driver superseded it (a worker died meanwhile: the driver stops its store, so this is
+        quick), it tries the next one. Returns core_init's (code, message)."""
+        self.current()
+        while True:
+            latest = self.latest()
+            if latest > self.generation:
+                self._apply(self._read(latest))
+            code, message = core_init()
+            if code == OK:
+                return code, message
+            deadline = time.monotonic() + SUPERSEDE_WAIT_S
+            while self.latest() <= self.generation and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+            if self.latest() <= self.generation:
+                return code, message
+            sys.stderr.write(
+                "hvdlite.elastic: generation %d did not form (%s); joining the next\n"
+                % (self.generation or 0, message)
+            )
 
     def reset(self):
-        """Moves this process to the next generation; retries when that one fails to form."""
-        while True:
-            self.leave()
-            record = self.wait_next()
-            try:
-                self.join(record)
-                return
-            except HvdliteInternalError as e:
-                if record.get("end"):
-                    raise
-                sys.stderr.write(
-                    "hvdlite.elastic: generation %d did not form (%s); waiting for the next\n"
-                    % (record["gen"], e)
-                )
-                self.generation, self.record = record["gen"], record
+        """Moves this process to the next generation (the run wrapper's reset)."""
+        self.leave()
+        self.wait_next()
+        basics.init()  # through init(): joins the newest generation
 
 
 _context = None
@@ -142,3 +153,11 @@ def context():
     if _context is None and settings.get("ELASTIC_STORE_ADDR"):
         _context = ElasticContext()
     return _context
+
+
+def _init_hook(core_init):
+    ctx = context()
+    return core_init() if ctx is None else ctx.init(core_init)
+
+
+basics.set_init_hook(_init_hook)

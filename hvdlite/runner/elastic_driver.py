@@ -115,9 +115,14 @@ class ElasticDriver:
             from hvdlite import _core
 
             server = _core.TcpStoreServer(STORE_HOST, 0, secret, clients=len(assignment))
+        # A superseded generation's store goes at once: a worker still forming that generation
+        # fails fast and joins the newest one (hvdlite/elastic/worker.py). Formed generations no
+        # longer need their store, except for a first CUDA tensor's NCCL setup (that then fails
+        # with HorovodInternalError: rolled back to the last commit, like any failure).
+        while self._stores:
+            self._stores.pop().stop()
+        if server is not None:
             self._stores.append(server)
-            while len(self._stores) > 2:  # the generation before last has no users any more
-                self._stores.pop(0).stop()
         record = {
             "gen": self.gen,
             "store_addr": "%s:%d" % (STORE_HOST, server.port) if server else "",
