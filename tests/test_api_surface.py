@@ -37,7 +37,6 @@ KNOWN_MISSING = {
     ],
     "hvdlite.tensorflow": _UTIL_REEXPORTS
     + [
-        "elastic",  # elastic training: not built yet
         # TF1 graph-mode and session API (issue 18)
         "BroadcastGlobalVariablesHook",
         "broadcast_global_variables",
@@ -57,7 +56,6 @@ KNOWN_MISSING = {
         "handle_average_backwards_compatibility",
     ],
     "hvdlite.tensorflow.keras": [
-        "elastic",  # elastic training: not built yet
         "broadcast_global_variables",  # issue 18
         # capability queries horovod.tensorflow.keras re-exports (issue 9)
         "ccl_built",

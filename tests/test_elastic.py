@@ -336,3 +336,21 @@ def test_generation_superseded_while_forming_is_skipped_by_its_workers(tmp_path)
     assert log[-1][1] == 2
     joined = [int(x.split()[1]) for x in worker_lines(res.stdout)["127.0.0.2[0]"] if x.startswith("STEP")]
     assert joined and joined[0] > 0
+
+
+def test_keras_fit_with_the_elastic_callbacks_recovers_a_killed_worker():
+    pytest.importorskip("tensorflow")
+    script = str(REPO / "tests" / "elastic_keras_train.py")
+    env = {"ELASTIC_KILL": "127.0.0.2[0]:1:3"}
+    res = hvdliterun("-np", 3, "--min-np", 2, "-H", HOSTS3, sys.executable, script, env=env, timeout=170)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "generation 2: 2 worker(s): localhost[0], 127.0.0.1[0]" in res.stderr
+    out = worker_lines(res.stdout)
+    done = {
+        wid: next(x for x in out[wid] if x.startswith("DONE ")).split(" ", 3)
+        for wid in ("localhost[0]", "127.0.0.1[0]")
+    }
+    # both survivors finished all 3 epochs in the 2-rank job, with the same weights
+    assert [d[1:3] for d in done.values()] == [["3", "2"], ["3", "2"]], done
+    assert done["localhost[0]"][3] == done["127.0.0.1[0]"][3]
+    assert np.isfinite(np.array(json.loads(done["localhost[0]"][3])[0])).all()
