@@ -112,6 +112,8 @@ class HostManager:
         """Takes {host: slots} from a discovery run; returns True when the usable hosts or their
         slots changed."""
         self.slots = dict(found)
+        # A host that disappeared loses its place: if it comes back, it goes last.
+        self.order = [h for h in self.order if h in found]
         for host in found:
             if host not in self.order:
                 self.order.append(host)

@@ -47,6 +47,7 @@ NONZERO_MESSAGE = (
 RESET_LIMIT_EXCEEDED_MESSAGE = (
     "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
 )
+NO_SURVIVOR_MESSAGE = "No hosts from previous set remaining, unable to broadcast state."
 MIN_SLOTS_TIMEOUT_MESSAGE = (
     "Timed out waiting for minimum number of slots to become available. Please check that you "
     "have enough resources to run at least {} Horovod processes."
@@ -211,7 +212,9 @@ class ElasticDriver:
                 out.append(w)
         if len(out) < self.min_np:
             return None
-        return out
+        # Survivors first (in host order), new workers after them: the new rank 0, which every
+        # rank syncs its state from, is always a worker that has the state.
+        return [w for w in out if w.proc is not None] + [w for w in out if w.proc is None]
 
     def _form(self, chosen):
         """Publishes the generation of `chosen` workers, tells the dropped ones to leave and
@@ -283,6 +286,8 @@ class ElasticDriver:
         while True:
             if pending_change and not finishing:
                 chosen = self._assign()
+                if chosen is not None and self.current and chosen[0].proc is None:
+                    return self._end(NO_SURVIVOR_MESSAGE)
                 if chosen is not None and (self.current or len(chosen) >= need):
                     if self.current and self.reset_limit is not None and self.resets >= self.reset_limit:
                         return self._end(RESET_LIMIT_EXCEEDED_MESSAGE.format(self.reset_limit))
