@@ -354,3 +354,38 @@ def test_keras_fit_with_the_elastic_callbacks_recovers_a_killed_worker():
     assert [d[1:3] for d in done.values()] == [["3", "2"], ["3", "2"]], done
     assert done["localhost[0]"][3] == done["127.0.0.1[0]"][3]
     assert np.isfinite(np.array(json.loads(done["localhost[0]"][3])[0])).all()
+
+
+def test_hosts_parsing_order_and_blacklist_cooldown():
+    from hvdlite.runner import elastic_discovery as d
+
+    assert d.parse_hosts("localhost:2,127.0.0.2,b:0", default_slots=3) == {
+        "localhost": 2,
+        "127.0.0.2": 3,
+        "b": 0,
+    }
+    with pytest.raises(ValueError):
+        d.parse_hosts("a:x")
+    hosts = d.HostManager(d.FixedHosts({}), cooldown_range=(1, 1))
+    assert hosts.apply({"a": 1, "b": 2}) and hosts.usable() == [("a", 1), ("b", 2)]
+    assert not hosts.apply({"b": 2, "a": 1})  # same hosts: no change, order kept
+    assert hosts.apply({"b": 2, "c": 1}) and [h for h, _ in hosts.usable()] == ["b", "c"]
+    assert hosts.apply({"a": 1, "b": 2, "c": 1}) and [h for h, _ in hosts.usable()] == ["b", "c", "a"]
+    hosts.blacklist("b")
+    assert [h for h, _ in hosts.usable()] == ["c", "a"]
+    time.sleep(1.05)  # cooldown 1 s: b returns, last
+    assert hosts.apply({"a": 1, "b": 2, "c": 1}) and [h for h, _ in hosts.usable()] == ["c", "a", "b"]
+    with pytest.raises(ValueError):
+        d.HostManager(d.FixedHosts({}), cooldown_range=(5, 1))
+
+
+def test_launcher_rejects_bad_elastic_arguments(tmp_path):
+    res = hvdliterun("-np", 2, "--min-np", 3, sys.executable, "-c", "pass")
+    assert res.returncode != 0 and "--min-np" in res.stderr
+    bad = tmp_path / "bad.sh"
+    bad.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    bad.chmod(0o755)
+    res = hvdliterun("-np", 2, "--host-discovery-script", bad, sys.executable, "-c", "pass")
+    assert res.returncode != 0 and "exited with status 3: broken" in res.stderr, res.stderr
+    res = hvdliterun("-np", 2, "-H", "localhost:2", sys.executable, "-c", "pass")
+    assert res.returncode != 0 and "-H" in res.stderr

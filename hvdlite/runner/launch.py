@@ -47,7 +47,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="hvdliterun",
         description="Run N ranks of COMMAND on this host as one hvdlite job.",
-        epilog="Only this host for now: there is no -H/--hosts; every rank runs locally. "
+        epilog="Only this host for now: every rank runs locally (-H names local 'hosts' in elastic mode). "
         "Each output line is prefixed with [rank]<stdout>: or [rank]<stderr>:. "
         "The job stops as soon as one rank exits non-zero, and hvdliterun exits "
         "with that rank's code.",
@@ -152,6 +152,8 @@ def main(argv=None):
 
     if elastic_cli.is_elastic(args):
         return elastic_cli.run_elastic(args)
+    if getattr(args, "hosts", None):  # until multi-host launching lands (issue 10)
+        sys.exit("hvdliterun: -H is only taken with --min-np/--max-np (elastic mode) for now")
 
     from hvdlite.runner.job import LocalJob
 
