@@ -109,6 +109,7 @@ def _popen(*args, env):
     )
 
 
+@pytest.mark.slow
 def test_host_added_by_discovery_joins_and_host_removed_leaves(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\n127.0.0.1\n")
@@ -227,6 +228,7 @@ def test_survivors_below_min_np_wait_for_the_elastic_timeout_then_end():
         assert any("Timed out waiting for minimum number of slots" in line for line in err[wid]), err.get(wid)
 
 
+@pytest.mark.slow
 def test_torch_state_and_elastic_sampler_recover_a_killed_worker():
     torch = pytest.importorskip("torch")
     sys.path.insert(0, str(REPO / "tests"))
@@ -259,6 +261,7 @@ def test_torch_state_and_elastic_sampler_recover_a_killed_worker():
         np.testing.assert_allclose(np.array(got), want.detach().numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_blacklisted_host_returns_after_its_cooldown_with_a_new_worker():
     env = {"ELASTIC_STEPS": "150", "ELASTIC_SLEEP": "0.03", "ELASTIC_KILL": "127.0.0.2[0]:5"}
     res = hvdliterun(
@@ -285,6 +288,7 @@ def test_blacklisted_host_returns_after_its_cooldown_with_a_new_worker():
     ]
 
 
+@pytest.mark.slow
 def test_generation_superseded_while_forming_is_skipped_by_its_workers(tmp_path):
     """A host is added (its worker starts slowly) and, while the others wait in init() for it,
     a survivor is SIGKILLed: the driver supersedes that generation; the waiting survivor and the
@@ -338,6 +342,7 @@ def test_generation_superseded_while_forming_is_skipped_by_its_workers(tmp_path)
     assert joined and joined[0] > 0
 
 
+@pytest.mark.slow
 def test_keras_fit_with_the_elastic_callbacks_recovers_a_killed_worker():
     pytest.importorskip("tensorflow")
     script = str(REPO / "tests" / "elastic_keras_train.py")
