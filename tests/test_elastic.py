@@ -394,3 +394,17 @@ def test_launcher_rejects_bad_elastic_arguments(tmp_path):
     assert res.returncode != 0 and "exited with status 3: broken" in res.stderr, res.stderr
     res = hvdliterun("-np", 2, "-H", "localhost:2", sys.executable, "-c", "pass")
     assert res.returncode != 0 and "-H" in res.stderr
+
+
+def test_failed_worker_is_replaced_on_a_spare_host_up_to_max_np():
+    env = {"ELASTIC_STEPS": "30", "ELASTIC_KILL": "127.0.0.1[0]:6"}
+    hosts = HOSTS3 + ",127.0.0.3:1"
+    res = hvdliterun("-np", 3, "--min-np", 2, "--max-np", 3, "-H", hosts, sys.executable, SCRIPT, env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "generation 1: 3 worker(s): localhost[0], 127.0.0.1[0], 127.0.0.2[0]" in res.stderr
+    # survivors keep ranks 0 and 1; the replacement on the spare host is synced and is rank 2
+    assert "generation 2: 3 worker(s): localhost[0], 127.0.0.2[0], 127.0.0.3[0]" in res.stderr
+    log = check_exactly_once(res, 30)
+    assert {size for _, size in log} == {3}
+    steps = [int(x.split()[1]) for x in worker_lines(res.stdout)["127.0.0.3[0]"] if x.startswith("STEP")]
+    assert steps and steps[0] >= 6 and steps[-1] == 29
