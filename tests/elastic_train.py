@@ -11,6 +11,8 @@ Environment knobs (all optional):
                      after its gradient's allreduce was submitted (mid-step), before the commit
   ELASTIC_RAISE      same, but the worker raises ValueError
   ELASTIC_START_DELAY "worker_id:seconds": that worker sleeps before hvd.init() (a slow start)
+  ELASTIC_STALL      "worker_id:step": that worker sleeps ELASTIC_STALL_S (default 4) s before
+                     submitting that step's allreduce, once per process (a stall, no exit)
 Output: "PID <pid>" first, "STEP <step> <size> <rank> <time>" after each commit, "KILL <time>" before a kill,
 "DONE <json log> <json w>" at the end on rank 0.
 """
@@ -37,7 +39,8 @@ def _plan(var):
     return out
 
 
-KILL, RAISE = _plan("ELASTIC_KILL"), _plan("ELASTIC_RAISE")
+KILL, RAISE, STALL = _plan("ELASTIC_KILL"), _plan("ELASTIC_RAISE"), _plan("ELASTIC_STALL")
+stalled = []
 time.sleep(_plan("ELASTIC_START_DELAY").get(ME, 0.0))
 print("PID %d" % os.getpid(), flush=True)
 
@@ -54,6 +57,9 @@ state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 
 @hvd.elastic.run
 def train(state):
     while state.step < STEPS:
+        if STALL.get(ME) == state.step and not stalled:
+            stalled.append(state.step)
+            time.sleep(float(os.environ.get("ELASTIC_STALL_S", "4")))
         handle = hvd.allreduce_async(grad(state.step, hvd.rank()), op=hvd.Average, name="grad")
         if KILL.get(ME) == state.step:
             print("KILL %.6f" % time.time(), flush=True)

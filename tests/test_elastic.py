@@ -408,3 +408,19 @@ def test_failed_worker_is_replaced_on_a_spare_host_up_to_max_np():
     assert {size for _, size in log} == {3}
     steps = [int(x.split()[1]) for x in worker_lines(res.stdout)["127.0.0.3[0]"] if x.startswith("STEP")]
     assert steps and steps[0] >= 6 and steps[-1] == 29
+
+
+def test_stall_timeout_without_an_exit_reforms_the_same_workers():
+    env = {
+        "ELASTIC_STEPS": "20",
+        "ELASTIC_STALL": "127.0.0.1[0]:6",
+        "HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "2",
+    }
+    res = hvdliterun("-np", 3, "--min-np", 2, "-H", HOSTS3, sys.executable, SCRIPT, env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "generation 2: 3 worker(s): localhost[0], 127.0.0.1[0], 127.0.0.2[0]" in res.stderr, res.stderr[
+        -4000:
+    ]
+    log = check_exactly_once(res, 20)
+    assert {size for _, size in log} == {3}

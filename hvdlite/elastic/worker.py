@@ -6,7 +6,11 @@ Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the
   - "worker/<id>" = the generation this worker was started into (set before it is spawned);
   - "gen/<g>" = JSON of generation g: {"gen", "store_addr", "secret", "workers": {id: {"rank",
     "size", "hostname"}}, "end": null or the reason the job ends}; written once, never changed;
-  - "latest" = the newest g, set after "gen/<g>".
+  - "latest" = the newest g, set after "gen/<g>";
+  - "reset/<g>": a worker of generation g adds 1 after a HorovodInternalError (a request for a
+    new generation, which the driver grants even when no worker exited).
+Every init() of an elastic worker (the script's own hvd.init() included, through the init hook
+installed below) joins the newest generation.
 Each generation has its own rendezvous store and secret, so the core's init() of generation g
 never meets keys or shared-memory names of another. A worker that is not in the next
 generation's "workers" leaves (exit status 0); one that finds "end" raises it.
@@ -34,7 +38,7 @@ class ElasticContext:
         self.worker_id = settings.get("ELASTIC_WORKER_ID")
         self._secret = bytes.fromhex(settings.get("ELASTIC_SECRET"))
         self._client = None
-        self.generation = None  # the generation this process is in (its init() joined)
+        self.generation = 0  # the generation this process is in (set by current() and _apply())
         self.record = None
 
     def client(self):
@@ -134,12 +138,15 @@ class ElasticContext:
                 return code, message
             sys.stderr.write(
                 "hvdlite.elastic: generation %d did not form (%s); joining the next\n"
-                % (self.generation or 0, message)
+                % (self.generation, message)
             )
 
     def reset(self):
         """Moves this process to the next generation (the run wrapper's reset)."""
         self.leave()
+        # Ask for a new generation: without a worker exit (a stall timeout) the driver has no
+        # other reason to form one.
+        self.client().add("reset/%d" % self.generation, 1)
         self.wait_next()
         basics.init()  # through init(): joins the newest generation
 

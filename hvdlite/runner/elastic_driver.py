@@ -11,6 +11,8 @@ Contract of ElasticDriver.run():
     lowest ranks) plus new workers on free slots, up to --max-np, form the next generation;
   - a discovery change that changes the assignment forms the next generation too (the workers
     learn it at their next commit());
+  - workers that ask for a new generation (key "reset/<g>") with no worker exit get one with the
+    same workers after REQUEST_GRACE_S (a stall timeout raises HorovodInternalError everywhere);
   - below --min-np it waits up to --elastic-timeout for hosts, then ends the job; every
     re-formation counts against --reset-limit;
   - returns 0 when the workers of the last generation all exit 0; otherwise non-zero with
@@ -38,6 +40,7 @@ FAILURE_BATCH_S = 0.1  # exits this close together form one new generation
 LEAVE_GRACE_S = 30.0  # a worker told to leave is killed after this long
 END_GRACE_S = 15.0  # after the job ended, how long workers may take to exit before SIGKILL
 _TICK_S = 0.2
+REQUEST_GRACE_S = 0.5  # a reset request with no worker exit re-forms the same workers after this
 
 NONZERO_MESSAGE = (
     "Horovod detected that one or more processes exited with non-zero "
@@ -102,6 +105,7 @@ class ElasticDriver:
         self._readers = []  # output reader threads, joined (bounded) before run() returns
         self._stop = threading.Event()
         self.first_failure: tuple[str, int] | None = None  # (name, code)
+        self._request_seen: float | None = None  # when a reset request for self.gen was first seen
 
     def log(self, msg):
         self._err.write(("hvdliterun: %s\n" % msg).encode())
@@ -299,6 +303,8 @@ class ElasticDriver:
                 elif time.monotonic() - wait_since > self.elastic_timeout:
                     return self._end(MIN_SLOTS_TIMEOUT_MESSAGE.format(need))
             self._kill_overdue_leavers()
+            if not pending_change and not finishing and self._reset_requested():
+                pending_change, wait_since = True, time.monotonic()
             if not any(self.workers[i].alive for i in self.current) and (finishing or not self._survivors()):
                 return self._result()
             try:
@@ -341,6 +347,18 @@ class ElasticDriver:
                     pending_change, wait_since = True, time.monotonic()
             if pending_change and not finishing and not self._survivors():
                 return self._fail()
+
+    def _reset_requested(self):
+        """True once the workers of the current generation have asked for a new one (they do
+        after any HorovodInternalError: a stall timeout, say, where no process exits) and
+        REQUEST_GRACE_S has passed without an exit explaining it (an exit re-forms anyway)."""
+        if self.client.try_get("reset/%d" % self.gen) is None:
+            self._request_seen = None
+            return False
+        now = time.monotonic()
+        if self._request_seen is None:
+            self._request_seen = now
+        return now - self._request_seen >= REQUEST_GRACE_S
 
     def _survivors(self):
         return [
