@@ -43,6 +43,17 @@ def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=N
     return env
 
 
+def _join_mpi_args(argv):
+    """`--mpi-args "-H a:2"` -> `--mpi-args=-H a:2` (the first occurrence only): argparse would
+    take a value starting with a known short option (-H) for that option. Were the first one in
+    the command, the command gets the equivalent `--mpi-args=VALUE`."""
+    argv = list(argv)
+    if "--mpi-args" in argv[:-1]:
+        i = argv.index("--mpi-args")
+        argv[i : i + 2] = ["--mpi-args=" + argv[i + 1]]
+    return argv
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="hvdliterun",
@@ -88,7 +99,7 @@ def parse_args(argv):
     from hvdlite.runner.elastic_cli import add_elastic_args
 
     add_elastic_args(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_mpi_args(argv))
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.check_build:
