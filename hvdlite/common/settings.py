@@ -29,6 +29,16 @@ SETTINGS = (
     Setting("STORE_ADDR", "str", "", "host:port of the rendezvous store (hvdliterun sets it)"),
     Setting("SECRET", "str", "", "per-job secret (hex) proving membership to the store and to peers"),
     Setting("START_TIMEOUT", "float", 60.0, "seconds init() waits for every rank to reach the rendezvous"),
+    # Elastic training (hvdliterun --min-np/--max-np/--host-discovery-script sets these).
+    Setting(
+        "ELASTIC_STORE_ADDR",
+        "str",
+        "",
+        "host:port of the elastic driver's store, where each generation of the job is published;"
+        " set means this process is an elastic worker",
+    ),
+    Setting("ELASTIC_SECRET", "str", "", "secret (hex) proving membership to the elastic driver's store"),
+    Setting("ELASTIC_WORKER_ID", "str", "", "this elastic worker's name in the driver's assignments"),
     # Runtime behaviour.
     Setting(
         "FUSION_THRESHOLD",

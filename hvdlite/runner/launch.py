@@ -43,11 +43,22 @@ def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=N
     return env
 
 
+def _join_mpi_args(argv):
+    """`--mpi-args "-H a:2"` -> `--mpi-args=-H a:2` (the first occurrence only): argparse would
+    take a value starting with a known short option (-H) for that option. Were the first one in
+    the command, the command gets the equivalent `--mpi-args=VALUE`."""
+    argv = list(argv)
+    if "--mpi-args" in argv[:-1]:
+        i = argv.index("--mpi-args")
+        argv[i : i + 2] = ["--mpi-args=" + argv[i + 1]]
+    return argv
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="hvdliterun",
         description="Run N ranks of COMMAND on this host as one hvdlite job.",
-        epilog="Only this host for now: there is no -H/--hosts; every rank runs locally. "
+        epilog="Only this host for now: every rank runs locally (-H names local 'hosts' in elastic mode). "
         "Each output line is prefixed with [rank]<stdout>: or [rank]<stderr>:. "
         "The job stops as soon as one rank exits non-zero, and hvdliterun exits "
         "with that rank's code.",
@@ -85,7 +96,10 @@ def parse_args(argv):
         metavar="COMMAND ...",
         help="the program every rank runs, with its arguments",
     )
-    args = parser.parse_args(argv)
+    from hvdlite.runner.elastic_cli import add_elastic_args
+
+    add_elastic_args(parser)
+    args = parser.parse_args(_join_mpi_args(argv))
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.check_build:
@@ -144,6 +158,13 @@ def main(argv=None):
         from hvdlite.runner import mpi_launch
 
         return mpi_launch.run(args.np, args.command, args.mpi_args, args.verbose)
+
+    from hvdlite.runner import elastic_cli
+
+    if elastic_cli.is_elastic(args):
+        return elastic_cli.run_elastic(args)
+    if getattr(args, "hosts", None):  # until multi-host launching lands (issue 10)
+        sys.exit("hvdliterun: -H is only taken with --min-np/--max-np (elastic mode) for now")
 
     from hvdlite.runner.job import LocalJob
 

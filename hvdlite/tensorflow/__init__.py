@@ -47,6 +47,7 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from hvdlite.tensorflow import elastic
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from hvdlite.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape

@@ -40,5 +40,5 @@ from hvdlite.tensorflow import (
     start_timeline,
     stop_timeline,
 )
-from hvdlite.tensorflow.keras import callbacks
+from hvdlite.tensorflow.keras import callbacks, elastic
 from hvdlite.tensorflow.keras_optimizer import DistributedOptimizer, load_model

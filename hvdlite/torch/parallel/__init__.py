@@ -1,5 +1,6 @@
-"""hvdlite.torch.parallel (``hvd.parallel``): tensor and pipeline parallelism for PyTorch
-modules, built only on hvdlite.torch's public collectives. One file per technique."""
+"""hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor and pipeline parallelism for PyTorch
+modules, built only on hvdlite.torch's public collectives. One file (or zero_*.py family) per
+technique."""
 
 from hvdlite.torch.parallel.moe import MoE, expert_parameters
 from hvdlite.torch.parallel.pipeline import (
@@ -16,3 +17,10 @@ from hvdlite.torch.parallel.tensor import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
+from hvdlite.torch.parallel.zero_checkpoint import (
+    consolidate_checkpoint,
+    full_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+)
+from hvdlite.torch.parallel.zero_optimizer import ZeroOptimizer
