@@ -1,4 +1,4 @@
-"""hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor and pipeline parallelism for PyTorch
+"""hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor, pipeline and expert (MoE) parallelism for PyTorch
 modules, built only on hvdlite.torch's public collectives. One file (or zero_*.py family) per
 technique."""
 
@@ -24,3 +24,23 @@ from hvdlite.torch.parallel.zero_checkpoint import (
     save_checkpoint,
 )
 from hvdlite.torch.parallel.zero_optimizer import ZeroOptimizer
+
+__all__ = [
+    "ColumnParallelLinear",
+    "MoE",
+    "PipelineStage",
+    "RowParallelLinear",
+    "Schedule1F1B",
+    "ScheduleGPipe",
+    "ScheduleInterleaved1F1B",
+    "ScheduleInterleavedZeroBubble",
+    "SequenceParallelLayerNorm",
+    "VocabParallelEmbedding",
+    "ZeroOptimizer",
+    "consolidate_checkpoint",
+    "expert_parameters",
+    "full_state_dict",
+    "load_checkpoint",
+    "save_checkpoint",
+    "vocab_parallel_cross_entropy",
+]
