@@ -3,6 +3,7 @@ modules, built only on hvdlite.torch's public collectives. One file (or zero_*.p
 technique."""
 
 from hvdlite.torch.parallel.moe import MoE, expert_parameters
+from hvdlite.torch.parallel.moe_zero import moe_zero_optimizers
 from hvdlite.torch.parallel.pipeline import (
     PipelineStage,
     Schedule1F1B,
@@ -41,6 +42,7 @@ __all__ = [
     "expert_parameters",
     "full_state_dict",
     "load_checkpoint",
+    "moe_zero_optimizers",
     "save_checkpoint",
     "vocab_parallel_cross_entropy",
 ]
