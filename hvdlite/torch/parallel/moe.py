@@ -4,8 +4,10 @@ hvdlite.torch's public collectives (alltoall with splits, allreduce, allgather).
 Layout: the `num_experts` experts are split in contiguous blocks over the expert-parallel
 set (``process_set``, e.g. ``mesh.process_set("ep")``): member i holds experts
 [i*L, (i+1)*L), L = num_experts / set size. Every member routes its own tokens; a token's
-rows travel to the members holding its chosen experts and back (two all-to-alls per
-forward, two per backward, each preceded by nothing but one count exchange per forward).
+rows travel to the members holding its chosen experts and back. Per forward: an allgather of
+routing counts and an allreduce of router sums (statistics set), an alltoall of per-expert
+row counts, then the dispatch and combine alltoalls with splits; per backward: the two
+data alltoalls reversed, and the allreduce of the router sums' gradient.
 
 Decisions that must not depend on the layout are taken on statistics reduced over the
 *statistics set* (``stats_process_set``; default ``process_set``; with data parallelism
