@@ -203,6 +203,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 
 def _allgather_pending(tensor, name, process_set):
+    if tensor.dim() == 0:  # Horovod: "tried to allgather a rank-zero tensor"
+        raise exceptions.InvalidArgumentError("allgather needs a tensor with at least one dimension")
     return _output_on_host("allgather", ops.ALLGATHER, tensor, name, process_set=resolve(process_set))
 
 
