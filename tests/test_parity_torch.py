@@ -28,7 +28,6 @@ job = job_fixture(__name__)
 # Names of horovod.torch not covered yet, and why.
 NOT_YET_HERE = {
     "check_extension": "horovod.common.util helper (build-time extension check); hvdlite lacks it",
-    "elastic": "elastic training is not built yet (README, Status)",
 }
 
 # Horovod 0.28.1's signatures (parameter name, default; inspect.Parameter.empty = required),
@@ -410,3 +409,22 @@ class TestProcessSets:
             assert res["removed"] == (True, None, False)  # Horovod: True once, then False
             assert res["both"] == ([0, 1], [2.0])
             assert res["bad_ranks"] is not None and "ValueError" in res["bad_ranks"][1]
+
+
+# ---- elastic ------------------------------------------------------------------------------
+
+
+@covers("elastic")
+class TestElastic:
+    """horovod.torch.elastic's public names; behaviour (a killed worker, hosts added and removed,
+    reset limits) is tested on real jobs in tests/test_elastic.py."""
+
+    def test_horovod_names(self):
+        import hvdlite.torch as hvd
+        from hvdlite.common import exceptions
+
+        for name in ("run", "State", "ObjectState", "TorchState", "ElasticSampler"):
+            assert hasattr(hvd.elastic, name), name
+        assert hvd.elastic.HorovodInternalError is exceptions.HorovodInternalError
+        assert issubclass(hvd.elastic.TorchState, hvd.elastic.State)
+        assert issubclass(hvd.elastic.HostsUpdatedInterrupt, RuntimeError)

@@ -23,3 +23,21 @@ from hvdlite.torch.parallel.zero_checkpoint import (
     save_checkpoint,
 )
 from hvdlite.torch.parallel.zero_optimizer import ZeroOptimizer
+
+__all__ = [
+    "ColumnParallelLinear",
+    "PipelineStage",
+    "RowParallelLinear",
+    "Schedule1F1B",
+    "ScheduleGPipe",
+    "ScheduleInterleaved1F1B",
+    "ScheduleInterleavedZeroBubble",
+    "SequenceParallelLayerNorm",
+    "VocabParallelEmbedding",
+    "ZeroOptimizer",
+    "consolidate_checkpoint",
+    "full_state_dict",
+    "load_checkpoint",
+    "save_checkpoint",
+    "vocab_parallel_cross_entropy",
+]
