@@ -57,13 +57,6 @@ KNOWN_MISSING = {
     ],
     "hvdlite.tensorflow.keras": [
         "broadcast_global_variables",  # issue 18
-        # capability queries horovod.tensorflow.keras re-exports (issue 9)
-        "ccl_built",
-        "cuda_built",
-        "ddl_built",
-        "gloo_built",
-        "gloo_enabled",
-        "rocm_built",
         "is_version_greater_equal_than",  # horovod.common.util helper
     ],
 }

@@ -226,18 +226,17 @@ void Coordinator::OnJoin(int rank) {
   }
 }
 
+// Horovod's rule: only allreduce (and barrier) run while members have joined;
+// the data collectives fail on every member that submitted them.
 Status Coordinator::CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const {
   std::string who;
   for (int r : joined) who += (who.empty() ? "" : ", ") + std::to_string(r);
-  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter) {
+  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter || r0.type == OpType::kAllgather ||
+      r0.type == OpType::kBroadcast) {
     return Status::NotSupported(std::string(OpTypeName(r0.type)) + " of tensor '" + r0.name +
                                 "' cannot run while ranks " + who +
-                                " have joined; only allreduce, allgather, "
-                                "broadcast and barrier can. Call it before join().");
-  }
-  if (r0.type == OpType::kBroadcast && std::find(joined.begin(), joined.end(), r0.root) != joined.end()) {
-    return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " +
-                                   std::to_string(r0.root) + " has already joined and has no tensor to send");
+                                " have joined; only allreduce and barrier can (as in Horovod). "
+                                "Call it before join().");
   }
   return Status::OK();
 }
@@ -269,14 +268,8 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     return;
   }
   if (!joined.empty()) {
-    // Joined members contribute nothing to an allgather and identity values
-    // to a reduction; they learn the tensor's signature from `specs`.
-    if (r0.type == OpType::kAllgather) {
-      std::vector<int64_t> full;
-      for (size_t i = 0, k = 0; i < ranks.size(); ++i)
-        full.push_back(p.have[i] ? d.response.first_dims[k++] : 0);
-      d.response.first_dims = full;
-    }
+    // Joined members contribute identity values to a reduction; they learn
+    // the tensor's signature from `specs`.
     d.response.specs.push_back(r0);
     d.response.cache_ids.push_back(-1);
     Push(std::move(d));

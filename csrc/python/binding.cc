@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hvdlite/c_api.h"
+#include "hvdlite_build_info.h"
 
 namespace py = pybind11;
 
@@ -193,6 +194,8 @@ py::dict BuildInfo() {
   const bool gpu = hvdlite_gpu_module_installed() != 0;
   d["nccl"] = gpu;
   d["cuda"] = gpu;
+  // Horovod's nccl_built() value: the NCCL_VERSION_CODE built against, 0 without the module.
+  d["nccl_version"] = gpu ? HVDLITE_NCCL_VERSION_CODE : 0;
   return d;
 }
 

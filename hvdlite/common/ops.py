@@ -92,10 +92,11 @@ def release(core_handle):
 
 def join():
     """Horovod's join(): this rank has no more data. Until every rank has
-    joined, it takes part in the allreduce, allgather, broadcast and barrier
-    calls the others still make, contributing the reduction's identity (zeros
-    for Sum/Average) or no rows; alltoall and reducescatter fail while a rank
-    is joined. Returns the rank that joined last, on every rank."""
+    joined, it takes part in the allreduce and barrier calls the others still
+    make, contributing the reduction's identity (zeros for Sum/Average); as in
+    Horovod, allgather, broadcast, alltoall and reducescatter fail
+    (NotSupportedError) while a rank is joined. Returns the rank that joined
+    last, on every rank."""
     core = submit(JOIN, "__join__", 0, 0, (0,))
     wait(core)
     return take_output(core)[3]

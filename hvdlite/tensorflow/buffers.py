@@ -26,7 +26,19 @@ from hvdlite.tensorflow import await_op
 _ALIGNMENT = 64
 
 # TensorFlow dtypes the core carries (hvdlite.common.dtypes).
-SUPPORTED = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool)
+SUPPORTED = (
+    tf.uint8,
+    tf.int8,
+    tf.uint16,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.bool,
+)
 
 
 def is_aligned(array):
