@@ -248,3 +248,76 @@ def test_launcher_killed_leaves_no_remote_process(simhosts, tmp_path):
     proc.send_signal(signal.SIGKILL)  # no chance to clean up: ssh's stdin closing must do it
     proc.communicate(timeout=30)
     assert _no_job_left(cluster) == {}
+
+
+# A rank looks for the job secret on every command line of its host.
+LEAK = r"""
+import os, hvdlite as hvd
+hvd.init()
+secret = os.environ["HVDLITE_SECRET"].encode()
+seen = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        seen += secret in open("/proc/%s/cmdline" % pid, "rb").read()
+    except OSError:
+        pass
+print("leaks", seen, len(secret))
+"""
+
+
+def test_secret_is_on_no_command_line(simhosts, tmp_path):
+    cluster = simhosts(2)
+    res = _run(cluster, "-np", 3, "-H", "127.0.0.1:1," + cluster.hosts_arg(1), sys.executable, "-c", LEAK)
+    assert res.returncode == 0, res.stderr[-4000:]
+    lines = sorted(line.split(":", 1)[1] for line in res.stdout.splitlines() if "<stdout>:leaks" in line)
+    assert lines == ["leaks 0 64"] * 3
+
+
+def test_host_names_resolve_through_etc_hosts(simhosts):
+    cluster = simhosts(2)
+    # The launcher sees the simulated hosts' names through its own /etc/hosts (a private mount).
+    code = "import socket, hvdlite as hvd; hvd.init(); print('on', socket.gethostname(), hvd.allreduce(1.0))"
+    argv = HVDLITERUN + ["-np", "2", "-H", cluster.hosts_arg(1, names=True), sys.executable, "-c", code]
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+         'mount --bind "$0" /etc/hosts && exec "$@"', cluster.hosts_file(), *argv],
+        cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert sorted(line.split(":", 1)[1] for line in res.stdout.splitlines()) == [
+        "on %s 1.0" % h.name for h in cluster.hosts
+    ]
+
+
+def test_mpirun_across_hosts(simhosts):
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed (Open MPI: make install)")
+    cluster = simhosts(2)
+    code = (
+        "import json, socket, hvdlite as hvd; hvd.init(); "
+        "print(json.dumps({'host': socket.gethostname(), 'rank': hvd.rank(), 'sum': float(hvd.allreduce(1.0 + hvd.rank(), op=hvd.Sum)), "
+        "'local': [hvd.local_rank(), hvd.local_size()], 'cross': [hvd.cross_rank(), hvd.cross_size()]}))"
+    )
+    subnet = cluster.subnet + ".0/24"
+    res = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "-np", "4", "-H", cluster.hosts_arg(2),
+         "-mca", "plm_rsh_agent", "/usr/bin/ssh -F " + cluster.ssh_config,
+         "-mca", "btl_tcp_if_include", subnet, "-mca", "oob_tcp_if_include", subnet,
+         "-x", "PYTHONPATH", "-x", "PATH", sys.executable, "-c", code],
+        cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    import json
+
+    out = sorted(
+        (json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")),
+        key=lambda o: o["rank"],
+    )
+    a, b = cluster.hosts
+    assert [o["host"] for o in out] == [a.name, a.name, b.name, b.name]
+    assert [o["sum"] for o in out] == [10.0] * 4
+    assert [o["local"] for o in out] == [[0, 2], [1, 2], [0, 2], [1, 2]]
+    assert [o["cross"] for o in out] == [[0, 2], [0, 2], [1, 2], [1, 2]]
+    assert _no_job_left(cluster) == {}
