@@ -71,19 +71,31 @@ def describe_exit(code):
     return "exited with code %s" % code
 
 
+def describe_remote_exit(code):
+    """describe_exit for a rank started over ssh: 255 is ssh's own failure, 128 + N a signal
+    that killed the rank on its host (remote_exec.py reports it so)."""
+    if code == 255:
+        return "lost its ssh connection (exit code 255: host down, unreachable or sshd gone?)"
+    if code is not None and 128 < code < 128 + 65:
+        return describe_exit(128 - code) + " on its host"
+    return describe_exit(code)
+
+
 class LocalJob:
-    def __init__(self, command, envs, log=None, argvs=None, stdin_data=None, output_dir=None):
+    def __init__(self, command, envs, log=None, argvs=None, stdin_data=None, output_dir=None, hosts=None):
         """command: argv list; envs: one environment dict per rank; log: callable(str) for our
         own messages (default: stderr). argvs: per rank, the argv actually started (default:
         `command`; ssh for a remote rank). stdin_data: per rank, bytes written to its stdin,
         which then stays open until the job ends (a remote rank's secret; its EOF tells the
         remote end to stop), or None for /dev/null. output_dir: each rank's output is also
-        written to output_dir/rank.<r>/stdout and .../stderr (Horovod's --output-filename)."""
+        written to output_dir/rank.<r>/stdout and .../stderr (Horovod's --output-filename).
+        hosts: per rank, (host name, started over ssh) for our messages, or None."""
         self.command = list(command)
         self.envs = list(envs)
         self.argvs = list(argvs) if argvs is not None else [self.command] * len(self.envs)
         self.stdin_data = list(stdin_data) if stdin_data is not None else [None] * len(self.envs)
         self.output_dir = output_dir
+        self.hosts = list(hosts) if hosts is not None else [None] * len(self.envs)
         self._out, self._err = _Sink(sys.stdout), _Sink(sys.stderr)
         self._log = log or (lambda msg: self._err.write(("hvdliterun: %s\n" % msg).encode()))
         self._procs = []
@@ -216,9 +228,17 @@ class LocalJob:
             if code != 0 and failure is None and self._stop_deadline is None:
                 failure = (rank, code)
                 others = len(running)
-                self._log("rank %d %s; stopping the other %d rank(s)" % (rank, describe_exit(code), others))
+                self._log("%s; stopping the other %d rank(s)" % (self._describe(rank, code), others))
                 self._begin_stop()
         return failure
+
+    def _describe(self, rank, code):
+        host = self.hosts[rank]
+        if host is None:
+            return "rank %d %s" % (rank, describe_exit(code))
+        name, over_ssh = host
+        how = describe_remote_exit(code) if over_ssh else describe_exit(code)
+        return "rank %d (host %s) %s" % (rank, name, how)
 
     def _close_stdins(self):
         for proc in self._procs:

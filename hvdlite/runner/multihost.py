@@ -111,9 +111,15 @@ def run(args):
                 stdin_data.append((secret.hex() + "\n").encode())
         if args.verbose:
             _say("store at %s; %d rank(s) on %d host(s)" % (store_addr, args.np, len(names)))
-        return LocalJob(
-            args.command, envs, argvs=argvs, stdin_data=stdin_data, output_dir=args.output_filename
-        ).run()
+        job = LocalJob(
+            args.command,
+            envs,
+            argvs=argvs,
+            stdin_data=stdin_data,
+            output_dir=args.output_filename,
+            hosts=[(slot.host, not local[slot.host]) for slot in slots],
+        )
+        return job.run()
     finally:
         server.stop()
         remove_shm_leftovers(secret)
