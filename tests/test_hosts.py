@@ -60,3 +60,14 @@ def test_remote_command_carries_the_environment_but_not_the_secret():
     argv = remote.SshOptions(port=2222, identity_file="/k").argv("h")
     assert argv[0] == "ssh" and "BatchMode=yes" in argv and argv[-1] == "h"
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == "/k"
+
+
+def test_mpi_args_may_start_with_our_own_short_options():
+    from hvdlite.runner.launch import parse_args
+
+    args = parse_args(["--mpi", "-np", "4", "--mpi-args", "-H a:2,b:2", "python", "t.py", "--mpi-args", "-p"])
+    assert (args.mpi_args, args.hosts) == ("-H a:2,b:2", None)
+    assert args.command == ["python", "t.py", "--mpi-args", "-p"]
+    args = parse_args(["-np", "2", "-H", "a:1,b:1", "-p", "2222", "python", "-i", "x"])
+    assert (args.hosts, args.ssh_port, args.ssh_identity_file) == ("a:1,b:1", 2222, None)
+    assert args.command == ["python", "-i", "x"]

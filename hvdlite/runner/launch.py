@@ -31,6 +31,25 @@ from hvdlite.runner.jobenv import (
 )
 
 
+def _join_mpi_args(argv):
+    """`--mpi-args "-H a:2"` -> `--mpi-args=-H a:2`: argparse would read a value that starts
+    with one of our own short options (-H, -p, -i) as that option."""
+    out = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] == "--mpi-args" and i + 1 < len(argv):
+            out.append("--mpi-args=" + argv[i + 1])
+            i += 2
+            continue
+        if not argv[i].startswith("-") and out and not out[-1].startswith("-"):
+            return out + argv[i:]  # the command has begun: its own flags are not ours
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="hvdliterun",
@@ -98,7 +117,7 @@ def parse_args(argv):
         metavar="COMMAND ...",
         help="the program every rank runs, with its arguments",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_mpi_args(list(argv)))
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.check_build:
