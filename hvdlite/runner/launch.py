@@ -34,7 +34,7 @@ from hvdlite.runner.jobenv import (
 def _join_mpi_args(argv):
     """`--mpi-args "-H a:2"` -> `--mpi-args=-H a:2`: argparse would read a value that starts
     with one of our own short options (-H, -p, -i) as that option."""
-    out = []
+    out: list[str] = []
     i = 0
     while i < len(argv):
         if argv[i] == "--":
