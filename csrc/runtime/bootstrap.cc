@@ -192,6 +192,12 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
                             .WithContext("waiting for rank " + std::to_string(r) + " to join"));
   }
   ComputeTopology(hosts, topo->rank, topo);
+  std::map<std::string, int> host_index;
+  topo->host_of.assign(hosts.size(), 0);
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    auto it = host_index.emplace(hosts[r], static_cast<int>(host_index.size())).first;
+    topo->host_of[r] = it->second;
+  }
   if (cfg.LOCAL_RANK >= 0) topo->local_rank = static_cast<int>(cfg.LOCAL_RANK);
   if (cfg.LOCAL_SIZE > 0) topo->local_size = static_cast<int>(cfg.LOCAL_SIZE);
   if (cfg.CROSS_RANK >= 0) topo->cross_rank = static_cast<int>(cfg.CROSS_RANK);

@@ -81,6 +81,14 @@ SETTINGS = (
         120.0,
         "seconds a transfer may make no progress before it fails (a hung peer)",
     ),
+    Setting(
+        "HIERARCHICAL_ALLREDUCE",
+        "int",
+        -1,
+        "1: allreduce in two levels when the ranks span hosts (reduce-scatter inside each host, one"
+        " cross-host ring per local rank, allgather inside the host); 0: one flat ring; -1: two levels"
+        " from 1 MiB on. Both need every host to hold the same number (2+) of the ranks",
+    ),
     Setting("SHM_DISABLE", "bool", False, "use TCP even between ranks on the same host (no shared memory)"),
     Setting(
         "SHM_CHANNEL_BYTES",
