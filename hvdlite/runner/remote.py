@@ -59,7 +59,9 @@ class SshOptions:
             "-o",
             "BatchMode=yes",
             "-o",
-            "StrictHostKeyChecking=accept-new",
+            "StrictHostKeyChecking=accept-new",  # a new host is learnt; a changed key still fails
+            "-o",
+            "LogLevel=ERROR",  # no "Permanently added ..." line in every rank's stderr
             "-o",
             "ConnectTimeout=%d" % max(1, int(self.connect_timeout)),
             "-o",
