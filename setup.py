@@ -3,6 +3,7 @@
 The CMake build directory is build/ at the repo root and is reused, so a
 rebuild after an edit compiles only what changed (make install runs it).
 """
+import json
 import os
 import filecmp
 import shutil
@@ -21,6 +22,56 @@ class CMakeExtension(Extension):
 
 
 OPTIONAL_MODULES = ("libhvdlite_cuda.so",)  # the NCCL module, built where CUDA and NCCL are found
+TF_OPS_SOURCE = os.path.join(ROOT, "hvdlite", "tensorflow", "await_op.cc")
+TF_OPS_LIB = "_hvdlite_tf_ops.so"  # installed in hvdlite/tensorflow/ (hvdlite/tensorflow/await_op.py loads it)
+
+
+def _tf_framework_lib():
+    """Path of the installed TensorFlow's framework library (found without importing
+    TensorFlow, which takes seconds), or None."""
+    import importlib.util
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = os.path.join(list(spec.submodule_search_locations)[0], "libtensorflow_framework.so.2")
+    return lib if os.path.exists(lib) else None
+
+
+def _build_tf_ops(build_dir):
+    """Builds the TensorFlow await kernel (hvdlite/tensorflow/await_op.cc) against the
+    installed TensorFlow into build_dir; returns its path, or None (with a message) when
+    TensorFlow or the compiler is missing or fails: hvdlite.tensorflow then runs graph-mode
+    collectives on the blocking path. The core never depends on it."""
+    framework = _tf_framework_lib()
+    out = os.path.join(build_dir, TF_OPS_LIB)
+    if framework is None:
+        print("hvdlite: TensorFlow is not installed: no TensorFlow await kernel")
+        return None
+    newest_input = max(os.path.getmtime(TF_OPS_SOURCE), os.path.getmtime(framework))
+    if os.path.exists(out) and os.path.getmtime(out) >= newest_input:
+        return out
+    query = ("import json, tensorflow as tf; "
+             "print(json.dumps(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))")
+    try:
+        res = subprocess.run([sys.executable, "-c", query], capture_output=True, text=True, timeout=600)
+        flags = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        flags = None
+    if flags is None:
+        print("hvdlite: TensorFlow's build flags are unavailable: no TensorFlow await kernel")
+        return None
+    cmd = [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations",
+           TF_OPS_SOURCE, "-o", out + ".tmp"] + flags
+    try:
+        built = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print("hvdlite: building the TensorFlow await kernel failed (%s)" % e)
+        return None
+    if built.returncode != 0:
+        print("hvdlite: building the TensorFlow await kernel failed:\n" + built.stderr[-3000:])
+        return None
+    os.replace(out + ".tmp", out)
+    return out
 
 
 def _cmake_options():
@@ -61,6 +112,7 @@ class CMakeBuild(build_ext):
         _install(os.path.join(build_dir, built[0]), target)
         self._optional_dirs = [os.path.dirname(target)]
         self._install_optional(build_dir)
+        self._install_tf_ops(build_dir)
 
     def run(self):
         # setuptools builds in-place / editable extensions under build/lib and then copies
@@ -69,6 +121,19 @@ class CMakeBuild(build_ext):
         if self.inplace or getattr(self, "editable_mode", False):
             self._optional_dirs = [os.path.join(ROOT, "hvdlite")]
             self._install_optional(os.path.join(ROOT, "build"))
+            self._install_tf_ops(os.path.join(ROOT, "build"))
+
+    def _install_tf_ops(self, build_dir):
+        """Installs the TensorFlow await kernel into hvdlite/tensorflow/ beside the package's
+        Python files, or removes a stale copy when it could not be built."""
+        lib = _build_tf_ops(build_dir)
+        for d in self._optional_dirs:
+            installed = os.path.join(d, "tensorflow", TF_OPS_LIB)
+            if lib is not None:
+                os.makedirs(os.path.dirname(installed), exist_ok=True)
+                _install(lib, installed)
+            elif os.path.exists(installed):
+                os.remove(installed)
 
     def _install_optional(self, build_dir):
         """Installs the optional modules this configuration built beside the extension, and

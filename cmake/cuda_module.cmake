@@ -11,6 +11,7 @@
 set(HVDLITE_WITH_CUDA "auto" CACHE STRING "auto | 0 | 1: build the NCCL/CUDA module")
 set(HVDLITE_CUDA_ARCHS "90" CACHE STRING "CUDA architectures of the NCCL module's kernels")
 set(HVDLITE_CUDA_BUILT OFF)
+set(HVDLITE_NCCL_VERSION_CODE 0)  # NCCL_VERSION_CODE of the nccl.h the module is built with
 
 function(hvd_cuda_missing what)
   if(HVDLITE_WITH_CUDA STREQUAL "1")
@@ -42,11 +43,14 @@ if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
   return()
 endif()
 
+file(STRINGS ${NCCL_INCLUDE_DIR}/nccl.h nccl_version_line REGEX "^#define NCCL_VERSION_CODE [0-9]+")
+string(REGEX MATCH "[0-9]+$" nccl_version_code "${nccl_version_line}")
+
 set(CMAKE_CUDA_ARCHITECTURES ${HVDLITE_CUDA_ARCHS})
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 message(STATUS "hvdlite: building the NCCL module (CUDA ${CUDAToolkit_VERSION}, sm_${HVDLITE_CUDA_ARCHS}, "
-               "NCCL ${NCCL_LIBRARY})")
+               "NCCL ${NCCL_LIBRARY}, NCCL_VERSION_CODE ${nccl_version_code})")
 
 file(GLOB cuda_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/csrc/backend/cuda/*.cu
      ${CMAKE_SOURCE_DIR}/csrc/backend/cuda/*.cc)
@@ -68,3 +72,6 @@ target_link_libraries(hvdlite_cuda PRIVATE CUDA::cudart_static ${NCCL_LIBRARY})
 target_link_options(hvdlite_cuda PRIVATE -Wl,--no-undefined)
 add_dependencies(hvdlite_modules hvdlite_cuda)
 set(HVDLITE_CUDA_BUILT ON)
+if(nccl_version_code)
+  set(HVDLITE_NCCL_VERSION_CODE ${nccl_version_code})
+endif()

@@ -115,6 +115,18 @@ int hvdlite_wait(int64_t handle, double timeout_s, char* err, size_t err_len) {
   return Report(rt->Wait(handle, timeout_s), err, err_len);
 }
 
+int64_t hvdlite_wait_begin(const int64_t* handles, int32_t n) {
+  auto rt = Current();
+  if (!rt || n <= 0) return 0;
+  return rt->BeginWait(std::vector<int64_t>(handles, handles + n));
+}
+
+void hvdlite_wait_end(int64_t token) {
+  if (token == 0) return;
+  auto rt = Current();
+  if (rt) rt->EndWait(token);
+}
+
 int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len) {
   auto rt = Current();
   if (!rt) return Report(NotInitialized(), err, err_len);

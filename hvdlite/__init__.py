@@ -4,6 +4,7 @@
 adapters live in ``hvdlite.torch`` and ``hvdlite.tensorflow``.
 """
 
+from hvdlite import elastic
 from hvdlite.common.basics import (
     cross_rank,
     cross_size,

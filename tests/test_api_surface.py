@@ -34,11 +34,9 @@ _UTIL_REEXPORTS = ["check_extension", "gpu_available", "split_list", "vars_to_re
 KNOWN_MISSING = {
     "hvdlite.torch": [
         "check_extension",  # horovod.common.util helper re-exported by horovod.torch
-        "elastic",  # elastic training: not built yet (README, Status)
     ],
     "hvdlite.tensorflow": _UTIL_REEXPORTS
     + [
-        "elastic",  # elastic training: not built yet
         # TF1 graph-mode and session API (issue 18)
         "BroadcastGlobalVariablesHook",
         "broadcast_global_variables",
@@ -58,15 +56,7 @@ KNOWN_MISSING = {
         "handle_average_backwards_compatibility",
     ],
     "hvdlite.tensorflow.keras": [
-        "elastic",  # elastic training: not built yet
         "broadcast_global_variables",  # issue 18
-        # capability queries horovod.tensorflow.keras re-exports (issue 9)
-        "ccl_built",
-        "cuda_built",
-        "ddl_built",
-        "gloo_built",
-        "gloo_enabled",
-        "rocm_built",
         "is_version_greater_equal_than",  # horovod.common.util helper
     ],
 }

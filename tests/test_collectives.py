@@ -6,7 +6,18 @@ import numpy as np
 import pytest
 from helpers import run_ranks
 
-DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+DTYPES = [
+    np.uint8,
+    np.int8,
+    np.uint16,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.float16,
+    ml_dtypes.bfloat16,
+    np.float32,
+    np.float64,
+]
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
 COUNTS = [0, 1, 7, 1000]
 WORLD_SIZES = [1, 2, 3, 4]
@@ -198,3 +209,70 @@ def test_async_inplace_noncontiguous_and_unnamed():
         np.testing.assert_array_equal(strided[:, ::2], np.full((4, 3), 3.0))
         np.testing.assert_array_equal(strided[:, 1::2], np.zeros((4, 3)))
         assert all(u.tolist() == [1.0, 1.0] for u in unnamed)
+
+
+# Horovod's scaling rule (its ScaleBufferCPUImpl): integers in float64 then truncated toward
+# zero, float16 / bfloat16 / float32 in float32 with the factor first rounded to float32,
+# float64 in float64. Average is Sum with postscale / size (computed in double).
+SCALED_FACTORS = [(0.3071, 1.0), (1.0, 0.5871), (0.1, 3.7), (2.5, 0.4)]
+
+
+def _horovod_scale(x, factor, dtype):
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return np.trunc(x.astype(np.float64) * factor).astype(dtype)
+    if np.dtype(dtype) == np.float64:
+        return x * factor
+    return (x.astype(np.float32) * np.float32(factor)).astype(dtype)
+
+
+def _scaled_inputs(dtype, rank):
+    """Integers small enough that no scaled value or sum leaves int8's range (Horovod's cast
+    of an out-of-range double is undefined behaviour; hvdlite saturates)."""
+    rng = np.random.default_rng(1234 + rank)
+    low = 0 if np.dtype(dtype).kind == "u" else -15
+    values = rng.integers(low, 16, 37).astype(np.float64)
+    if np.dtype(dtype).kind == "f":
+        values += rng.uniform(size=37)  # fractions, so the rounding of each product shows
+    return values.astype(dtype)
+
+
+def _scaled_allreduces():
+    import hvdlite as hvd
+
+    hvd.init()
+    out = {}
+    for dtype in DTYPES:
+        x = _scaled_inputs(dtype, hvd.rank())
+        for i, (pre, post) in enumerate(SCALED_FACTORS):
+            for op in ("Sum", "Average"):
+                key = (np.dtype(dtype).name, i, op)
+                out[key] = hvd.allreduce(
+                    x,
+                    op=getattr(hvd, op),
+                    prescale_factor=pre,
+                    postscale_factor=post,
+                    name="sc.%s.%d.%s" % key,
+                )
+    hvd.shutdown()
+    return out
+
+
+def test_prescale_postscale_round_as_horovod_does():
+    size = 2  # a two-term sum is one correctly rounded addition in every dtype, as in NumPy
+    results = run_ranks(_scaled_allreduces, size, timeout=120)
+    for key, got in results[0].items():
+        dtype = next(d for d in DTYPES if np.dtype(d).name == key[0])
+        pre, post = SCALED_FACTORS[key[1]]
+        if key[2] == "Average":
+            post = post / size
+        scaled = [_horovod_scale(_scaled_inputs(dtype, r), pre, dtype) for r in range(size)]
+        if np.issubdtype(np.dtype(dtype), np.integer):
+            total = (scaled[0].astype(np.int64) + scaled[1]).astype(dtype)
+        else:
+            total = (scaled[0].astype(np.float32) + scaled[1].astype(np.float32)).astype(dtype)
+            if np.dtype(dtype) == np.float64:
+                total = scaled[0] + scaled[1]
+        want = _horovod_scale(total, post, dtype)
+        assert got.dtype == np.dtype(dtype), key
+        assert got.tobytes() == want.tobytes(), (key, got, want)
+        assert results[1][key].tobytes() == got.tobytes(), key

@@ -135,7 +135,13 @@ def _diverged(log_path):
 
 def test_diverged_ranks_all_raise_then_reinit_and_the_warning_names_the_mismatch(tmp_path):
     log = str(tmp_path / "rank0.err")
-    env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+    # Both ranks block, so the deadlock detector would fail them at once (tests/test_deadlock.py);
+    # off here, this covers the stall inspector, the way out when it cannot see a deadlock.
+    env = {
+        "HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3",
+        "HVDLITE_DEADLOCK_CHECK_DISABLE": "1",
+    }
     results = run_ranks(_diverged, 2, args=(log,), env=env, timeout=45)
     for failure, out in results:
         assert failure is not None and failure[1], failure  # HvdliteTimeoutError is an internal error

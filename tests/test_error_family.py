@@ -87,3 +87,23 @@ def test_horovod_names_and_builtin_bases():
     assert issubclass(exceptions.InvalidArgumentError, ValueError)
     assert issubclass(exceptions.NotSupportedError, NotImplementedError)
     assert issubclass(exceptions.CallOrderError, AssertionError)
+    # Horovod: "not initialized", a duplicate in-flight name and a duplicate process set are
+    # ValueErrors; a collective that fails across ranks is a HorovodInternalError.
+    assert issubclass(exceptions.PreconditionError, ValueError)
+    assert issubclass(exceptions.MismatchError, exceptions.HorovodInternalError)
+    assert issubclass(exceptions.MismatchError, RuntimeError)
+    assert issubclass(exceptions.HvdliteTimeoutError, exceptions.HorovodInternalError)
+    for name in ("Mismatch", "Aborted", "Timeout", "Internal"):
+        err = exceptions.error_for(exceptions.STATUS_CODES[name], "m")
+        assert isinstance(err, exceptions.HorovodInternalError), name
+
+
+def test_torch_exposes_the_same_classes():
+    import hvdlite.torch as hvd
+
+    assert hvd.HorovodInternalError is exceptions.HorovodInternalError
+    assert hvd.MismatchError is exceptions.MismatchError
+    try:
+        raise exceptions.error_for(exceptions.STATUS_CODES["Mismatch"], "shape mismatch")
+    except hvd.HorovodInternalError as e:
+        assert str(e) == "shape mismatch"

@@ -64,6 +64,8 @@ def test_module_is_built_where_nvcc_and_nccl_are():
     assert os.path.exists(MODULE), "nvcc and NCCL are present but the NCCL module was not built"
     info = hvdlite._core.build_info()
     assert info["nccl"] and info["cuda"] and hvdlite.nccl_built() and hvdlite.cuda_built()
+    # Horovod's value: NCCL_VERSION_CODE of the nccl.h built against (2.7.0 and later: >= 20700)
+    assert type(hvdlite.nccl_built()) is int and hvdlite.nccl_built() >= 20700
 
 
 def _cuda_tensor_without_gpu():

@@ -164,6 +164,40 @@ def test_horovodrun_runs_a_two_rank_horovod_torch_script(installed, tmp_path):
     assert "has no effect" not in out.stderr  # --network-interface lo: the ranks listen on lo
 
 
+_ELASTIC_SCRIPT = """
+import os, signal
+import horovod.torch as hvd
+
+hvd.init()
+state = hvd.elastic.ObjectState(step=0)
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 10:
+        if state.step == 4 and os.environ["HVDLITE_ELASTIC_WORKER_ID"] == "127.0.0.2[0]":
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(__import__("torch").ones(2), name="g")
+        state.step += 1
+        state.commit()
+
+
+train(state)
+print("finished", state.step, "size", hvd.size())
+"""
+
+
+def test_horovodrun_elastic_flags_reach_hvdliteruns_driver(installed, tmp_path):
+    script = tmp_path / "elastic.py"
+    script.write_text(_ELASTIC_SCRIPT)
+    cmd = [str(installed / "bin" / "horovodrun"), "-np", "3", "--min-np", "2"]
+    cmd += ["-H", "localhost:1,127.0.0.1:1,127.0.0.2:1", sys.executable, str(script)]
+    out = subprocess.run(cmd, env=_env(installed), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "generation 2: 2 worker(s): localhost[0], 127.0.0.1[0]" in out.stderr
+    assert "[localhost[0]]<stdout>:finished 10 size 2" in out.stdout
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed")
 def test_horovodrun_mpi_passes_the_hosts_to_mpirun(installed, tmp_path):
     script = tmp_path / "allreduce.py"
@@ -213,7 +247,7 @@ def test_horovodrun_version_and_check_build(installed):
     "args, message",
     [
         (["-np", "4", "-H", "localhost:2"], "-np 4 is more than the 2 slots"),
-        (["-np", "2", "--min-np", "1"], "no elastic training"),
+        (["-np", "2", "--min-np", "1", "--mpi"], "elastic training runs under hvdliterun's driver"),
         (["-np", "2", "--jsrun"], "no the jsrun controller"),
         (["-np", "2", "--gloo", "--mpi"], "--gloo and --mpi exclude each other"),
     ],
@@ -238,6 +272,8 @@ print(json.dumps([translate(a) for a in json.loads(sys.argv[1])]))
         ["--mpi", "-np", "4", "--hostfile", str(hostfile), "python", "t.py"],
         ["-np", "2", "--disable-cache", "--cycle-time-ms", "2.5", "--log-level", "DEBUG", "--no-stall-check"]
         + ["--stall-check-shutdown-time-seconds", "30", "--timeline-filename", "t.json", "--verbose", "x"],
+        ["-np", "3", "--min-np", "2", "--max-np", "4", "--blacklist-cooldown-range", "10", "20"]
+        + ["--reset-limit", "3", "-H", "localhost:1,127.0.0.2:2", "python", "t.py"],
         ["-np", "2", "-H", "node7:1,node8", "-p", "2222", "-i", "k", "--network-interface", "eth0"]
         + ["--output-filename", "o", "x"],
     ]
@@ -249,7 +285,16 @@ print(json.dumps([translate(a) for a in json.loads(sys.argv[1])]))
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    mpi_hosts, mpi_hostfile, tunables, ssh_hosts = json.loads(out.stdout)
+    mpi_hosts, mpi_hostfile, tunables, elastic, ssh_hosts = json.loads(out.stdout)
+    assert elastic[0] == ["-np", "3", "--min-np", "2", "--max-np", "4", "--reset-limit", "3"] + [
+        "--blacklist-cooldown-range",
+        "10",
+        "20",
+        "-H",
+        "localhost:1,127.0.0.2:2",
+        "python",
+        "t.py",
+    ]
     # Without --mpi, hosts and the ssh / NIC flags go to hvdliterun, which starts remote ranks.
     assert ssh_hosts[0] == ["-np", "2", "-H", "node7:1,node8:1", "--ssh-port", "2222"] + [
         "--ssh-identity-file",

@@ -200,7 +200,7 @@ def test_capabilities_outside_mpi():
     assert hvd.mpi_built() is True
     assert hvd.mpi_enabled() is False
     assert hvd.gloo_built() is True  # issue 4: gloo_* report the native ring backend
-    assert hvd.nccl_built() == bool(hvd._core.build_info()["nccl"])
+    assert bool(hvd.nccl_built()) == bool(hvd._core.build_info()["nccl"])
 
 
 def _comm_process_sets():

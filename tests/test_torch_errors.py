@@ -34,7 +34,8 @@ def _error_cases():
         "root_mismatch": _catch(lambda: hvd.broadcast(torch.ones(2), root_rank=r, name="bad.root2")),
         "splits_sum": _catch(lambda: hvd.alltoall(torch.ones(4), splits=[1] * n, name="bad.splits")),
         "splits_len": _catch(lambda: hvd.alltoall(torch.ones(4), splits=[4], name="bad.splits2")),
-        "unsupported_dtype": _catch(lambda: hvd.allreduce(torch.ones(2, dtype=torch.int16))),
+        "splits_float": _catch(lambda: hvd.alltoall(torch.ones(n), splits=torch.ones(n), name="bad.splits3")),
+        "unsupported_dtype": _catch(lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64))),
         "op_and_average": _catch(lambda: hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)),
         "adasum_ranks": _catch(lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum)),
         "alltoall_scalar": _catch(lambda: hvd.alltoall(torch.tensor(1.0))),
@@ -62,8 +63,11 @@ def test_error_cases_raise_horovod_style_and_job_survives():
         assert res["shape"][0] == "MismatchError" and "bad.shape" in res["shape"][2]
         assert "bad.dtype" in res["dtype"][2]
         assert res["root"] is not None and "RuntimeError" in res["root"][1]
-        assert res["unsupported_dtype"][0] == "NotSupportedError" and "int16" in res["unsupported_dtype"][2]
+        assert (
+            res["unsupported_dtype"][0] == "NotSupportedError" and "complex64" in res["unsupported_dtype"][2]
+        )
         assert "ValueError" in res["op_and_average"][1]
+        assert "ValueError" in res["splits_float"][1] and "integers" in res["splits_float"][2]
         assert "NotImplementedError" in res["adasum_ranks"][1] and "power of 2" in res["adasum_ranks"][2]
         assert "ValueError" in res["alltoall_scalar"][1]
         assert "sparse" in res["sparse"][2]

@@ -205,7 +205,9 @@ def test_capabilities():
     # gloo_built() reports the native ring backend, which every build includes
     assert hvd.gloo_built() is True and _core.build_info()["ring"] is True
     assert hvd.mpi_built() == _core.build_info()["mpi"]
-    assert hvd.nccl_built() == _core.build_info()["nccl"] and hvd.rocm_built() is False
+    # Horovod's nccl_built(): an int, NCCL_VERSION_CODE (e.g. 23203) when built, else 0
+    assert type(hvd.nccl_built()) is int and bool(hvd.nccl_built()) == _core.build_info()["nccl"]
+    assert hvd.rocm_built() is False
     assert hvd.ccl_built() is False and hvd.cuda_built() == _core.build_info()["cuda"]
     assert hvd.gloo_enabled() is False  # not initialized: no job yet
     if not hvd.mpi_enabled():

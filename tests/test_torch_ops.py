@@ -11,6 +11,8 @@ from torch_wire import from_wire, to_wire
 DTYPES = [
     torch.uint8,
     torch.int8,
+    torch.uint16,
+    torch.int16,
     torch.int32,
     torch.int64,
     torch.float16,

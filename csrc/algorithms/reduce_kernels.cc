@@ -2,7 +2,7 @@
 //
 // Every kernel is a plain loop over typed, non-aliasing pointers with the
 // operation inlined, which GCC/Clang vectorize at -O3. Semantics:
-//  * integers: Sum and Product wrap modulo 2^bits (computed in the unsigned
+//  * integers: Sum and Product wrap modulo 2^bits (computed in an unsigned
 //    type, so there is no signed-overflow UB); Min/Max compare signed values.
 //  * floats: IEEE Sum/Product; Min/Max propagate NaN (a NaN operand wins) so a
 //    NaN gradient is never hidden. Min/Max are not commutative for (-0, +0) or
@@ -33,19 +33,20 @@ inline void Apply(T* __restrict dst, const T* __restrict src, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
 }
 
-// Wrapping a + b and a * b for any integer T: computed in the unsigned type
-// (promotion of uint8 to int is harmless: 255 * 255 fits an int), converted
-// back modulo 2^bits.
+// Wrapping a + b and a * b for any integer T: computed in an unsigned type of
+// at least int's width (uint16 * uint16 would otherwise be promoted to a signed
+// int and overflow), converted back modulo 2^bits.
+template <typename T>
+using WrapType = std::common_type_t<std::make_unsigned_t<T>, unsigned>;
+
 template <typename T>
 inline T WrapAdd(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  return static_cast<T>(static_cast<WrapType<T>>(a) + static_cast<WrapType<T>>(b));
 }
 
 template <typename T>
 inline T WrapMul(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  return static_cast<T>(static_cast<WrapType<T>>(a) * static_cast<WrapType<T>>(b));
 }
 
 template <typename T>
@@ -167,6 +168,10 @@ Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Red
       return ReduceInt(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);
     case DataType::kInt8:
       return ReduceInt(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, op);
+    case DataType::kUInt16:
+      return ReduceInt(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, op);
+    case DataType::kInt16:
+      return ReduceInt(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, op);
     case DataType::kInt32:
       return ReduceInt(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, op);
     case DataType::kInt64:
@@ -197,6 +202,12 @@ Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor) {
     case DataType::kInt8:
       ScaleInt(static_cast<int8_t*>(buf), count, factor);
       break;
+    case DataType::kUInt16:
+      ScaleInt(static_cast<uint16_t*>(buf), count, factor);
+      break;
+    case DataType::kInt16:
+      ScaleInt(static_cast<int16_t*>(buf), count, factor);
+      break;
     case DataType::kInt32:
       ScaleInt(static_cast<int32_t*>(buf), count, factor);
       break;
@@ -210,16 +221,10 @@ Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor) {
       ScaleHalf<true>(static_cast<uint16_t*>(buf), count, static_cast<float>(factor));
       break;
     case DataType::kFloat32: {
-      float* p = static_cast<float*>(buf);  // one rounding: product taken in double...
+      // Horovod's rule: the factor is rounded to float first, then one float product.
+      float* p = static_cast<float*>(buf);
       const float f = static_cast<float>(factor);
-      if (static_cast<double>(f) == factor) {
-        // ...which a float product equals when the factor is a float (0.5,
-        // 0.25, ...: Average over a power-of-two set): the exact product of
-        // two floats is rounded once either way. 4-16 lanes instead of 2.
-        for (int64_t i = 0; i < count; ++i) p[i] *= f;
-      } else {
-        for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>(static_cast<double>(p[i]) * factor);
-      }
+      for (int64_t i = 0; i < count; ++i) p[i] *= f;
       break;
     }
     case DataType::kFloat64: {

@@ -14,8 +14,11 @@ namespace hvdlite {
 // bool or an unknown op.
 Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
 
-// buf[i] *= factor, computed in double for integers (result truncated toward
-// zero) and in float for float16/bfloat16. No-op when factor == 1.0.
+// buf[i] *= factor with Horovod's rounding (its ScaleBufferCPUImpl): integers
+// in double, truncated toward zero (saturated where Horovod's cast would be
+// undefined); float32, float16 and bfloat16 in float with the factor first
+// rounded to float (halves then rounded back to nearest even); float64 in
+// double. No-op when factor == 1.0.
 Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
 
 // Half-precision conversions (exposed for tests and for adapters).

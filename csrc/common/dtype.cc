@@ -11,6 +11,8 @@ size_t DataTypeSize(DataType dt) {
     case DataType::kInt8:
     case DataType::kBool:
       return 1;
+    case DataType::kUInt16:
+    case DataType::kInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;
@@ -30,6 +32,10 @@ const char* DataTypeName(DataType dt) {
       return "uint8";
     case DataType::kInt8:
       return "int8";
+    case DataType::kUInt16:
+      return "uint16";
+    case DataType::kInt16:
+      return "int16";
     case DataType::kInt32:
       return "int32";
     case DataType::kInt64:

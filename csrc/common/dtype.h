@@ -16,9 +16,11 @@ enum class DataType : int32_t {
   kBFloat16 = 5,
   kFloat32 = 6,
   kFloat64 = 7,
-  kBool = 8,  // broadcast, allgather, alltoall only (no arithmetic)
+  kBool = 8,    // broadcast, allgather, alltoall only (no arithmetic)
+  kUInt16 = 9,  // appended after kBool: the values above are ABI and never renumbered
+  kInt16 = 10,
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : int32_t {
   kSum = 0,

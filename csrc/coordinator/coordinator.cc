@@ -80,6 +80,49 @@ void Coordinator::Add(int rank, const RequestList& list) {
     }
     AddOne(std::move(r));
   }
+  if (list.has_waits) {
+    if (list.waits.empty()) {
+      waits_.erase(rank);
+    } else {
+      waits_[rank] = list.waits;
+    }
+  }
+  if (!waits_.empty() && (list.has_waits || !list.requests.empty())) CheckDeadlock();
+}
+
+void Coordinator::CheckDeadlock() {
+  if (cfg_.DEADLOCK_CHECK_DISABLE) return;
+  std::map<WaitKey, UndecidedTensor> undecided;
+  for (const auto& kv : waits_) {
+    for (const auto& caller : kv.second) {
+      for (const WaitKey& key : caller) {
+        auto it = pending_.find({key.process_set, key.name});
+        if (it == pending_.end() || undecided.count(key)) continue;
+        const Pending& p = it->second;
+        UndecidedTensor& t = undecided[key];
+        std::vector<int> ranks = sets_->Ranks(key.process_set);
+        for (size_t i = 0; i < ranks.size() && i < p.have.size(); ++i) {
+          if (p.have[i]) {
+            t.type = p.reqs[i].type;
+            t.submitted.push_back(ranks[i]);
+          } else if (!joined_ranks_.count(ranks[i])) {
+            t.missing.push_back(ranks[i]);
+          }
+        }
+      }
+    }
+  }
+  DeadlockReport report;
+  if (!FindDeadlock(waits_, undecided, &report)) return;
+  HVD_LOG(kError, report.message);
+  for (const WaitKey& key : report.tensors) {
+    auto it = pending_.find({key.process_set, key.name});
+    const Pending& p = it->second;
+    const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
+    if (timeline_) timeline_->End(key.name, NegotiatePhase(any.type));
+    DecideError(any, sets_->Ranks(key.process_set), Status::Mismatch(report.message));
+    pending_.erase(it);
+  }
 }
 
 void Coordinator::Push(Decided d) {
@@ -183,18 +226,17 @@ void Coordinator::OnJoin(int rank) {
   }
 }
 
+// Horovod's rule: only allreduce (and barrier) run while members have joined;
+// the data collectives fail on every member that submitted them.
 Status Coordinator::CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const {
   std::string who;
   for (int r : joined) who += (who.empty() ? "" : ", ") + std::to_string(r);
-  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter) {
+  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter || r0.type == OpType::kAllgather ||
+      r0.type == OpType::kBroadcast) {
     return Status::NotSupported(std::string(OpTypeName(r0.type)) + " of tensor '" + r0.name +
                                 "' cannot run while ranks " + who +
-                                " have joined; only allreduce, allgather, "
-                                "broadcast and barrier can. Call it before join().");
-  }
-  if (r0.type == OpType::kBroadcast && std::find(joined.begin(), joined.end(), r0.root) != joined.end()) {
-    return Status::InvalidArgument("broadcast of tensor '" + r0.name + "': root rank " +
-                                   std::to_string(r0.root) + " has already joined and has no tensor to send");
+                                " have joined; only allreduce and barrier can (as in Horovod). "
+                                "Call it before join().");
   }
   return Status::OK();
 }
@@ -226,14 +268,8 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     return;
   }
   if (!joined.empty()) {
-    // Joined members contribute nothing to an allgather and identity values
-    // to a reduction; they learn the tensor's signature from `specs`.
-    if (r0.type == OpType::kAllgather) {
-      std::vector<int64_t> full;
-      for (size_t i = 0, k = 0; i < ranks.size(); ++i)
-        full.push_back(p.have[i] ? d.response.first_dims[k++] : 0);
-      d.response.first_dims = full;
-    }
+    // Joined members contribute identity values to a reduction; they learn
+    // the tensor's signature from `specs`.
     d.response.specs.push_back(r0);
     d.response.cache_ids.push_back(-1);
     Push(std::move(d));
@@ -271,6 +307,7 @@ void Coordinator::DecideError(const Request& r, const std::vector<int>& recipien
 // undecided tensor of a set that contains it fails on every member.
 void Coordinator::OnShutdown(int rank) {
   shutdown_ranks_.insert(rank);
+  waits_.erase(rank);
   for (auto it = pending_.begin(); it != pending_.end();) {
     std::vector<int> ranks = sets_->Ranks(it->first.first);
     if (!std::binary_search(ranks.begin(), ranks.end(), rank)) {
@@ -378,13 +415,21 @@ int Coordinator::CheckStalls() {
   const auto now = now_();
   const auto warn_after = std::chrono::duration<double>(cfg_.STALL_CHECK_TIME_SECONDS);
   const auto fail_after = std::chrono::duration<double>(cfg_.STALL_SHUTDOWN_TIME_SECONDS);
+  // Once one tensor reaches the stall shutdown time, every tensor stalled past
+  // the warning time fails with it: diverged ranks submit their collectives
+  // moments apart, and each must learn of the stall, not of a peer that shut
+  // down after its own error.
+  bool failing = false;
+  for (const auto& kv : pending_) failing |= now - kv.second.first_seen >= fail_after;
+  failing &= cfg_.STALL_SHUTDOWN_TIME_SECONDS > 0;
+  const auto fail_now = std::min(fail_after, warn_after);
   std::vector<Key> failed;  // erased after the loop: DescribeWaits sees every rank's submission
   for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     Pending& p = it->second;
     std::vector<int> ranks = sets_->Ranks(it->first.first), missing, ready;
     for (size_t i = 0; i < ranks.size(); ++i) (p.have[i] ? ready : missing).push_back(ranks[i]);
     const double waited = std::chrono::duration<double>(now - p.first_seen).count();
-    if (cfg_.STALL_SHUTDOWN_TIME_SECONDS > 0 && now - p.first_seen >= fail_after) {
+    if (failing && now - p.first_seen >= fail_now) {
       std::ostringstream os;
       os << "tensor '" << it->first.second << "' stalled for " << static_cast<int>(waited) << " s: ranks "
          << JoinRanks(missing) << " never submitted it (ranks " << JoinRanks(ready)

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "coordinator/deadlock.h"
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
@@ -42,13 +43,18 @@ class Coordinator {
   // (default: the steady clock) times cycle holds and stalls.
   Coordinator(const Config& cfg, ProcessSetTable* sets, int world_size, Timeline* timeline, NowFn now = {});
 
-  // Takes the requests `rank` sent; expands cached (compact) requests.
+  // Takes the requests `rank` sent; expands cached (compact) requests. Takes
+  // the rank's blocked callers too (list.has_waits) and, when every tensor
+  // some blocked ranks wait for can never complete, fails those tensors on
+  // every member at once with a Mismatch error naming who waits for what
+  // (coordinator/deadlock.h); HVDLITE_DEADLOCK_CHECK_DISABLE turns that off.
   void Add(int rank, const RequestList& list);
   // Moves the decided responses into per-rank lists (index = global rank).
   // Returns false when there is nothing to send.
   bool Drain(std::vector<ResponseList>* per_rank);
-  // Warns about (and past the stall shutdown time, fails) tensors some ranks
-  // have not submitted. Returns milliseconds until the next check is due.
+  // Warns about tensors some ranks have not submitted; once one has waited
+  // the stall shutdown time, fails it and every tensor stalled past the
+  // warning time. Returns milliseconds until the next check is due.
   int CheckStalls();
   bool AllRanksShutDown() const { return static_cast<int>(shutdown_ranks_.size()) == world_size_; }
   // Tuning knobs (the autotuner moves them): fusion threshold in bytes, and
@@ -91,6 +97,7 @@ class Coordinator {
   // Joined members take part with identity values: refuse what they cannot.
   Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const;
   void FuseInto(std::vector<Decided>* out);
+  void CheckDeadlock();
   // For the stall warning: "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'".
   std::string DescribeWaits(const std::vector<int>& ranks) const;
 
@@ -104,6 +111,7 @@ class Coordinator {
   Timeline* timeline_;
   int64_t fusion_threshold_;
   double cycle_time_ms_;
+  std::map<int, RankWaits> waits_;  // ranks that reported blocked callers: their latest report
   std::set<int> shutdown_ranks_;
   std::set<int> joined_ranks_;  // ranks inside join(), until every rank has joined
   int last_joined_ = -1;

@@ -177,6 +177,16 @@ std::string Serialize(const RequestList& list) {
   w.I64(list.cache_ack);
   w.I32(static_cast<int32_t>(list.requests.size()));
   for (const auto& r : list.requests) WriteRequest(w, r);
+  w.U8(list.has_waits ? 1 : 0);
+  if (!list.has_waits) return w.Take();
+  w.I32(static_cast<int32_t>(list.waits.size()));
+  for (const auto& caller : list.waits) {
+    w.I32(static_cast<int32_t>(caller.size()));
+    for (const WaitKey& k : caller) {
+      w.I32(k.process_set);
+      w.Str(k.name);
+    }
+  }
   return w.Take();
 }
 
@@ -219,6 +229,25 @@ Status Deserialize(const std::string& bytes, RequestList* out) {
   if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt request list");
   out->requests.clear();
   for (int32_t i = 0; i < n && rd.ok(); ++i) out->requests.push_back(ReadRequest(rd));
+  out->has_waits = rd.U8() != 0;
+  out->waits.clear();
+  if (out->has_waits) {
+    int32_t callers = rd.I32();
+    if (callers < 0 || static_cast<size_t>(callers) > rd.Left())
+      return Status::Internal("corrupt request list");
+    for (int32_t i = 0; i < callers && rd.ok(); ++i) {
+      int32_t keys = rd.I32();
+      if (keys < 0 || static_cast<size_t>(keys) > rd.Left()) return Status::Internal("corrupt request list");
+      std::vector<WaitKey> caller;
+      for (int32_t j = 0; j < keys && rd.ok(); ++j) {
+        WaitKey k;
+        k.process_set = rd.I32();
+        k.name = rd.Str();
+        caller.push_back(std::move(k));
+      }
+      out->waits.push_back(std::move(caller));
+    }
+  }
   if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt request list");
   return Status::OK();
 }

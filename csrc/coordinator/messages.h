@@ -68,11 +68,30 @@ struct Response {
   std::vector<Request> specs;
 };
 
+// A tensor some blocked caller waits for: (process set, name).
+struct WaitKey {
+  int32_t process_set = 0;
+  std::string name;
+  bool operator<(const WaitKey& o) const {
+    return process_set != o.process_set ? process_set < o.process_set : name < o.name;
+  }
+  bool operator==(const WaitKey& o) const { return process_set == o.process_set && name == o.name; }
+};
+
+// A rank's callers blocked in a wait, one entry each: the tensors that caller
+// waits for (all of them). Empty: the rank is not blocked.
+using RankWaits = std::vector<std::vector<WaitKey>>;
+
 struct RequestList {
   std::vector<Request> requests;
   // The highest cache eviction sequence number this rank has applied
   // (ResponseList::eviction_seq); the coordinator then drops retired ids.
   int64_t cache_ack = 0;
+  // When has_waits: this rank's blocked callers as of the requests above (the
+  // deadlock detector's input, coordinator/deadlock.h); replaces the previous
+  // report. Sent only when it changed.
+  bool has_waits = false;
+  RankWaits waits;
 };
 
 struct ResponseList {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hvdlite/c_api.h"
+#include "hvdlite_build_info.h"
 
 namespace py = pybind11;
 
@@ -193,6 +194,8 @@ py::dict BuildInfo() {
   const bool gpu = hvdlite_gpu_module_installed() != 0;
   d["nccl"] = gpu;
   d["cuda"] = gpu;
+  // Horovod's nccl_built() value: the NCCL_VERSION_CODE built against, 0 without the module.
+  d["nccl_version"] = gpu ? HVDLITE_NCCL_VERSION_CODE : 0;
   return d;
 }
 
@@ -211,6 +214,10 @@ PYBIND11_MODULE(_core, m) {
         py::arg("splits"), py::arg("process_set"), py::arg("device") = -1, py::arg("stream") = 0);
   m.def("poll", &hvdlite_poll);
   m.def("wait", &Wait);
+  m.def("wait_begin", [](const std::vector<int64_t>& handles) {
+    return hvdlite_wait_begin(handles.data(), static_cast<int32_t>(handles.size()));
+  });
+  m.def("wait_end", &hvdlite_wait_end);
   m.def("take_output", &TakeOutput);
   m.def("release", &hvdlite_release);
   m.def("add_process_set", &AddProcessSet);

@@ -71,6 +71,10 @@ void FillIdentity(void* buf, int64_t count, DataType dtype, ReduceOp op) {
       return FillIdentityTyped<uint8_t>(buf, count, op);
     case DataType::kInt8:
       return FillIdentityTyped<int8_t>(buf, count, op);
+    case DataType::kUInt16:
+      return FillIdentityTyped<uint16_t>(buf, count, op);
+    case DataType::kInt16:
+      return FillIdentityTyped<int16_t>(buf, count, op);
     case DataType::kInt32:
       return FillIdentityTyped<int32_t>(buf, count, op);
     case DataType::kInt64:

@@ -111,9 +111,13 @@ void Runtime::StopTimeline() { timeline_.Stop(); }
 
 Status Runtime::SendNewRequests() {
   std::vector<Request> fresh;
-  queue_.TakeNew(&fresh);
-  if (fresh.empty()) return Status::OK();
   RequestList list;
+  if (cfg_.DEADLOCK_CHECK_DISABLE) {
+    queue_.TakeNew(&fresh);
+  } else {
+    queue_.TakeNew(&fresh, &list.waits, &list.has_waits);
+  }
+  if (fresh.empty() && !list.has_waits) return Status::OK();
   list.cache_ack = local_cache_.acked();
   if (timeline_.Active() && timeline_.MarkCycles()) timeline_.Mark("", "CYCLE_START");
   for (auto& r : fresh) {
@@ -196,6 +200,7 @@ Status Runtime::CheckCoordinatorStays() {
 
 int Runtime::WaitBudgetMs(bool shutting_down) {
   int budget = 1000;  // idle: wake once a second at most (stall checks)
+  if (!cfg_.DEADLOCK_CHECK_DISABLE) budget = std::min(budget, queue_.MsUntilWaitReport());
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -

@@ -62,6 +62,11 @@ class Runtime {
   // meanwhile when it can take it over; the result is the operation's status,
   // Timeout when still pending, InvalidArgument for an unknown handle.
   Status Wait(int64_t handle, double timeout_s);
+  // Any thread: the caller is about to block until every one of `handles`
+  // completes, and is done (EndWait with the token): the deadlock detector's
+  // input (TensorQueue::BeginWait).
+  int64_t BeginWait(const std::vector<int64_t>& handles) { return queue_.BeginWait(handles); }
+  void EndWait(int64_t token) { queue_.EndWait(token); }
   // Blocks until every rank has called Shutdown (bounded by
   // HVDLITE_SHUTDOWN_TIMEOUT_SECONDS), then closes connections. Idempotent.
   Status Shutdown();

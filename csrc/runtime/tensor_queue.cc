@@ -3,7 +3,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace hvdlite {
+namespace {
+std::atomic<int64_t> g_next_wait_token{1};  // unique across runtimes: a token may outlive its runtime
+}  // namespace
 
 TensorQueue::TensorQueue() { wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
@@ -21,7 +26,10 @@ Status TensorQueue::Push(TensorEntry entry) {
                                   "concurrent operation a unique name");
     }
     fresh_.push_back(entry.request);
-    if (entry.request.type != OpType::kShutdown) in_flight_.emplace(key, Slot{std::move(entry), false});
+    if (entry.request.type != OpType::kShutdown) {
+      by_handle_[entry.handle] = WaitKey{key.first, key.second};
+      in_flight_.emplace(key, Slot{std::move(entry), false});
+    }
     pushed_.fetch_add(1, std::memory_order_seq_cst);
   }
   Kick();
@@ -37,11 +45,61 @@ void TensorQueue::Kick() {
   }
 }
 
-void TensorQueue::TakeNew(std::vector<Request>* out) {
+void TensorQueue::TakeNew(std::vector<Request>* out, RankWaits* waits, bool* waits_changed) {
   std::lock_guard<std::mutex> lock(mu_);
   taken_ = pushed_.load(std::memory_order_relaxed);
   out->swap(fresh_);
   fresh_.clear();
+  if (!waits) return;
+  const Clock::time_point due = Clock::now() - kWaitReportDelay;
+  std::vector<int64_t> now_blocked;
+  for (const auto& kv : waiters_) {
+    if (kv.second.since <= due) now_blocked.push_back(kv.first);
+  }
+  *waits_changed = now_blocked != reported_;
+  if (!*waits_changed) return;
+  waits->clear();
+  for (int64_t token : now_blocked) waits->push_back(waiters_[token].keys);
+  reported_.swap(now_blocked);
+}
+
+int64_t TensorQueue::BeginWait(const std::vector<int64_t>& handles) {
+  Waiter w;
+  w.since = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t h : handles) {
+    auto it = by_handle_.find(h);
+    if (it != by_handle_.end()) w.keys.push_back(it->second);
+  }
+  if (w.keys.empty()) return 0;
+  const int64_t token = g_next_wait_token.fetch_add(1);
+  waiters_.emplace(token, std::move(w));
+  return token;
+}
+
+void TensorQueue::EndWait(int64_t token) {
+  bool reported = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (waiters_.erase(token) == 0) return;
+    reported = std::find(reported_.begin(), reported_.end(), token) != reported_.end();
+    if (reported) pushed_.fetch_add(1, std::memory_order_seq_cst);  // the engine reports the change
+  }
+  if (reported) Kick();
+}
+
+int TensorQueue::MsUntilWaitReport() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (waiters_.empty()) return 1000;
+  const Clock::time_point now = Clock::now();
+  long long ms = 1000;
+  for (const auto& kv : waiters_) {
+    if (std::find(reported_.begin(), reported_.end(), kv.first) != reported_.end()) continue;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(kv.second.since + kWaitReportDelay - now);
+    ms = std::min<long long>(ms, std::max<long long>(0, left.count() + 1));
+  }
+  return static_cast<int>(ms);
 }
 
 void TensorQueue::SetSleeping(bool sleeping) {
@@ -53,6 +111,7 @@ bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry*
   std::lock_guard<std::mutex> lock(mu_);
   auto it = in_flight_.find({process_set, name});
   if (it == in_flight_.end() || it->second.executing) return false;
+  by_handle_.erase(it->second.entry.handle);
   *out = std::move(it->second.entry);
   it->second.executing = true;
   return true;
@@ -71,6 +130,7 @@ std::vector<TensorEntry> TensorQueue::TakeAll() {
     if (!kv.second.executing) all.push_back(std::move(kv.second.entry));
   }
   in_flight_.clear();
+  by_handle_.clear();
   fresh_.clear();
   return all;
 }

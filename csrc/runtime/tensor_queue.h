@@ -9,8 +9,13 @@
 // coordinator; Pop() hands an entry to the executor when its response
 // arrives, and Finish() ends it once its handle is completed. A name may be in
 // flight (pushed and not finished) once per process set.
+//
+// It also tracks the callers blocked in a wait (BeginWait/EndWait, from
+// synchronize()), so the rank can tell the coordinator's deadlock detector
+// which tensors they wait for (TakeNew's `waits`).
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -36,7 +41,19 @@ class TensorQueue {
   int wake_fd() const { return wake_fd_; }
   // Precondition error when the name is already in flight in that set.
   Status Push(TensorEntry entry);
-  void TakeNew(std::vector<Request>* out);
+  // Engine: the requests not yet sent. With `waits`: also, in the same
+  // snapshot, this rank's blocked callers when that report changed since the
+  // last one (*waits_changed). A caller counts once it has waited
+  // kWaitReportDelay, so short waits (a healthy job's steady state) cost no
+  // message; ending a reported wait wakes the engine (HasNew) to report it.
+  void TakeNew(std::vector<Request>* out, RankWaits* waits = nullptr, bool* waits_changed = nullptr);
+  // Any thread: a caller is about to block until every one of `handles`
+  // completes. Returns a token for EndWait (0: nothing to wait for here).
+  // Handles of entries already executing or finished are left out.
+  int64_t BeginWait(const std::vector<int64_t>& handles);
+  void EndWait(int64_t token);
+  // Engine: milliseconds until an unreported wait is due for report (1000 when none).
+  int MsUntilWaitReport() const;
   // Moves the entry out for execution; the name stays in flight until Finish.
   bool Pop(int32_t process_set, const std::string& name, TensorEntry* out);
   void Finish(int32_t process_set, const std::string& name);
@@ -56,12 +73,21 @@ class TensorQueue {
   void Kick();
 
  private:
-  std::mutex mu_;
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds kWaitReportDelay{250};
+  mutable std::mutex mu_;
   struct Slot {
     TensorEntry entry;
     bool executing = false;  // moved out by Pop, not finished yet
   };
   std::map<std::pair<int32_t, std::string>, Slot> in_flight_;
+  std::map<int64_t, WaitKey> by_handle_;  // in_flight_ entries not executing, by handle
+  struct Waiter {
+    Clock::time_point since;
+    std::vector<WaitKey> keys;
+  };
+  std::map<int64_t, Waiter> waiters_;  // by token
+  std::vector<int64_t> reported_;      // tokens of the waits last reported, ascending
   std::vector<Request> fresh_;
   int wake_fd_ = -1;
   std::atomic<uint64_t> pushed_{0};    // Push count

@@ -22,6 +22,16 @@ __all__ = [
 ]
 
 _atexit_registered = False
+# Set by hvdlite.elastic in elastic workers: called as hook(_core.init) instead of
+# _core.init(), it points init() at the elastic driver's newest generation of the job
+# (setting HVDLITE_RANK/SIZE/STORE_ADDR/SECRET) and retries when that one is superseded.
+_init_hook = None
+
+
+def set_init_hook(hook):
+    """Installs `hook(core_init) -> (code, message)` for init() (hvdlite.elastic uses it)."""
+    global _init_hook
+    _init_hook = hook
 
 
 def init(comm=None, process_sets=None):
@@ -44,7 +54,7 @@ def init(comm=None, process_sets=None):
         )
     if _core.is_initialized():
         return
-    code, message = _core.init()
+    code, message = _init_hook(_core.init) if _init_hook is not None else _core.init()
     exceptions.raise_for_status(code, message)
     naming.reset()
     ops.start_session()

@@ -43,8 +43,10 @@ def mpi_threads_supported():
 
 
 def nccl_built():
-    """True when the NCCL/CUDA module of hvdlite was built and installed beside the core."""
-    return _built("nccl")
+    """Horovod's value: the NCCL_VERSION_CODE (an int, e.g. 23203 for NCCL 2.32.3) of the
+    NCCL hvdlite's NCCL/CUDA module was built against, when that module is installed beside
+    the core; 0 otherwise. Truthy exactly when the module is there."""
+    return int(_core.build_info().get("nccl_version", 0)) if _built("nccl") else 0
 
 
 def cuda_built():

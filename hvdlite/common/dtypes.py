@@ -1,7 +1,7 @@
 """Element types and reductions, with the codes the core uses (csrc/common/dtype.h's
 DataType and ReduceOp; tests/test_enums_match_core.py checks them against the header)."""
 
-UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = range(9)
+UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL, UINT16, INT16 = range(11)
 
 NAMES = {
     UINT8: "uint8",
@@ -13,6 +13,8 @@ NAMES = {
     FLOAT32: "float32",
     FLOAT64: "float64",
     BOOL: "bool",
+    UINT16: "uint16",
+    INT16: "int16",
 }
 CODE_BY_NAME = {v: k for k, v in NAMES.items()}
 

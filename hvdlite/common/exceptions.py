@@ -26,8 +26,12 @@ class InvalidArgumentError(HvdliteError, ValueError):
     """This rank passed something the operation cannot take."""
 
 
-class MismatchError(HvdliteError):
-    """Ranks submitted the same tensor name with different shapes, dtypes, ops or roots."""
+class MismatchError(HvdliteInternalError):
+    """Ranks submitted the same tensor name with different shapes, dtypes, ops or roots.
+
+    A HorovodInternalError (and so a RuntimeError), as Horovod reports it: the failed
+    collective surfaces from synchronize() there, and elastic training treats it as a
+    reset."""
 
 
 class NotSupportedError(HvdliteError, NotImplementedError):
@@ -35,8 +39,10 @@ class NotSupportedError(HvdliteError, NotImplementedError):
     NotImplementedError, which Horovod raises for missing features)."""
 
 
-class PreconditionError(HvdliteError):
-    """Called in the wrong state: not initialized, or a name already in flight."""
+class PreconditionError(HvdliteError, ValueError):
+    """Called in the wrong state: not initialized, a name already in flight, a process set
+    already registered. Also a ValueError, which Horovod raises in these cases ("Horovod has
+    not been initialized", duplicate in-flight names, duplicate process sets)."""
 
 
 class CallOrderError(PreconditionError, AssertionError):

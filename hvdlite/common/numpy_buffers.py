@@ -9,6 +9,8 @@ from hvdlite.common.collectives import BufferAdapter
 _CODES = {
     np.dtype(np.uint8): dtypes.UINT8,
     np.dtype(np.int8): dtypes.INT8,
+    np.dtype(np.uint16): dtypes.UINT16,
+    np.dtype(np.int16): dtypes.INT16,
     np.dtype(np.int32): dtypes.INT32,
     np.dtype(np.int64): dtypes.INT64,
     np.dtype(np.float16): dtypes.FLOAT16,

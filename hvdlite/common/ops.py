@@ -4,6 +4,7 @@ shape) and keep them alive until the operation completes; this module owns
 the integer handles users see (Horovod's async API) and the waiting policy.
 """
 
+import ctypes
 import threading
 
 from hvdlite import _core
@@ -60,6 +61,14 @@ def submit(
 
 def wait(core_handle):
     """Blocks until the operation completes; raises its error, if any."""
+    token = _core.wait_begin([core_handle])
+    try:
+        _wait_one(core_handle)
+    finally:
+        _core.wait_end(token)
+
+
+def _wait_one(core_handle):
     while True:
         code, message = _core.wait(core_handle, _WAIT_SLICE_S)
         if code == exceptions.TIMEOUT and _core.poll(core_handle) == 0:
@@ -83,10 +92,11 @@ def release(core_handle):
 
 def join():
     """Horovod's join(): this rank has no more data. Until every rank has
-    joined, it takes part in the allreduce, allgather, broadcast and barrier
-    calls the others still make, contributing the reduction's identity (zeros
-    for Sum/Average) or no rows; alltoall and reducescatter fail while a rank
-    is joined. Returns the rank that joined last, on every rank."""
+    joined, it takes part in the allreduce and barrier calls the others still
+    make, contributing the reduction's identity (zeros for Sum/Average); as in
+    Horovod, allgather, broadcast, alltoall and reducescatter fail
+    (NotSupportedError) while a rank is joined. Returns the rank that joined
+    last, on every rank."""
     core = submit(JOIN, "__join__", 0, 0, (0,))
     wait(core)
     return take_output(core)[3]
@@ -150,19 +160,41 @@ def poll(handle):
     return all(_core.poll(h) != 0 for h in _core_handles(_lookup(handle)))
 
 
+def core_handles(handle):
+    """The core handles behind a user handle (one, or several for a grouped operation),
+    for native code that waits on them (e.g. the TensorFlow await kernel) before
+    synchronize() takes the result."""
+    return list(_core_handles(_lookup(handle)))
+
+
+def native_wait_entry_points():
+    """Addresses of the core's C functions hvdlite_wait and hvdlite_poll
+    (csrc/include/hvdlite/c_api.h), for native code that waits on core handles."""
+    lib = ctypes.CDLL(_core.__file__)  # the module already loaded: the same library
+    return (
+        ctypes.cast(lib.hvdlite_wait, ctypes.c_void_p).value,
+        ctypes.cast(lib.hvdlite_poll, ctypes.c_void_p).value,
+    )
+
+
 def _core_handles(entry):
     return entry.core_handle if isinstance(entry.core_handle, tuple) else (entry.core_handle,)
 
 
 def _wait_all(core_handles):
     """Waits for every core handle, even after one failed (the core may still be
-    using the buffers of the others); then raises the first error."""
+    using the buffers of the others); then raises the first error. While it
+    blocks, the core's deadlock detector knows this rank waits for all of them."""
     first_error = None
-    for core_handle in core_handles:
-        try:
-            wait(core_handle)
-        except exceptions.HvdliteError as e:
-            first_error = first_error or e
+    token = _core.wait_begin(list(core_handles))
+    try:
+        for core_handle in core_handles:
+            try:
+                _wait_one(core_handle)
+            except exceptions.HvdliteError as e:
+                first_error = first_error or e
+    finally:
+        _core.wait_end(token)
     if first_error is not None:
         for core_handle in core_handles:  # all done now: free what the others produced
             _core.release(core_handle)

@@ -45,17 +45,22 @@ class ProcessSet:
             )
 
     def size(self):
-        self._require_registered()
+        """The number of members; None while the set is not registered (as in Horovod)."""
+        if self.process_set_id is None:
+            return None
         return len(self.ranks)
 
     def rank(self):
-        """This process's rank within the set, or -1 if it is not a member."""
-        self._require_registered()
+        """This process's rank within the set, or -1 if it is not a member; None while
+        the set is not registered (as in Horovod)."""
+        if self.process_set_id is None:
+            return None
         me = rank()
         return self.ranks.index(me) if me in self.ranks else -1
 
     def included(self):
-        return self.rank() >= 0
+        """Whether this process is a member (registered or not, as in Horovod)."""
+        return rank() in self.ranks
 
     def __eq__(self, other):
         return (
@@ -105,6 +110,10 @@ class _GlobalProcessSet(ProcessSet):
         if ranks is None:
             raise exceptions.PreconditionError("hvdlite is not initialized; call hvd.init() first")
         return ranks
+
+    def __repr__(self):  # never raises, also before init()
+        ranks = _core.process_set_ranks(0)
+        return "ProcessSet(process_set_id=0, ranks=%s)" % ("<not initialized>" if ranks is None else ranks)
 
 
 global_process_set = _GlobalProcessSet()

@@ -42,6 +42,16 @@ SETTINGS = (
     Setting("STORE_ADDR", "str", "", "host:port of the rendezvous store (hvdliterun sets it)"),
     Setting("SECRET", "str", "", "per-job secret (hex) proving membership to the store and to peers"),
     Setting("START_TIMEOUT", "float", 60.0, "seconds init() waits for every rank to reach the rendezvous"),
+    # Elastic training (hvdliterun --min-np/--max-np/--host-discovery-script sets these).
+    Setting(
+        "ELASTIC_STORE_ADDR",
+        "str",
+        "",
+        "host:port of the elastic driver's store, where each generation of the job is published;"
+        " set means this process is an elastic worker",
+    ),
+    Setting("ELASTIC_SECRET", "str", "", "secret (hex) proving membership to the elastic driver's store"),
+    Setting("ELASTIC_WORKER_ID", "str", "", "this elastic worker's name in the driver's assignments"),
     # Runtime behaviour.
     Setting(
         "FUSION_THRESHOLD",
@@ -64,6 +74,13 @@ SETTINGS = (
     ),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
     Setting(
+        "DEADLOCK_CHECK_DISABLE",
+        "bool",
+        False,
+        "disable the deadlock detector (fails at once what ranks blocked in synchronize() wait for"
+        " when none of it can complete)",
+    ),
+    Setting(
         "STALL_CHECK_TIME_SECONDS",
         "float",
         60.0,
@@ -73,7 +90,8 @@ SETTINGS = (
         "STALL_SHUTDOWN_TIME_SECONDS",
         "float",
         600.0,
-        "fail a tensor stalled this long with an error on every rank; 0 = only warn, never fail",
+        "fail a tensor stalled this long with an error on every rank (and with it every tensor stalled"
+        " past the warning time); 0 = only warn, never fail",
     ),
     Setting(
         "TIMEOUT_SECONDS",

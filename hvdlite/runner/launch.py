@@ -55,7 +55,8 @@ def parse_args(argv):
         prog="hvdliterun",
         description="Run N ranks of COMMAND as one hvdlite job, on this host or on the hosts given.",
         epilog="Without -H/--hostfile every rank runs on this host. Remote hosts are reached with "
-        "plain ssh (BatchMode: set up keys first). "
+        "plain ssh (BatchMode: set up keys first); with --min-np/--max-np/--host-discovery-script "
+        "the job is elastic (hosts from -H or the discovery script). "
         "Each output line is prefixed with [rank]<stdout>: or [rank]<stderr>:. "
         "The job stops as soon as one rank exits non-zero, and hvdliterun exits "
         "with that rank's code.",
@@ -117,6 +118,9 @@ def parse_args(argv):
         metavar="COMMAND ...",
         help="the program every rank runs, with its arguments",
     )
+    from hvdlite.runner.elastic_cli import add_elastic_args
+
+    add_elastic_args(parser)
     args = parser.parse_args(_join_mpi_args(list(argv)))
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
@@ -146,6 +150,14 @@ def main(argv=None):
 
         return mpi_launch.run(args.np, args.command, args.mpi_args, args.verbose)
 
+    from hvdlite.runner import elastic_cli
+
+    if elastic_cli.is_elastic(args):
+        if args.hostfile:
+            sys.exit(
+                "hvdliterun: elastic mode takes its hosts from -H or --host-discovery-script, not --hostfile"
+            )
+        return elastic_cli.run_elastic(args)
     if args.hosts or args.hostfile:
         from hvdlite.runner import multihost
 

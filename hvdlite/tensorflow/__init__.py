@@ -2,9 +2,11 @@
 Keras 3 (``import hvdlite.tensorflow as hvd``).
 
 Horovod's names, arguments and semantics over hvdlite's framework-neutral
-core: collectives run eagerly or inside tf.function (as a tf.numpy_function),
-are differentiable, and never compile a TensorFlow kernel. XLA
-(jit_compile=True) cannot contain them.
+core: collectives run eagerly or inside tf.function and tf.compat.v1 graphs
+(as numpy_functions around one small asynchronous kernel, HvdliteAwait, built
+against the installed TensorFlow, so a waiting collective holds no executor
+thread; without that kernel, as one blocking numpy_function) and are
+differentiable. XLA (jit_compile=True) cannot contain them.
 """
 
 from hvdlite.common.basics import (
@@ -45,6 +47,7 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from hvdlite.tensorflow import elastic
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from hvdlite.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape

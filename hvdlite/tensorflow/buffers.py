@@ -13,15 +13,32 @@ Contracts:
     it inserts a tf.numpy_function (stateful, so TensorFlow's automatic control
     dependencies keep collectives in program order on every rank) and sets
     the static output shapes.
+  - ``call_collective(start, finish, ...)``: a collective that, in a graph,
+    never blocks one of TensorFlow's executor threads while it waits (see there).
 """
 
 import numpy as np
 import tensorflow as tf
 
+from hvdlite.common import ops
+from hvdlite.tensorflow import await_op
+
 _ALIGNMENT = 64
 
 # TensorFlow dtypes the core carries (hvdlite.common.dtypes).
-SUPPORTED = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool)
+SUPPORTED = (
+    tf.uint8,
+    tf.int8,
+    tf.uint16,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.bool,
+)
 
 
 def is_aligned(array):
@@ -86,6 +103,44 @@ def call_numpy(fn, inputs, dtypes, shapes, name="hvdlite"):
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(*arrays), dtypes)]
 
     outs = tf.numpy_function(graph_fn, list(inputs), list(dtypes), stateful=True, name=name)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    for out, shape in zip(outs, shapes):
+        out.set_shape(shape)
+    return list(outs)
+
+
+def call_collective(start, finish, inputs, dtypes, shapes, name="hvdlite"):
+    """A collective whose completion does not depend on the order in which TensorFlow's
+    executor runs a graph's ops. start(*arrays) submits and returns hvdlite handles at
+    once; finish(handles) synchronizes them and returns the output arrays.
+
+    Eagerly: finish(start(...)). In a graph (tf.function or tf.compat.v1), three ops:
+    a stateful numpy_function that submits (automatic control dependencies keep
+    submissions in program order), the HvdliteAwait kernel, which waits on a thread of
+    its own, and a stateless numpy_function that takes the result (stateless, so that
+    control dependencies never hold the next submission until this collective is done).
+    So no executor thread blocks while a collective waits, and any number of
+    independent collectives completes whatever order each rank runs them in. Without
+    the kernel (await_op.load() is None): one blocking numpy_function (call_numpy)."""
+    module = None if tf.executing_eagerly() else await_op.load()
+    if module is None:
+        return call_numpy(lambda *arrays: finish(start(*arrays)), inputs, dtypes, shapes, name)
+
+    def submit(*arrays):
+        handles = start(*arrays)
+        core = [c for h in handles for c in ops.core_handles(h)]
+        return np.asarray(handles, dtype=np.int64), np.asarray(core, dtype=np.int64)
+
+    def take(handles):
+        outs = finish([int(h) for h in handles])
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, dtypes)]
+
+    user, core = tf.numpy_function(
+        submit, list(inputs), [tf.int64, tf.int64], stateful=True, name=name + "Submit"
+    )
+    ready = module.hvdlite_await(core, user, name=name + "Await")
+    outs = tf.numpy_function(take, [ready], list(dtypes), stateful=False, name=name)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     for out, shape in zip(outs, shapes):

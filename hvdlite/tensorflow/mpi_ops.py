@@ -256,9 +256,9 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
 
 def join():
-    """This rank has no more data: it takes part in the others' collectives
-    with identity values until every rank has joined; returns the last rank
-    to join."""
+    """This rank has no more data: it takes part in the others' allreduces
+    with identity values until every rank has joined (other collectives fail
+    meanwhile, as in Horovod); returns the last rank to join."""
     return ops.join()
 
 

@@ -3,8 +3,9 @@
 Each function takes a list of tensors and already-resolved names and a registered ProcessSet (every rank
 must use the same names; see hvdlite.common.naming), submits ALL of them to
 the core before waiting for any (so the core can fuse them), and returns a
-list of tf.Tensors. They run eagerly or, inside a tf.function, as one
-tf.numpy_function per call (hvdlite.tensorflow.buffers.call_numpy). The
+list of tf.Tensors. They run eagerly or in a graph (tf.function, tf.compat.v1)
+as a submission, an await that holds no executor thread, and a result
+(hvdlite.tensorflow.buffers.call_collective). The
 submission itself is hvdlite's framework-neutral NumPy path
 (hvdlite.common.collectives with the NUMPY buffer adapter): no TensorFlow
 kernel, no policy of its own.
@@ -17,7 +18,7 @@ from hvdlite import numpy_ops
 from hvdlite.common import collectives, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import resolve
-from hvdlite.tensorflow.buffers import aligned_copy, call_numpy, check_dtype
+from hvdlite.tensorflow.buffers import aligned_copy, call_collective, check_dtype
 
 
 def _rows_shape(tensor):
@@ -38,8 +39,8 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
     """Reduced copies of `tensors` (same shapes and dtypes)."""
     _check(tensors, "allreduce")
 
-    def fn(*arrays):
-        handles = [
+    def start(*arrays):
+        return [
             numpy_ops.allreduce_async_(
                 aligned_copy(a),
                 name=n,
@@ -50,17 +51,27 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
             )
             for a, n in zip(arrays, names)
         ]
-        return [ops.synchronize(h) for h in handles]
 
-    return call_numpy(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HvdliteAllreduce")
+    return call_collective(
+        start,
+        _synchronize_all,
+        tensors,
+        [t.dtype for t in tensors],
+        [t.shape for t in tensors],
+        "HvdliteAllreduce",
+    )
+
+
+def _synchronize_all(handles):
+    return [ops.synchronize(h) for h in handles]
 
 
 def _with_output(kind, op_type, tensors, names, process_set, **submit_kw):
     """Runs an op whose output the core allocates; returns the outputs."""
 
-    def fn(*arrays):
+    def start(*arrays):
         set_id = resolve(process_set)
-        handles = [
+        return [
             collectives.start(
                 collectives.with_output(
                     NUMPY, kind, op_type, _writable(a), n, process_set=set_id, **submit_kw
@@ -68,10 +79,10 @@ def _with_output(kind, op_type, tensors, names, process_set, **submit_kw):
             )
             for a, n in zip(arrays, names)
         ]
-        return [ops.synchronize(h)[0] for h in handles]
 
-    return call_numpy(
-        fn,
+    return call_collective(
+        start,
+        lambda handles: [ops.synchronize(h)[0] for h in handles],
         tensors,
         [t.dtype for t in tensors],
         [_rows_shape(t) for t in tensors],
@@ -106,7 +117,7 @@ def alltoall(tensor, splits, name, process_set):
     check_dtype(tensor, "alltoall")
     inputs = [tensor] if splits is None else [tensor, tf.cast(tf.reshape(splits, [-1]), tf.int64)]
 
-    def fn(array, split_values=None):
+    def start(array, split_values=None):
         split_list = [] if split_values is None else [int(s) for s in split_values]
         handle = collectives.start(
             collectives.with_output(
@@ -119,11 +130,19 @@ def alltoall(tensor, splits, name, process_set):
                 process_set=resolve(process_set),
             )
         )
-        out, received = ops.synchronize(handle)
+        return [handle]
+
+    def finish(handles):
+        out, received = ops.synchronize(handles[0])
         return [out, np.asarray(received, dtype=np.int32)]
 
-    out, received = call_numpy(
-        fn, inputs, [tensor.dtype, tf.int32], [_rows_shape(tensor), tf.TensorShape([None])], "HvdliteAlltoall"
+    out, received = call_collective(
+        start,
+        finish,
+        inputs,
+        [tensor.dtype, tf.int32],
+        [_rows_shape(tensor), tf.TensorShape([None])],
+        "HvdliteAlltoall",
     )
     return out, received
 
@@ -132,11 +151,17 @@ def broadcast(tensors, names, root_rank, process_set):
     """root_rank's values of `tensors` on every member."""
     _check(tensors, "broadcast")
 
-    def fn(*arrays):
-        handles = [
+    def start(*arrays):
+        return [
             numpy_ops.broadcast_async_(aligned_copy(a), root_rank, name=n, process_set=process_set)
             for a, n in zip(arrays, names)
         ]
-        return [ops.synchronize(h) for h in handles]
 
-    return call_numpy(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HvdliteBroadcast")
+    return call_collective(
+        start,
+        _synchronize_all,
+        tensors,
+        [t.dtype for t in tensors],
+        [t.shape for t in tensors],
+        "HvdliteBroadcast",
+    )

@@ -44,6 +44,8 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from hvdlite.parallel.mesh import Mesh
+from hvdlite.torch import elastic, parallel
 from hvdlite.torch.autograd_ops import (
     allgather,
     allreduce,
@@ -83,4 +85,11 @@ from hvdlite.torch.mpi_ops import (
     synchronize,
 )
 from hvdlite.torch.optimizer import DistributedOptimizer
+from hvdlite.torch.parallel import (
+    ZeroOptimizer,
+    consolidate_checkpoint,
+    full_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+)
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm

@@ -17,6 +17,7 @@ from hvdlite.common.collectives import BufferAdapter
 CODES = {
     torch.uint8: dtypes.UINT8,
     torch.int8: dtypes.INT8,
+    torch.int16: dtypes.INT16,
     torch.int32: dtypes.INT32,
     torch.int64: dtypes.INT64,
     torch.float16: dtypes.FLOAT16,
@@ -24,6 +25,7 @@ CODES = {
     torch.float32: dtypes.FLOAT32,
     torch.float64: dtypes.FLOAT64,
     torch.bool: dtypes.BOOL,
+    torch.uint16: dtypes.UINT16,  # few torch operators take it, but collectives carry it
 }
 
 

@@ -30,15 +30,30 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         mpi_ops.synchronize(handle)
 
 
-def _initialize_state(optimizer):
+def _sparse_param_ids(model):
+    """ids of the parameters of `model`'s sparse embeddings (Horovod's use of `model`)."""
+    if model is None:
+        return set()
+    return {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and m.sparse
+        for p in m.parameters()
+    }
+
+
+def _initialize_state(optimizer, sparse_ids=frozenset()):
     """Creates the state of an optimizer that has not stepped yet, with a step
     on zero gradients (Horovod's way), so that every rank has tensors of the
-    root's shapes to receive into."""
+    root's shapes to receive into. Gradients are sparse for SparseAdam and, under
+    SGD, for the parameters in `sparse_ids`."""
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-                if isinstance(optimizer, torch.optim.SparseAdam):
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                    isinstance(optimizer, torch.optim.SGD) and id(p) in sparse_ids
+                ):
                     p.grad = p.grad.to_sparse()
     if getattr(optimizer, "_hvdlite_distributed", False):
         # A DistributedOptimizer's step() would allreduce; step the wrapped class only.
@@ -47,9 +62,10 @@ def _initialize_state(optimizer):
         optimizer.step()
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Makes every rank's optimizer state (hyperparameters of each param group
-    and per-parameter state) equal to root_rank's.
+    and per-parameter state) equal to root_rank's. `model` (optional, Horovod's
+    argument) names the sparse embeddings whose state starts from sparse gradients.
 
     State tensors are broadcast in place; everything else (learning rates,
     betas, step counts kept as numbers, flags) travels as one pickled object.
@@ -58,7 +74,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
         raise exceptions.InvalidArgumentError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
-        _initialize_state(optimizer)
+        _initialize_state(optimizer, _sparse_param_ids(model))
         state_dict = optimizer.state_dict()
     tensors: list[tuple[str, torch.Tensor]] = []
     groups: list[dict[str, object]] = []

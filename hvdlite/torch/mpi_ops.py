@@ -203,6 +203,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 
 def _allgather_pending(tensor, name, process_set):
+    if tensor.dim() == 0:  # Horovod: "tried to allgather a rank-zero tensor"
+        raise exceptions.InvalidArgumentError("allgather needs a tensor with at least one dimension")
     return _output_on_host("allgather", ops.ALLGATHER, tensor, name, process_set=resolve(process_set))
 
 
@@ -242,6 +244,16 @@ def _split_list(splits):
     if splits is None:
         return []
     if isinstance(splits, torch.Tensor):
+        # Horovod: "alltoall expects splits to contain 32-bit integer elements" (a ValueError);
+        # int64 is accepted here too, any non-integer dtype is refused.
+        if splits.dtype not in (torch.int32, torch.int64):
+            raise exceptions.InvalidArgumentError(
+                "alltoall splits must be a tensor of 32-bit (or 64-bit) integers, not %s" % splits.dtype
+            )
+        if splits.dim() > 1:
+            raise exceptions.InvalidArgumentError(
+                "alltoall expects a 1D splits tensor, got shape %s" % (tuple(splits.shape),)
+            )
         return [int(s) for s in splits.reshape(-1).tolist()]
     return [int(s) for s in splits]
 
@@ -307,8 +319,8 @@ def grouped_reducescatter_async(
 
 def join(device=-1):
     """This rank has run out of data: until every rank has joined, it takes part
-    in the others' allreduce / allgather / broadcast calls with identity values
-    or no rows. Returns the rank that joined last. `device` is Horovod's
+    in the others' allreduce calls with identity values (other collectives fail
+    while a rank is joined, as in Horovod). Returns the rank that joined last. `device` is Horovod's
     argument (a GPU to run on); hvdlite's CPU path ignores it."""
     return ops.join()
 

@@ -223,6 +223,17 @@ void TestStallDetection() {
               Contains(rs[0].error, "ranks 1, 2 never submitted it") && Contains(rs[0].error, "'lonely'"),
           "rank " + std::to_string(r) + " gets the stall error naming the missing ranks");
   }
+  // Diverged ranks submit moments apart: both stalled tensors fail in one check
+  // (the second is past the warning time).
+  Harness d(2);
+  d.Submit(Allreduce("first", 0));
+  d.Advance(0.5);
+  d.Submit(Allreduce("second", 1));
+  d.Advance(d.cfg.STALL_SHUTDOWN_TIME_SECONDS - 0.4);
+  d.coord->CheckStalls();
+  out = d.Drain();
+  Check(out.size() == 2 && out[0].responses.size() == 2 && out[1].responses.size() == 2,
+        "stalled tensors fail together");
 }
 
 // Each message field means one thing: process set ops carry their own fields,

@@ -19,13 +19,17 @@ struct Batch {
   int64_t count[kCopyBatch];
 };
 
+// Horovod's rounding (its ScaleBufferCudaImpl): integers in double, truncated
+// toward zero; float32 in float with the factor rounded to float; float16 in
+// half with the factor rounded to half (through float); bfloat16 (which
+// Horovod does not scale on GPUs) in float; float64 in double.
 template <typename T>
-__device__ __forceinline__ T Scale(T x, double f) {  // integers: double, truncated toward zero
+__device__ __forceinline__ T Scale(T x, double f) {
   return static_cast<T>(static_cast<double>(x) * f);
 }
 template <>
 __device__ __forceinline__ float Scale<float>(float x, double f) {
-  return static_cast<float>(static_cast<double>(x) * f);
+  return x * static_cast<float>(f);
 }
 template <>
 __device__ __forceinline__ double Scale<double>(double x, double f) {
@@ -33,7 +37,9 @@ __device__ __forceinline__ double Scale<double>(double x, double f) {
 }
 template <>
 __device__ __forceinline__ __half Scale<__half>(__half x, double f) {
-  return __float2half_rn(__half2float(x) * static_cast<float>(f));
+  // The product of two halves is exact in float, so this is __hmul's result.
+  const float hf = __half2float(__float2half_rn(static_cast<float>(f)));
+  return __float2half_rn(__half2float(x) * hf);
 }
 template <>
 __device__ __forceinline__ __nv_bfloat16 Scale<__nv_bfloat16>(__nv_bfloat16 x, double f) {
@@ -82,6 +88,8 @@ size_t ElementSize(DataType dtype) {
     case DataType::kInt8:
     case DataType::kBool:
       return 1;
+    case DataType::kUInt16:
+    case DataType::kInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;
@@ -102,6 +110,10 @@ cudaError_t BatchedScaledCopy(const CopySpec* specs, int n, DataType dtype, doub
       return LaunchBatches<uint8_t>(specs, n, factor, stream);
     case DataType::kInt8:
       return LaunchBatches<int8_t>(specs, n, factor, stream);
+    case DataType::kUInt16:
+      return LaunchBatches<uint16_t>(specs, n, factor, stream);
+    case DataType::kInt16:
+      return LaunchBatches<int16_t>(specs, n, factor, stream);
     case DataType::kInt32:
       return LaunchBatches<int32_t>(specs, n, factor, stream);
     case DataType::kInt64:

@@ -63,6 +63,13 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
 int hvdlite_poll(int64_t handle);
 /* Waits up to timeout_s; returns the op's status, or 4 (Timeout) while it is still pending. */
 int hvdlite_wait(int64_t handle, double timeout_s, char* err, size_t err_len);
+/* The caller is about to block until every one of the n handles completes
+ * (synchronize()), and later is done: the deadlock detector learns which
+ * tensors each blocked rank waits for. Returns a token for hvdlite_wait_end
+ * (0 when not initialized or nothing is pending); a token of an ended runtime
+ * is ignored. Neither call blocks. */
+int64_t hvdlite_wait_begin(const int64_t* handles, int32_t n);
+void hvdlite_wait_end(int64_t token);
 /* Moves a completed op's output out and forgets the handle. */
 int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len);
 void hvdlite_release(int64_t handle);

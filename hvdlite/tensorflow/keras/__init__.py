@@ -20,9 +20,14 @@ from hvdlite.tensorflow import (
     barrier,
     broadcast,
     broadcast_object,
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
     global_process_set,
+    gloo_built,
+    gloo_enabled,
     init,
     is_initialized,
     join,
@@ -35,10 +40,11 @@ from hvdlite.tensorflow import (
     rank,
     reducescatter,
     remove_process_set,
+    rocm_built,
     shutdown,
     size,
     start_timeline,
     stop_timeline,
 )
-from hvdlite.tensorflow.keras import callbacks
+from hvdlite.tensorflow.keras import callbacks, elastic
 from hvdlite.tensorflow.keras_optimizer import DistributedOptimizer, load_model

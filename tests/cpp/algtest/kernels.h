@@ -237,6 +237,14 @@ inline void TestScalarCases() {
                  "int64 max+1");
   Check().Expect(ReduceOne<int64_t>(L64::min(), -1, DataType::kInt64, ReduceOp::kProduct) == L64::min(),
                  "int64 min*-1");
+  Check().Expect(ReduceOne<uint16_t>(65535, 65535, DataType::kUInt16, ReduceOp::kProduct) == 1,
+                 "uint16 65535*65535 (no int promotion overflow)");
+  Check().Expect(ReduceOne<uint16_t>(65535, 2, DataType::kUInt16, ReduceOp::kSum) == 1, "uint16 65535+2");
+  Check().Expect(ReduceOne<int16_t>(300, 300, DataType::kInt16, ReduceOp::kProduct) == 24464,
+                 "int16 300*300");
+  Check().Expect(ReduceOne<int16_t>(-5, 3, DataType::kInt16, ReduceOp::kMin) == -5, "int16 min is signed");
+  Check().Expect(ReduceOne<uint16_t>(60000, 3, DataType::kUInt16, ReduceOp::kMax) == 60000,
+                 "uint16 max is unsigned");
   Check().Expect(ReduceOne<int32_t>(-5, 3, DataType::kInt32, ReduceOp::kMin) == -5, "int32 min");
   Check().Expect(ReduceOne<int8_t>(-5, 3, DataType::kInt8, ReduceOp::kMax) == 3, "int8 max");
   Check().Expect(ReduceOne<uint8_t>(250, 3, DataType::kUInt8, ReduceOp::kMax) == 250,
@@ -267,6 +275,15 @@ inline void TestScalarCases() {
   float f32[2] = {1.0f, 3.0f};
   Check().ExpectOk(hvdlite::ScaleBuffer(f32, 2, DataType::kFloat32, 1.0 / 3.0), "ScaleBuffer f32");
   Check().Expect(f32[0] == static_cast<float>(1.0 / 3.0) && f32[1] == 1.0f, "f32 scale");
+  float f32b[1] = {9.0f};  // Horovod: float(0.1) * 9 in float = 0.90000004, not float(0.1 * 9) = 0.9
+  Check().ExpectOk(hvdlite::ScaleBuffer(f32b, 1, DataType::kFloat32, 0.1), "ScaleBuffer f32 0.1");
+  Check().Expect(f32b[0] == 0.1f * 9.0f && f32b[0] != 0.9f, "f32 scale rounds the factor to float first");
+  int16_t i16[2] = {-7, 30000};
+  Check().ExpectOk(hvdlite::ScaleBuffer(i16, 2, DataType::kInt16, 1.5), "ScaleBuffer int16");
+  Check().Expect(i16[0] == -10 && i16[1] == 32767, "int16 scale truncates and saturates");
+  uint16_t u16[1] = {65535};
+  Check().ExpectOk(hvdlite::ScaleBuffer(u16, 1, DataType::kUInt16, 0.5), "ScaleBuffer uint16");
+  Check().Expect(u16[0] == 32767, "uint16 scale");
   double f64[1] = {10.0};
   Check().ExpectOk(hvdlite::ScaleBuffer(f64, 1, DataType::kFloat64, 0.1), "ScaleBuffer f64");
   Check().Expect(f64[0] == 10.0 * 0.1, "f64 scale");

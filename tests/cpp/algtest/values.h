@@ -33,13 +33,17 @@ inline uint64_t IntInput(int rank, int64_t i) {
   return Mix(static_cast<uint64_t>(rank), static_cast<uint64_t>(i), 7);
 }
 
-// Signed (or, for uint8, non-negative) value of the integer element `bits`.
+// Signed (or, for uint8 and uint16, non-negative) value of the integer element `bits`.
 inline int64_t IntValue(DataType dt, uint64_t bits) {
   switch (dt) {
     case DataType::kUInt8:
       return static_cast<uint8_t>(bits);
     case DataType::kInt8:
       return static_cast<int8_t>(static_cast<uint8_t>(bits));
+    case DataType::kUInt16:
+      return static_cast<uint16_t>(bits);
+    case DataType::kInt16:
+      return static_cast<int16_t>(static_cast<uint16_t>(bits));
     case DataType::kInt32:
       return static_cast<int32_t>(static_cast<uint32_t>(bits));
     default:
@@ -55,6 +59,10 @@ inline void Put(DataType dt, void* buf, int64_t i, double fv, uint64_t iv) {
       break;
     case DataType::kInt8:
       static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(iv);
+      break;
+    case DataType::kUInt16:
+    case DataType::kInt16:
+      static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(iv);
       break;
     case DataType::kInt32:
       static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(iv);
@@ -129,9 +137,9 @@ inline std::vector<char> MakeReference(DataType dt, ReduceOp op, const std::vect
 }
 
 inline const std::vector<DataType>& ReducibleTypes() {
-  static const std::vector<DataType> v = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
-                                          DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16,
-                                          DataType::kFloat32, DataType::kFloat64};
+  static const std::vector<DataType> v = {
+      DataType::kUInt8, DataType::kInt8,    DataType::kUInt16,   DataType::kInt16,   DataType::kInt32,
+      DataType::kInt64, DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
   return v;
 }
 

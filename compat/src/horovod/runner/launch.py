@@ -6,9 +6,10 @@
 
 translate() maps the flags to (hvdliterun arguments, environment overrides): the tunables become
 the HVDLITE_* settings Horovod's HOROVOD_* variables stand for; hosts, ssh and NIC flags go to
-hvdliterun (which starts remote ranks over ssh), or with --mpi the hosts go to mpirun; flags for
-features hvdlite does not have in its launcher (elastic, jsrun, a config file) are refused with a
-message, and flags without effect here (hierarchical and torus modes, thread affinity,
+hvdliterun (which starts remote ranks over ssh), or with --mpi the hosts go to mpirun; the
+elastic flags (--min-np, --host-discovery-script, ...) go to hvdliterun's elastic driver with -H;
+flags for features hvdlite does not have in its launcher (jsrun, a config file) are refused with
+a message, and flags without effect here (hierarchical and torus modes, thread affinity,
 timestamps) are accepted with a note on stderr. run_commandline() is the console script's entry point.
 """
 
@@ -45,17 +46,20 @@ _NO_EFFECT = {
     "--no-timeline-mark-cycles": False,
 }
 
+# Horovod's elastic flags, passed to hvdliterun's elastic driver as they are:
+# (flags, dest, type, nargs).
+_ELASTIC = [
+    (("--min-np", "--min-num-proc"), "min_np", int, None),
+    (("--max-np", "--max-num-proc"), "max_np", int, None),
+    (("--slots-per-host",), "slots", int, None),
+    (("--elastic-timeout",), "elastic_timeout", int, None),
+    (("--reset-limit",), "reset_limit", int, None),
+    (("--blacklist-cooldown-range",), "cooldown_range", int, 2),
+    (("--host-discovery-script",), "host_discovery_script", str, None),
+]
+
 # Horovod features this launcher does not provide: flag -> why.
 _REFUSED = {
-    "--min-np": "elastic training",
-    "--min-num-proc": "elastic training",
-    "--max-np": "elastic training",
-    "--max-num-proc": "elastic training",
-    "--slots-per-host": "elastic training",
-    "--elastic-timeout": "elastic training",
-    "--reset-limit": "elastic training",
-    "--blacklist-cooldown-range": "elastic training",
-    "--host-discovery-script": "elastic training",
     "--jsrun": "the jsrun controller",
     "--config-file": "YAML config files",
 }
@@ -104,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
             dest="ignored_" + flag.lstrip("-").replace("-", "_"),
             action="append" if takes_value else "count",
         )
+    for flags, dest, kind, nargs in _ELASTIC:
+        p.add_argument(*flags, dest=dest, type=kind, nargs=nargs)
     for flag in _REFUSED:
         p.add_argument(flag, dest="refused_" + flag.lstrip("-").replace("-", "_"), nargs="?", const=True)
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -158,6 +164,9 @@ def translate(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]
         run_args += ["-np", str(args.np)]
 
     hosts = _parse_hosts(args.hosts, args.hostfile)
+    elastic = [flags[0] for flags, dest, _, _ in _ELASTIC if getattr(args, dest) is not None]
+    if elastic:
+        return _translate_elastic(args, run_args, hosts, notes)
     mpi_args = args.mpi_args
     if hosts and args.np is not None and args.np > sum(s for _, s in hosts):
         raise UsageError(
@@ -210,6 +219,28 @@ def translate(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]
         "LOG_LEVEL": args.log_level.lower() if args.log_level else None,
     }
     env.update({"HVDLITE_" + k: str(v) for k, v in settings.items() if v is not None})
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return run_args + command, env, notes
+
+
+def _translate_elastic(
+    args: argparse.Namespace, run_args: list[str], hosts: list[tuple[str, int]], notes: list[str]
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """Elastic mode: hvdliterun's elastic driver takes Horovod's flags and -H as they are (it
+    starts workers on local host names only: localhost, 127.x.y.z, this host's name)."""
+    if args.mpi:
+        raise UsageError(
+            "horovodrun: elastic training runs under hvdliterun's driver, not mpirun; drop --mpi"
+        )
+    for flags, dest, _, _ in _ELASTIC:
+        value = getattr(args, dest)
+        if value is not None:
+            run_args += [flags[0]] + [str(v) for v in (value if isinstance(value, list) else [value])]
+    if hosts:
+        run_args += ["-H", ",".join("%s:%d" % hs for hs in hosts)]
+    if args.verbose:
+        run_args.append("--verbose")
+    env = {"HVDLITE_START_TIMEOUT": str(args.start_timeout)} if args.start_timeout else {}
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     return run_args + command, env, notes
 

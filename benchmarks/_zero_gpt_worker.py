@@ -1,0 +1,152 @@
+"""One rank of zero_gpt.py: AdamW training steps of a ~100M-parameter GPT, timed, with the
+rank's peak RSS over the timed steps.
+
+    python _zero_gpt_worker.py --lib LIB --out DIR --mode MODE --steps S --idle-wait W
+
+MODE (LIB): ddp (hvdlite: DistributedOptimizer), zero1 / zero2 / zero3 (hvdlite:
+ZeroOptimizer), fsdp2 / fsdp2-keep (gloo: torch fully_shard per block and root, reshard after
+forward True / False), torch-zero (gloo: DistributedDataParallel + ZeroRedundancyOptimizer),
+ds1 / ds2 / ds3 (gloo job, DeepSpeed ZeRO stage n, fp32, DS_ACCELERATOR=cpu).
+Peak RSS: the kernel's high-water mark (VmHWM), reset after the warm-up steps
+(/proc/self/clear_refs), read after the timed ones. Writes DIR/rank<r>.json: {"rank", "size",
+"version", "params", "times", "peak_rss", "rss_before"}, rank 0's with "load".
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+from _collectives_worker import save_json  # noqa: E402
+from _comms import make_comm  # noqa: E402
+from _machine import Gate, timed_steps  # noqa: E402
+from pytorch_zero_gpt import GPT  # noqa: E402
+
+BATCH, CONTEXT, VOCAB = 4, 64, 16384
+WIDTH, LAYERS, HEADS = 768, 12, 12
+WARMUP = 1
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def make_model(tiny):
+    torch.manual_seed(0)
+    if tiny:  # a smoke run of the rows (zero_gpt.py --tiny)
+        return GPT(vocab=VOCAB, d=64, layers=2, heads=4, context=CONTEXT)
+    return GPT(vocab=VOCAB, d=WIDTH, layers=LAYERS, heads=HEADS, context=CONTEXT)
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
+
+
+def distribute(lib, mode, model):
+    """(callable model, optimizer, step hook or None) for this mode."""
+    if lib == "hvdlite":
+        import hvdlite.torch as hvd
+
+        if mode == "ddp":
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            return model, hvd.DistributedOptimizer(
+                _adamw(model.parameters()), named_parameters=model.named_parameters()
+            )
+        return model, hvd.ZeroOptimizer(_adamw(model.parameters()), model, stage=int(mode[-1]))
+    if mode.startswith("fsdp2"):
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block, reshard_after_forward=mode == "fsdp2")
+        fully_shard(model, reshard_after_forward=mode == "fsdp2")
+        return model, _adamw(model.parameters())
+    if mode == "torch-zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        return ddp, ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, weight_decay=0.01
+        )
+    import deepspeed  # mode ds1 / ds2 / ds3
+
+    os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))  # one host; DeepSpeed asks
+
+    config = {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "zero_optimization": {"stage": int(mode[-1])},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
+    }
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine, opt
+
+
+def measure(comm, args):
+    gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
+    model = make_model(args.tiny)
+    params = sum(p.numel() for p in model.parameters())
+    forward, opt = distribute(args.lib, args.mode, model)
+    gen = torch.Generator().manual_seed(comm.rank)
+    x = torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=gen)
+    y = torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=gen)
+    deepspeed_engine = args.mode.startswith("ds")
+
+    def step():
+        loss = F.cross_entropy(forward(x).flatten(0, 1), y.flatten())
+        if deepspeed_engine:
+            forward.backward(loss)
+            forward.step()
+            return
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(WARMUP):
+        comm.barrier()
+        step()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    rss_before = _status_kib("VmRSS")
+    times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=0)
+    doc = {
+        "rank": comm.rank,
+        "size": comm.size,
+        "version": comm.version,
+        "times": times,
+        "params": params,
+        "peak_rss": _status_kib("VmHWM"),
+        "rss_before": rss_before,
+    }
+    if deepspeed_engine:
+        import deepspeed
+
+        doc["version"] += "; deepspeed " + deepspeed.__version__
+    if load:
+        doc["load"] = load
+    return doc
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name in ("--lib", "--out", "--mode"):
+        p.add_argument(name, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--idle-wait", type=float, required=True)
+    p.add_argument("--tiny", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    comm = make_comm(args.lib)
+    save_json(os.path.join(args.out, "rank%d.json" % comm.rank), measure(comm, args))
+    comm.barrier()
+    comm.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

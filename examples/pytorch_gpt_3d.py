@@ -1,0 +1,171 @@
+"""A small GPT trained with data, tensor and pipeline parallelism at once (hvd.Mesh).
+
+    hvdliterun -np 4 python examples/pytorch_gpt_3d.py                 # pp=2 x tp=2
+    hvdliterun -np 8 python examples/pytorch_gpt_3d.py --dp 2          # dp=2 x pp=2 x tp=2
+    hvdliterun -np 4 python examples/pytorch_gpt_3d.py --pp 1 --tp 2   # dp=2 x tp=2
+
+The corpus is the Python standard library's own source (bytes of its .py files, so the
+vocabulary is the 256 byte values); the model predicts the next byte. Every rank builds the
+same dense model from one seed and keeps its part of it:
+
+  - pipeline (pp): the blocks are cut into pp stages, the first with the embeddings and the
+    last with the head; Schedule1F1B runs --microbatches microbatches per step;
+  - tensor (tp): attention heads and MLP columns are split (ColumnParallelLinear for the qkv
+    and first MLP layer, RowParallelLinear after), the byte embedding and the head are
+    vocabulary-parallel, and the loss is vocab_parallel_cross_entropy;
+  - data (dp, whatever is left): each dp replica draws its own batch; gradients are averaged
+    over the dp axis after every step.
+
+Rank 0 prints the mesh and a progress bar with the loss (the mean over dp replicas of the
+last pipeline stage's loss).
+"""
+
+import argparse
+import glob
+import os
+import sysconfig
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+import hvdlite.torch as hvd
+
+
+def load_corpus(max_bytes):
+    """The standard library's .py files, concatenated in name order, as a uint8 tensor."""
+    root = sysconfig.get_paths()["stdlib"]
+    data, total = [], 0
+    for path in sorted(glob.glob(os.path.join(root, "*.py"))):
+        with open(path, "rb") as f:
+            data.append(f.read())
+        total += len(data[-1])
+        if total >= max_bytes:
+            break
+    return torch.frombuffer(bytearray(b"".join(data)[:max_bytes]), dtype=torch.uint8).long()
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; heads laid out [head, (q, k, v), head_dim] in the qkv rows
+    so that a column split over tp keeps whole heads together."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        qkv = self.qkv(self.ln1(x))
+        local_heads = qkv.shape[-1] // (3 * self.hd)  # heads / tp under tensor parallelism
+        q, k, v = qkv.view(b, s, local_heads, 3, self.hd).permute(3, 0, 2, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, local_heads * self.hd))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    def to_tensor_parallel(self, tp):
+        P = hvd.parallel
+        self.qkv = P.ColumnParallelLinear.from_dense(self.qkv, process_set=tp)
+        self.proj = P.RowParallelLinear.from_dense(self.proj, process_set=tp)
+        self.fc1 = P.ColumnParallelLinear.from_dense(self.fc1, process_set=tp)
+        self.fc2 = P.RowParallelLinear.from_dense(self.fc2, process_set=tp)
+        return self
+
+
+class Stage(nn.Module):
+    """Blocks [first, last) of the GPT; the first stage embeds, the last one has the head
+    (vocabulary-parallel logits)."""
+
+    def __init__(self, args, first, last, n_layers, tp):
+        super().__init__()
+        torch.manual_seed(0)  # every rank builds the same dense model, then keeps its part
+        dense_tok, dense_pos = nn.Embedding(256, args.width), nn.Embedding(args.seq, args.width)
+        blocks = [Block(args.width, args.heads) for _ in range(n_layers)]
+        dense_head, ln_f = nn.Linear(args.width, 256, bias=False), nn.LayerNorm(args.width)
+        P = hvd.parallel
+        self.embed = first == 0
+        if self.embed:
+            self.tok = P.VocabParallelEmbedding.from_dense(dense_tok, process_set=tp)
+            self.pos = dense_pos
+        self.blocks = nn.ModuleList(b.to_tensor_parallel(tp) for b in blocks[first:last])
+        self.head = self.ln_f = None
+        if last == n_layers:
+            self.head, self.ln_f = P.ColumnParallelLinear.from_dense(dense_head, process_set=tp), ln_f
+
+    def forward(self, x):
+        if self.embed:
+            x = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x)) if self.head is not None and self.ln_f is not None else x
+
+
+def batch(corpus, args, step, dp_rank):
+    """(inputs, next-byte targets) of dp replica dp_rank at `step`: the same on every rank of
+    the replica (its pipeline and tensor-parallel members), different across replicas."""
+    g = torch.Generator().manual_seed(step * 1000 + dp_rank)
+    starts = torch.randint(0, len(corpus) - args.seq - 1, (args.batch,), generator=g)
+    rows = torch.stack([corpus[s : s + args.seq + 1] for s in starts.tolist()])
+    return rows[:, :-1], rows[:, 1:]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--dp", type=int, default=-1)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16, help="sequences per dp replica and step")
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--corpus-bytes", type=int, default=2_000_000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    mesh = hvd.Mesh(pp=args.pp, dp=args.dp, tp=args.tp)
+    if hvd.rank() == 0:
+        print(mesh.describe(), flush=True)
+    tp, dp, pp = mesh.process_set("tp"), mesh.process_set("dp"), mesh.process_set("pp")
+    n_pp, me = mesh.size("pp"), mesh.rank("pp")
+    per_stage = -(-args.layers // n_pp)
+    stage = Stage(args, me * per_stage, min(args.layers, (me + 1) * per_stage), args.layers, tp)
+    opt = torch.optim.AdamW(stage.parameters(), lr=args.lr)
+
+    def loss_fn(logits, target):
+        return hvd.parallel.vocab_parallel_cross_entropy(
+            logits.flatten(0, 1), target.flatten(), process_set=tp
+        )
+
+    sched = hvd.parallel.Schedule1F1B(
+        hvd.parallel.PipelineStage(stage, me, n_pp, process_set=pp), args.microbatches, loss_fn=loss_fn
+    )
+    corpus = load_corpus(args.corpus_bytes)
+    last_stage = me == n_pp - 1
+    bar = tqdm(range(args.steps), disable=hvd.rank() != 0, mininterval=0.5)
+    first_loss = None
+    for step in bar:
+        x, y = batch(corpus, args, step, mesh.rank("dp"))
+        losses: list = []
+        opt.zero_grad()
+        sched.step(x, target=y, losses=losses)
+        grads = [p.grad for p in stage.parameters()]
+        hvd.grouped_allreduce_(grads, op=hvd.Average, name="dp.grads", process_set=dp)
+        opt.step()
+        mine = torch.stack(losses).mean() if last_stage else torch.zeros(())
+        loss = hvd.allreduce(mine, op=hvd.Sum, name="loss").item() / (mesh.size() // n_pp)
+        first_loss = loss if first_loss is None else first_loss
+        bar.set_postfix(loss="%.3f" % loss)
+    if hvd.rank() == 0:
+        print("loss %.3f -> %.3f after %d steps on %s" % (first_loss, loss, args.steps, mesh), flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

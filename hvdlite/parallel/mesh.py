@@ -1,0 +1,240 @@
+"""A device mesh over the job's ranks: pipeline (pp), data (dp), expert (ep) and tensor (tp)
+parallel axes, framework-neutral.
+
+Rank layout: tp is the innermost axis (consecutive ranks, so on one host when ranks are
+placed host by host), then ep, then dp, and pp outermost::
+
+    rank = ((pp_index * dp + dp_index) * ep + ep_index) * tp + tp_index
+
+``MeshLayout`` is the pure arithmetic (no runtime needed); ``Mesh`` also registers, at
+construction, one process set for every group of every axis and of every combination of
+axes, plus one two-rank set per pair of adjacent pipeline stages (the pipeline's transfer
+channels). Construction is collective: every rank must build the same Mesh at the same
+point of its program, because hvd.add_process_set is.
+"""
+
+import collections
+import itertools
+import math
+
+from hvdlite.common import exceptions
+from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from hvdlite.common.topology import rank as _world_rank
+from hvdlite.common.topology import size as _world_size
+
+AXES = ("pp", "dp", "ep", "tp")  # outermost first
+
+MeshCoords = collections.namedtuple("MeshCoords", ["pp", "dp", "ep", "tp"])
+
+
+def _axes_of(axis):
+    """A canonical (outermost-first) tuple of axis names from a name or a sequence of names."""
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
+    unknown = [a for a in names if a not in AXES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise exceptions.InvalidArgumentError(
+            "mesh axis %r: give one of %s, or a tuple of distinct ones" % (axis, ", ".join(AXES))
+        )
+    return tuple(a for a in AXES if a in names)
+
+
+class MeshLayout:
+    """The arithmetic of a pp x dp x ep x tp mesh over `world_size` ranks. Pure Python:
+    it needs no runtime, so a layout can be planned (and tested) for any size."""
+
+    def __init__(self, world_size, pp=1, dp=-1, ep=1, tp=1):
+        sizes = {"pp": pp, "dp": dp, "ep": ep, "tp": tp}
+        bad = {a: s for a, s in sizes.items() if not isinstance(s, int) or (s < 1 and s != -1)}
+        free = [a for a, s in sizes.items() if s == -1]
+        if bad or len(free) > 1:
+            raise exceptions.InvalidArgumentError(
+                "mesh sizes must be positive ints with at most one -1 (the remainder); got %s"
+                % ", ".join("%s=%r" % kv for kv in sizes.items())
+            )
+        fixed = math.prod(s for s in sizes.values() if s != -1)
+        if free:
+            if world_size % fixed:
+                raise exceptions.InvalidArgumentError(
+                    "mesh %s: %d ranks are not divisible by %d, so %s=-1 has no whole size"
+                    % (_sizes_text(sizes), world_size, fixed, free[0])
+                )
+            sizes[free[0]] = world_size // fixed
+        if math.prod(sizes.values()) != world_size:
+            raise exceptions.InvalidArgumentError(
+                "mesh %s has %d ranks but the job has %d; make the product equal the job size "
+                "or give one axis -1" % (_sizes_text(sizes), math.prod(sizes.values()), world_size)
+            )
+        self.world_size = world_size
+        self.sizes = sizes
+
+    def coords_of(self, rank):
+        """MeshCoords of a global rank."""
+        out = {}
+        for axis in reversed(AXES):
+            out[axis] = rank % self.sizes[axis]
+            rank //= self.sizes[axis]
+        return MeshCoords(**out)
+
+    def rank_of(self, **coords):
+        """The global rank at the given coordinates (missing axes: 0)."""
+        r = 0
+        for axis in AXES:
+            r = r * self.sizes[axis] + int(coords.get(axis, 0))
+        return r
+
+    def groups(self, axis):
+        """Every group of `axis` (a name or a tuple of names) as a list of ascending rank lists,
+        in the order of their smallest rank. Ranks of one group differ only along `axis`."""
+        axes = _axes_of(axis)
+        by_key: dict[tuple[int, ...], list[int]] = {}
+        for r in range(self.world_size):
+            c = self.coords_of(r)
+            key = tuple(getattr(c, a) for a in AXES if a not in axes)
+            by_key.setdefault(key, []).append(r)
+        return sorted(by_key.values())
+
+    def group_of(self, axis, rank):
+        """The ranks of `rank`'s group along `axis`."""
+        axes = _axes_of(axis)
+        c = self.coords_of(rank)
+        fixed = {a: getattr(c, a) for a in AXES if a not in axes}
+        ranges = [range(self.sizes[a]) if a in axes else (fixed[a],) for a in AXES]
+        return sorted(self.rank_of(**dict(zip(AXES, idx))) for idx in itertools.product(*ranges))
+
+    def pipeline_pairs(self):
+        """The two-rank groups of adjacent pipeline stages (stage k and k+1 of every pp group,
+        and the last with the first, which interleaved schedules use), ascending, distinct."""
+        pairs = set()
+        pp = self.sizes["pp"]
+        if pp < 2:
+            return []
+        for group in self.groups("pp"):
+            for k in range(pp):
+                pairs.add(tuple(sorted((group[k], group[(k + 1) % pp]))))
+        return sorted(pairs)
+
+    def all_groups(self):
+        """Every distinct rank group of every non-empty combination of axes, then the pipeline
+        pairs: the order in which Mesh registers them (the same on every rank)."""
+        seen, out = set(), []
+        for n in range(1, len(AXES) + 1):
+            for axes in itertools.combinations(AXES, n):
+                for g in self.groups(axes):
+                    if tuple(g) not in seen:
+                        seen.add(tuple(g))
+                        out.append(g)
+        for g in self.pipeline_pairs():
+            if tuple(g) not in seen:
+                seen.add(tuple(g))
+                out.append(list(g))
+        return out
+
+    def describe(self):
+        """A multi-line text: sizes, and every group of every axis."""
+        lines = [
+            "mesh %s over %d ranks (tp innermost, pp outermost)" % (_sizes_text(self.sizes), self.world_size)
+        ]
+        for axis in AXES:
+            groups = self.groups(axis)
+            lines.append("  %-2s size %-3d groups %s" % (axis, self.sizes[axis], _groups_text(groups)))
+        return "\n".join(lines)
+
+
+def _sizes_text(sizes):
+    return "(%s)" % ", ".join("%s=%s" % (a, sizes[a]) for a in AXES)
+
+
+def _groups_text(groups, limit=8):
+    text = " ".join("[%s]" % ",".join(map(str, g)) for g in groups[:limit])
+    return text + (" ... (%d groups)" % len(groups) if len(groups) > limit else "")
+
+
+# Two-rank pipeline channels registered by every Mesh, by (low rank, high rank): how a
+# pipeline stage finds the set it shares with its neighbour. Filled and emptied collectively.
+_PAIR_SETS: dict[tuple[int, int], ProcessSet] = {}
+
+
+def pair_process_set(a, b):
+    """The registered two-rank process set of ranks a and b (adjacent pipeline stages)."""
+    key = (min(a, b), max(a, b))
+    ps = _PAIR_SETS.get(key)
+    if ps is None or ps.process_set_id is None:
+        raise exceptions.PreconditionError(
+            "no pipeline channel between ranks %d and %d: build the pipeline's ranks with "
+            "hvd.Mesh(pp=...) (collectively, on every rank) before creating pipeline stages" % key
+        )
+    return ps
+
+
+class Mesh:
+    """hvd.Mesh(pp=1, dp=-1, ep=1, tp=1): this job's ranks as a 4-axis mesh (-1: whatever
+    is left). Collective: every rank must construct it with the same sizes, in the same
+    order relative to its other collectives; all process sets are registered here, once."""
+
+    def __init__(self, pp=1, dp=-1, ep=1, tp=1):
+        self.layout = MeshLayout(_world_size(), pp=pp, dp=dp, ep=ep, tp=tp)
+        self._rank = _world_rank()
+        self.coords = self.layout.coords_of(self._rank)
+        self._sets: dict[tuple[int, ...], ProcessSet] = {}
+        world = tuple(range(self.layout.world_size))
+        for group in self.layout.all_groups():
+            key = tuple(group)
+            self._sets[key] = global_process_set if key == world else add_process_set(list(group))
+        for a, b in self.layout.pipeline_pairs():
+            _PAIR_SETS[(a, b)] = self._sets[(a, b)]
+
+    @property
+    def sizes(self):
+        """{axis: size} for pp, dp, ep, tp."""
+        return dict(self.layout.sizes)
+
+    def size(self, axis=None):
+        """Members along `axis` (a name or tuple of names); the job size without one."""
+        if axis is None:
+            return self.layout.world_size
+        return math.prod(self.layout.sizes[a] for a in _axes_of(axis))
+
+    def rank(self, axis=None):
+        """This rank's index along `axis` (for a tuple of axes: its index in that combined
+        group, outer axes major); its global rank without one."""
+        if axis is None:
+            return self._rank
+        return self.layout.group_of(axis, self._rank).index(self._rank)
+
+    def ranks(self, axis):
+        """The global ranks of this rank's group along `axis`, ascending."""
+        return self.layout.group_of(axis, self._rank)
+
+    def process_set(self, axis):
+        """The registered process set of this rank's group along `axis` (a name, or a tuple
+        of names such as ("dp", "ep")); the global set when the group is every rank."""
+        return self._sets[tuple(self.ranks(axis))]
+
+    def pipeline_peer(self, offset):
+        """The global rank of the pipeline stage `offset` stages after this one (wrapping)."""
+        group = self.ranks("pp")
+        return group[(self.coords.pp + offset) % len(group)]
+
+    def describe(self):
+        """The layout (every group of every axis) and this rank's coordinates."""
+        return "%s\n  this rank %d at %s" % (self.layout.describe(), self._rank, _coords_text(self.coords))
+
+    def __repr__(self):
+        return "Mesh%s(rank=%d at %s)" % (
+            _sizes_text(self.layout.sizes),
+            self._rank,
+            _coords_text(self.coords),
+        )
+
+    def remove(self):
+        """Unregisters every process set of the mesh (collective, like construction)."""
+        for key, ps in self._sets.items():
+            if ps is not global_process_set and ps.process_set_id is not None:
+                remove_process_set(ps)
+            if len(key) == 2 and _PAIR_SETS.get(key) is ps:
+                del _PAIR_SETS[key]
+        self._sets.clear()
+
+
+def _coords_text(coords):
+    return "(%s)" % ", ".join("%s=%d" % (a, getattr(coords, a)) for a in AXES)

@@ -1,0 +1,426 @@
+"""The elastic driver of `hvdliterun --min-np/--max-np/--host-discovery-script`: starts workers
+on the discovered hosts, and when workers die or hosts come and go, publishes the next
+*generation* of the job for the survivors (and new workers) to re-form into in-process.
+
+Contract of ElasticDriver.run():
+  - hosts its own TCP store (the job secret admits workers) and, per generation, a fresh
+    rendezvous store with a fresh secret; the records it writes are described in
+    hvdlite/elastic/worker.py;
+  - a worker exiting non-zero blacklists its host (hvdlite/runner/elastic_discovery.py); its
+    host's other workers are told to leave; the survivors (older hosts first, so they keep the
+    lowest ranks) plus new workers on free slots, up to --max-np, form the next generation;
+  - a discovery change that changes the assignment forms the next generation too (the workers
+    learn it at their next commit());
+  - workers that ask for a new generation (key "reset/<g>") with no worker exit get one with the
+    same workers after REQUEST_GRACE_S (a stall timeout raises HorovodInternalError everywhere);
+  - below --min-np it waits up to --elastic-timeout for hosts, then ends the job; every
+    re-formation counts against --reset-limit;
+  - returns 0 when the workers of the last generation all exit 0; otherwise non-zero with
+    Horovod's launcher message. Workers started only on local hosts (localhost, 127.x, this
+    host's name), each named host[slot]; output lines are prefixed [host[slot]]<stdout>:.
+"""
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from hvdlite.elastic.store import StoreClient
+from hvdlite.runner import elastic_discovery, job
+
+STORE_HOST = "127.0.0.1"  # local hosts only: the stores listen on loopback
+DISCOVERY_INTERVAL_S = 1.0
+FAILURE_BATCH_S = 0.1  # exits this close together form one new generation
+LEAVE_GRACE_S = 30.0  # a worker told to leave is killed after this long
+END_GRACE_S = 15.0  # after the job ended, how long workers may take to exit before SIGKILL
+_TICK_S = 0.2
+REQUEST_GRACE_S = 0.5  # a reset request with no worker exit re-forms the same workers after this
+
+NONZERO_MESSAGE = (
+    "Horovod detected that one or more processes exited with non-zero "
+    "status, thus causing the job to be terminated. The first process "
+    "to do so was:\nProcess name: {name}\nExit code: {code}\n"
+)
+RESET_LIMIT_EXCEEDED_MESSAGE = (
+    "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
+)
+NO_SURVIVOR_MESSAGE = "No hosts from previous set remaining, unable to broadcast state."
+MIN_SLOTS_TIMEOUT_MESSAGE = (
+    "Timed out waiting for minimum number of slots to become available. Please check that you "
+    "have enough resources to run at least {} Horovod processes."
+)
+
+
+def is_local_host(host):
+    return host == "localhost" or host.startswith("127.") or host in (socket.gethostname(), socket.getfqdn())
+
+
+class _Worker:
+    def __init__(self, wid, host, slot):
+        self.id, self.host, self.slot = wid, host, slot
+        self.proc = None
+        self.code = None  # exit status once reaped
+        self.leave_by = None  # set when told to leave: kill after this time
+
+    @property
+    def alive(self):
+        return self.code is None
+
+
+class ElasticDriver:
+    def __init__(
+        self,
+        command,
+        np,
+        min_np,
+        max_np,
+        hosts,
+        elastic_timeout=600.0,
+        reset_limit=None,
+        base_env=None,
+        verbose=False,
+    ):
+        self.command = list(command)
+        self.np, self.min_np, self.max_np = np, min_np, max_np
+        self.hosts = hosts  # elastic_discovery.HostManager
+        self.elastic_timeout = elastic_timeout
+        self.reset_limit = reset_limit
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.verbose = verbose
+        self.secret = os.urandom(32)
+        self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._out, self._err = job._Sink(sys.stdout), job._Sink(sys.stderr)
+        self.workers = {}  # id -> _Worker, every worker ever started
+        self.current = []  # ids of the current generation, in rank order
+        self.gen = 0
+        self.resets = 0
+        self._spawned = {}  # (host, slot) -> how many workers were started there
+        self._stores = []  # the rendezvous servers of the last generations
+        self._readers = []  # output reader threads, joined (bounded) before run() returns
+        self._stop = threading.Event()
+        self.first_failure: tuple[str, int] | None = None  # (name, code)
+        self._request_seen: float | None = None  # when a reset request for self.gen was first seen
+
+    def log(self, msg):
+        self._err.write(("hvdliterun: %s\n" % msg).encode())
+
+    # -- stores and generations --------------------------------------------------------------
+    def _publish(self, assignment, end=None):
+        """Writes generation gen+1: assignment = [(worker id, host)] in rank order."""
+        self.gen += 1
+        secret = os.urandom(32)
+        server = None
+        if end is None and len(assignment) > 1:
+            from hvdlite import _core
+
+            server = _core.TcpStoreServer(STORE_HOST, 0, secret, clients=len(assignment))
+        # A superseded generation's store goes at once: a worker still forming that generation
+        # fails fast and joins the newest one (hvdlite/elastic/worker.py). Formed generations no
+        # longer need their store, except for a first CUDA tensor's NCCL setup (that then fails
+        # with HorovodInternalError: rolled back to the last commit, like any failure).
+        while self._stores:
+            self._stores.pop().stop()
+        if server is not None:
+            self._stores.append(server)
+        record = {
+            "gen": self.gen,
+            "store_addr": "%s:%d" % (STORE_HOST, server.port) if server else "",
+            "secret": secret.hex(),
+            "workers": {
+                wid: {"rank": r, "size": len(assignment), "hostname": host}
+                for r, (wid, host) in enumerate(assignment)
+            },
+            "end": end,
+        }
+        for wid, _ in assignment:
+            if wid not in self.workers or self.workers[wid].proc is None:
+                self.client.set("worker/" + wid, str(self.gen))
+        self.client.set("gen/%d" % self.gen, json.dumps(record))
+        self.client.set("latest", str(self.gen))
+        return record
+
+    # -- workers -----------------------------------------------------------------------------
+    def _spawn(self, w, record):
+        me = record["workers"][w.id]
+        env = dict(self.base_env)
+        for name in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+            env.pop("HVDLITE_" + name, None)
+        env.update(
+            {
+                "HVDLITE_RANK": str(me["rank"]),
+                "HVDLITE_SIZE": str(me["size"]),
+                "HVDLITE_HOSTNAME": w.host,
+                "HVDLITE_STORE_ADDR": record["store_addr"],
+                "HVDLITE_SECRET": record["secret"],
+                "HVDLITE_ELASTIC_STORE_ADDR": "%s:%d" % (STORE_HOST, self.server.port),
+                "HVDLITE_ELASTIC_SECRET": self.secret.hex(),
+                "HVDLITE_ELASTIC_WORKER_ID": w.id,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if self.verbose:
+            self.log(
+                "starting %s as rank %d of %d (generation %d)" % (w.id, me["rank"], me["size"], record["gen"])
+            )
+        w.proc = subprocess.Popen(
+            self.command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        for pipe, name, sink in ((w.proc.stdout, "stdout", self._out), (w.proc.stderr, "stderr", self._err)):
+            prefix = ("[%s]<%s>:" % (w.id, name)).encode()
+            reader = threading.Thread(target=job._pump, args=(pipe, prefix, sink), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+        threading.Thread(target=self._reap, args=(w,), daemon=True).start()
+
+    def _reap(self, w):
+        self._events.put(("exit", w, w.proc.wait()))
+
+    def _signal(self, w, signum):
+        if w.proc is not None and w.alive:
+            try:
+                os.killpg(w.proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # -- assignment --------------------------------------------------------------------------
+    def _assign(self):
+        """The next generation's [(worker id, host)] in rank order, or None below min-np.
+        Live workers of the current generation keep their (host, slot); free slots of usable
+        hosts get new workers, up to max-np."""
+        live = {
+            (w.host, w.slot): w
+            for w in (self.workers[i] for i in self.current)
+            if w.alive and w.leave_by is None
+        }
+        out: list[_Worker] = []
+        for host, slots in self.hosts.usable():
+            for slot in range(slots):
+                if self.max_np is not None and len(out) >= self.max_np:
+                    break
+                w = live.get((host, slot))
+                if w is None:
+                    k = self._spawned.get((host, slot), 0)
+                    wid = "%s[%d]" % (host, slot) + (".%d" % k if k else "")
+                    w = _Worker(wid, host, slot)
+                out.append(w)
+        if len(out) < self.min_np:
+            return None
+        # Survivors first (in host order), new workers after them: the new rank 0, which every
+        # rank syncs its state from, is always a worker that has the state.
+        return [w for w in out if w.proc is not None] + [w for w in out if w.proc is None]
+
+    def _form(self, chosen):
+        """Publishes the generation of `chosen` workers, tells the dropped ones to leave and
+        starts the new ones."""
+        for wid in self.current:
+            w = self.workers[wid]
+            if w.alive and w not in chosen and w.leave_by is None:
+                w.leave_by = time.monotonic() + LEAVE_GRACE_S
+        record = self._publish([(w.id, w.host) for w in chosen])
+        for w in chosen:
+            if w.id not in self.workers:
+                self.workers[w.id] = w
+                self._spawned[(w.host, w.slot)] = self._spawned.get((w.host, w.slot), 0) + 1
+                self._spawn(w, record)
+        self.current = [w.id for w in chosen]
+        self.log("generation %d: %d worker(s): %s" % (self.gen, len(chosen), ", ".join(w.id for w in chosen)))
+
+    # -- discovery ---------------------------------------------------------------------------
+    def _discover(self):
+        while not self._stop.wait(DISCOVERY_INTERVAL_S):
+            try:
+                self._events.put(("hosts", self.hosts.discovery.find()))
+            except elastic_discovery.DiscoveryError as e:
+                self.log("%s (will retry)" % e)
+
+    # -- main loop ---------------------------------------------------------------------------
+    def run(self):
+        from hvdlite import _core
+
+        found = self.hosts.discovery.find()  # a failure here is fatal
+        self.hosts.apply(found)
+        remote = [h for h in found if not is_local_host(h)]
+        if remote:
+            self.log(
+                "elastic mode starts workers on local hosts only; cannot start on %s" % ", ".join(remote)
+            )
+            return 2
+        self.server = _core.TcpStoreServer(STORE_HOST, 0, self.secret)
+        self.client = StoreClient("%s:%d" % (STORE_HOST, self.server.port), self.secret)
+        threading.Thread(target=self._discover, daemon=True).start()
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                previous[s] = signal.signal(s, self._on_signal)
+        try:
+            return self._loop()
+        finally:
+            self._stop.set()
+            for s, h in previous.items():
+                signal.signal(s, h)
+            for w in self.workers.values():
+                self._signal(w, signal.SIGKILL)
+            deadline = time.monotonic() + job.READER_JOIN_S
+            for reader in self._readers:
+                reader.join(max(0.0, deadline - time.monotonic()))
+            self.client.close()
+            for server in self._stores:
+                server.stop()
+            self.server.stop()
+
+    def _on_signal(self, signum, frame):
+        self._events.put(("signal", signum))
+
+    def _loop(self):
+        need = self.np
+        wait_since = time.monotonic()
+        pending_change = True  # the first generation
+        finishing = False
+        while True:
+            if pending_change and not finishing:
+                chosen = self._assign()
+                if chosen is not None and self.current and chosen[0].proc is None:
+                    return self._end(NO_SURVIVOR_MESSAGE)
+                if chosen is not None and (self.current or len(chosen) >= need):
+                    if self.current and self.reset_limit is not None and self.resets >= self.reset_limit:
+                        return self._end(RESET_LIMIT_EXCEEDED_MESSAGE.format(self.reset_limit))
+                    if self.current:
+                        self.resets += 1
+                    self._form(chosen)
+                    pending_change = False
+                    need = self.min_np
+                elif time.monotonic() - wait_since > self.elastic_timeout:
+                    return self._end(MIN_SLOTS_TIMEOUT_MESSAGE.format(need))
+            self._kill_overdue_leavers()
+            if not pending_change and not finishing and self._reset_requested():
+                pending_change, wait_since = True, time.monotonic()
+            if not any(self.workers[i].alive for i in self.current) and (finishing or not self._survivors()):
+                return self._result()
+            try:
+                event = self._events.get(timeout=_TICK_S)
+            except queue.Empty:
+                continue
+            batch = [event]
+            deadline = time.monotonic() + FAILURE_BATCH_S
+            while True:
+                try:
+                    batch.append(self._events.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            for ev in batch:
+                kind = ev[0]
+                if kind == "signal":
+                    self.log("got %s: stopping every worker" % signal.Signals(ev[1]).name)
+                    for w in self.workers.values():
+                        self._signal(w, signal.SIGTERM)
+                    self._wait_exit(END_GRACE_S)
+                    return 128 + ev[1]
+                if kind == "hosts":
+                    if self.hosts.apply(ev[1]) and self.current:
+                        chosen = self._assign()
+                        if chosen is None or [w.id for w in chosen] != self.current:
+                            pending_change, wait_since = True, time.monotonic()
+                    continue
+                _, w, code = ev
+                w.code = code
+                if w.leave_by is not None or w.id not in self.current:
+                    continue  # told to leave: any exit is fine
+                if code == 0:
+                    finishing = True  # the training loop is done: no more re-forming
+                    continue
+                if self.first_failure is None:
+                    self.first_failure = (w.id, code)
+                self.log("%s %s; blacklisting host %s" % (w.id, job.describe_exit(code), w.host))
+                self.hosts.blacklist(w.host)
+                if not finishing:
+                    pending_change, wait_since = True, time.monotonic()
+            if pending_change and not finishing and not self._survivors():
+                return self._fail()
+
+    def _reset_requested(self):
+        """True once the workers of the current generation have asked for a new one (they do
+        after any HorovodInternalError: a stall timeout, say, where no process exits) and
+        REQUEST_GRACE_S has passed without an exit explaining it (an exit re-forms anyway)."""
+        if self.client.try_get("reset/%d" % self.gen) is None:
+            self._request_seen = None
+            return False
+        now = time.monotonic()
+        if self._request_seen is None:
+            self._request_seen = now
+        return now - self._request_seen >= REQUEST_GRACE_S
+
+    def _survivors(self):
+        return [
+            i
+            for i in self.current
+            if self.workers[i].alive
+            and self.workers[i].leave_by is None
+            and not self.hosts.is_blacklisted(self.workers[i].host)
+        ]
+
+    def _kill_overdue_leavers(self):
+        now = time.monotonic()
+        for w in self.workers.values():
+            if w.alive and w.leave_by is not None and now > w.leave_by:
+                self.log("%s did not leave within %.0f s: killing it" % (w.id, LEAVE_GRACE_S))
+                self._signal(w, signal.SIGKILL)
+                w.leave_by = float("inf")
+
+    def _wait_exit(self, grace):
+        deadline = time.monotonic() + grace
+        while any(w.alive and w.proc is not None for w in self.workers.values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for w in self.workers.values():
+                    self._signal(w, signal.SIGKILL)
+                left = 5.0
+                deadline = time.monotonic() + left
+                grace = -1
+            try:
+                ev = self._events.get(timeout=min(left, _TICK_S))
+            except queue.Empty:
+                if grace < 0 and time.monotonic() >= deadline:
+                    return
+                continue
+            if ev[0] == "exit":
+                ev[1].code = ev[2]
+
+    def _end(self, message):
+        """Ends the job: workers waiting for a generation get `message` raised; exits non-zero."""
+        self._publish([], end=message)
+        self._wait_exit(END_GRACE_S)
+        self.log(message)
+        return 1
+
+    def _fail(self):
+        """No worker of the current generation can go on: ends the job with the first failure."""
+        name, code = self.first_failure or ("?", 1)
+        message = NONZERO_MESSAGE.format(name=name, code=code).rstrip()
+        self._publish([], end=message)
+        self._wait_exit(END_GRACE_S)
+        self.log(message)
+        return code if 0 < code < 256 else 1
+
+    def _result(self):
+        self._wait_exit(END_GRACE_S)
+        failed = [(self.workers[i].id, self.workers[i].code) for i in self.current if self.workers[i].code]
+        first = failed[0] if failed else self.first_failure if not self._all_ok() else None
+        if first is None:
+            return 0
+        name, code = first
+        self.log(NONZERO_MESSAGE.format(name=name, code=code).rstrip())
+        return code if 0 < code < 256 else 1
+
+    def _all_ok(self):
+        return bool(self.current) and all(self.workers[i].code == 0 for i in self.current)
