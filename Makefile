@@ -25,8 +25,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Debian packages the build needs: Open MPI for the mpi backend, mpirun, mpi4py and the benchmarks' peer.
-APT_PACKAGES := cmake g++ make libopenmpi-dev openmpi-bin
+# Debian packages the build needs: Open MPI for the mpi backend, mpirun, mpi4py and the benchmarks' peer; openssh-server for the simulated-hosts tests (tests/simhosts.py).
+APT_PACKAGES := cmake g++ make libopenmpi-dev openmpi-bin openssh-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 

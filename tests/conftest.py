@@ -16,3 +16,26 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def simhosts(tmp_path):
+    """Factory: simhosts(n) builds n simulated hosts (tests/simhosts.py) torn down after the test;
+    skips with the reason where this machine cannot build them."""
+    from simhosts import SimCluster, SimHostsUnavailable
+
+    clusters = []
+
+    def make(num_hosts):
+        cluster = SimCluster(tmp_path / ("sim%d" % len(clusters)), num_hosts)
+        os.makedirs(cluster.workdir)
+        try:
+            cluster.start()
+        except SimHostsUnavailable as e:
+            pytest.skip("simulated hosts unavailable: %s" % e)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.close()

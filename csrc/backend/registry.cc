@@ -8,7 +8,7 @@
 
 namespace hvdlite {
 
-std::unique_ptr<Backend> NewRingBackend(Transport* transport);
+std::unique_ptr<Backend> NewRingBackend(Transport* transport, std::vector<int> host_of, int hierarchical);
 
 #if HAVE_MPI
 Status CreateMpiBackendImpl(Transport* transport, std::unique_ptr<Backend>* out);
@@ -38,11 +38,15 @@ Status ParseCpuOperations(const std::string& text, CpuOperations* out) {
   return Status::OK();
 }
 
-Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr<Backend>* out) {
+Status CreateCpuBackend(const Config& cfg, Transport* transport, const std::vector<int>& host_of,
+                        std::unique_ptr<Backend>* out) {
+  auto ring = [&] {
+    return NewRingBackend(transport, host_of, static_cast<int>(cfg.HIERARCHICAL_ALLREDUCE));
+  };
   CpuOperations want;
   HVD_RETURN_IF_ERROR(ParseCpuOperations(cfg.CPU_OPERATIONS, &want));
   if (want == CpuOperations::kRing) {
-    *out = NewRingBackend(transport);
+    *out = ring();
     return Status::OK();
   }
 #if HAVE_MPI
@@ -51,7 +55,7 @@ Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr
   if (formed_by_mpi && transport->size() > 1 && kMeasuredAutoTable.AnyMpi()) {
     std::unique_ptr<Backend> mpi;
     if (CreateMpiBackendImpl(transport, &mpi).ok()) {
-      *out = NewSplitBackend(NewRingBackend(transport), std::move(mpi), kMeasuredAutoTable);
+      *out = NewSplitBackend(ring(), std::move(mpi), kMeasuredAutoTable);
       return Status::OK();
     }
   }
@@ -62,7 +66,7 @@ Status CreateCpuBackend(const Config& cfg, Transport* transport, std::unique_ptr
         "MPI installed for mpi)");
   }
 #endif
-  *out = NewRingBackend(transport);  // auto
+  *out = ring();  // auto
   return Status::OK();
 }
 

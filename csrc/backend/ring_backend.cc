@@ -1,14 +1,80 @@
 // The native backend: the algorithms of csrc/algorithms over the Transport.
+//
+// Allreduce across hosts may run in two levels (HierarchicalAllreduce below):
+// every host's members reduce-scatter the buffer into local_size blocks (shared
+// memory), the members holding block i on every host allreduce it among
+// themselves (one cross-host ring per local rank, in parallel, each with
+// 1/local_size of the bytes), and every host allgathers its blocks. Each block
+// is computed once, by its cross group, so every member ends with the same bits.
+// Sub-collectives reuse the collective's tag base: a local pair only carries
+// the reduce-scatter then the allgather, in that order on both sides, and a
+// cross pair only the cross allreduce, so per-pair FIFO order keeps tags apart.
+#include <algorithm>
+
 #include "algorithms/algorithms.h"
 #include "algorithms/reduce_kernels.h"
+#include "algorithms/ring.h"
 #include "backend/backend.h"
+#include "common/logging.h"
 
 namespace hvdlite {
 namespace {
 
+constexpr int64_t kHierarchicalMinBytes = 1 << 20;  // HIERARCHICAL_ALLREDUCE=-1: from here on
+
+// Splits g into this member's host group and its cross group (the members with
+// the same index inside their hosts, one per host). False when g is on one host,
+// a host holds a single member, or the hosts hold different numbers of members.
+bool SplitByHost(const Group& g, const std::vector<int>& host_of, Group* local, Group* cross) {
+  std::vector<int> hosts;                  // host indices, by first appearance in g
+  std::vector<std::vector<int>> per_host;  // global ranks of g on each of them, ascending
+  for (int r : g.ranks) {
+    if (r < 0 || r >= static_cast<int>(host_of.size())) return false;
+    auto it = std::find(hosts.begin(), hosts.end(), host_of[r]);
+    if (it == hosts.end()) {
+      hosts.push_back(host_of[r]);
+      per_host.emplace_back();
+      it = hosts.end() - 1;
+    }
+    per_host[it - hosts.begin()].push_back(r);
+  }
+  if (hosts.size() < 2 || per_host[0].size() < 2) return false;
+  for (const auto& members : per_host)
+    if (members.size() != per_host[0].size()) return false;
+  const int me = g.peer(g.me);
+  const size_t h = std::find(hosts.begin(), hosts.end(), host_of[me]) - hosts.begin();
+  const int li =
+      static_cast<int>(std::find(per_host[h].begin(), per_host[h].end(), me) - per_host[h].begin());
+  *local = g;
+  local->ranks = per_host[h];
+  local->me = li;
+  *cross = g;
+  cross->ranks.clear();
+  for (const auto& members : per_host) cross->ranks.push_back(members[li]);
+  std::sort(cross->ranks.begin(), cross->ranks.end());
+  cross->me =
+      static_cast<int>(std::find(cross->ranks.begin(), cross->ranks.end(), me) - cross->ranks.begin());
+  return true;
+}
+
+Status HierarchicalAllreduce(const Group& local, const Group& cross, void* buf, int64_t count, DataType dtype,
+                             ReduceOp op, double postscale, std::vector<char>* scratch) {
+  const int64_t esz = static_cast<int64_t>(DataTypeSize(dtype));
+  std::vector<int64_t> counts(local.size()), bytes(local.size());
+  for (int i = 0; i < local.size(); ++i) {
+    counts[i] = alg::EvenBlock(count, local.size(), i).count;
+    bytes[i] = counts[i] * esz;
+  }
+  scratch->resize(static_cast<size_t>(std::max<int64_t>(bytes[local.me], 1)));
+  HVD_RETURN_IF_ERROR(ReduceScatter(local, buf, counts, scratch->data(), dtype, op));
+  HVD_RETURN_IF_ERROR(Allreduce(cross, scratch->data(), counts[local.me], dtype, op, postscale));
+  return Allgatherv(local, scratch->data(), buf, bytes);
+}
+
 class RingBackend : public Backend {
  public:
-  explicit RingBackend(Transport* t) : transport_(t) {}
+  RingBackend(Transport* t, std::vector<int> host_of, int hierarchical)
+      : transport_(t), host_of_(std::move(host_of)), hierarchical_(hierarchical) {}
   const char* name() const override { return "ring"; }
 
   std::string Describe(Collective c, int64_t bytes, int members) const override {
@@ -17,7 +83,19 @@ class RingBackend : public Backend {
 
   Status Allreduce(const CollectiveContext& ctx, const AllreduceOptions& o) override {
     HVD_RETURN_IF_ERROR(ScaleBuffer(o.buf, o.count, o.dtype, o.prescale));
-    return hvdlite::Allreduce(Group(ctx, transport_), o.buf, o.count, o.dtype, o.op, o.postscale);
+    const Group g(ctx, transport_);
+    const int64_t bytes = o.count * static_cast<int64_t>(DataTypeSize(o.dtype));
+    Group local, cross;
+    if ((hierarchical_ > 0 || (hierarchical_ < 0 && bytes >= kHierarchicalMinBytes)) &&
+        SplitByHost(g, host_of_, &local, &cross)) {
+      if (!logged_two_level_) {
+        logged_two_level_ = true;
+        HVD_LOG(kDebug, "allreduce in two levels: " << cross.size() << " hosts x " << local.size()
+                                                    << " ranks (first: " << bytes << " bytes)");
+      }
+      return HierarchicalAllreduce(local, cross, o.buf, o.count, o.dtype, o.op, o.postscale, &scratch_);
+    }
+    return hvdlite::Allreduce(g, o.buf, o.count, o.dtype, o.op, o.postscale);
   }
   Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) override {
     return hvdlite::Allgatherv(Group(ctx, transport_), o.send, o.recv, o.bytes);
@@ -53,13 +131,16 @@ class RingBackend : public Backend {
   }
 
   Transport* transport_;
-  std::vector<char> scratch_;  // a prescaled reducescatter input
+  std::vector<int> host_of_;  // Topology::host_of
+  int hierarchical_;          // HVDLITE_HIERARCHICAL_ALLREDUCE: 1 on, 0 off, -1 by size
+  bool logged_two_level_ = false;
+  std::vector<char> scratch_;  // a prescaled reducescatter input, or a two-level allreduce's block
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewRingBackend(Transport* transport) {
-  return std::unique_ptr<Backend>(new RingBackend(transport));
+std::unique_ptr<Backend> NewRingBackend(Transport* transport, std::vector<int> host_of, int hierarchical) {
+  return std::unique_ptr<Backend>(new RingBackend(transport, std::move(host_of), hierarchical));
 }
 
 }  // namespace hvdlite

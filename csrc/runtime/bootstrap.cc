@@ -1,13 +1,18 @@
 #include "runtime/bootstrap.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "backend/backend.h"
@@ -50,11 +55,47 @@ std::string RouteAddressTo(const std::string& host) {
   return out;
 }
 
-std::string ThisHostName(const Config& cfg) {
+// Identity of the machine this process runs on, compared between ranks to decide
+// which of them share memory: the hostname (UTS namespace), the boot id (two
+// machines with one name) and /dev/shm's device:inode (two mount namespaces on
+// one kernel, e.g. containers, whose /dev/shm differ). A launcher's host label
+// never enters it: ranks that cannot map each other's segments never try.
+// HVDLITE_HOSTNAME replaces the whole identity.
+std::string ThisHostId(const Config& cfg) {
   if (!cfg.HOSTNAME.empty()) return cfg.HOSTNAME;
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
-  return buf;
+  std::ostringstream id;
+  id << buf;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (boot >> boot_id) id << "/" << boot_id;
+  struct stat st{};
+  if (stat("/dev/shm", &st) == 0) id << "/" << st.st_dev << ":" << st.st_ino;
+  return id.str();
+}
+
+// The IPv4 address of the first interface in `names` (comma-separated) that is up
+// and has one; "" when none has.
+std::string InterfaceAddress(const std::string& names) {
+  std::vector<std::string> wanted;
+  std::stringstream ss(names);
+  for (std::string n; std::getline(ss, n, ',');)
+    if (!n.empty()) wanted.push_back(n);
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return "";
+  std::string out;
+  for (const auto& name : wanted) {
+    for (ifaddrs* i = ifs; i != nullptr && out.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || name != i->ifa_name) continue;
+      char addr[INET_ADDRSTRLEN];
+      auto* sin = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+      if (inet_ntop(AF_INET, &sin->sin_addr, addr, sizeof(addr)) != nullptr) out = addr;
+    }
+    if (!out.empty()) break;
+  }
+  freeifaddrs(ifs);
+  return out;
 }
 
 // Local rank = position among the ranks on the same host; cross rank =
@@ -130,19 +171,33 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
           "your launcher host a store and set HVDLITE_STORE_ADDR and HVDLITE_SECRET");
     }
     HVD_RETURN_IF_ERROR(ConnectTcpStore(store_addr, secret, cfg.START_TIMEOUT, &store));
-    advertise = RouteAddressTo(HostOf(store_addr));
+    if (cfg.NETWORK_INTERFACES.empty()) {
+      advertise = RouteAddressTo(HostOf(store_addr));
+    } else {
+      advertise = InterfaceAddress(cfg.NETWORK_INTERFACES);
+      if (advertise.empty()) {
+        return Status::InvalidArgument("HVDLITE_NETWORK_INTERFACES=" + cfg.NETWORK_INTERFACES +
+                                       ": no interface of this host by that name has an IPv4 address");
+      }
+    }
   }
   // Each init() of a job (init after shutdown works) gets fresh keys.
   int64_t epoch = 0;
   HVD_RETURN_IF_ERROR(store->Add("hvdlite/epoch/" + std::to_string(topo->rank), 1, &epoch));
   const std::string prefix = "e" + std::to_string(epoch) + "/";
-  HVD_RETURN_IF_ERROR(store->Set(prefix + "host/" + std::to_string(topo->rank), ThisHostName(cfg)));
+  HVD_RETURN_IF_ERROR(store->Set(prefix + "host/" + std::to_string(topo->rank), ThisHostId(cfg)));
   std::vector<std::string> hosts(topo->size);
   for (int r = 0; r < topo->size; ++r) {
     HVD_RETURN_IF_ERROR(store->Get(prefix + "host/" + std::to_string(r), cfg.START_TIMEOUT, &hosts[r])
                             .WithContext("waiting for rank " + std::to_string(r) + " to join"));
   }
   ComputeTopology(hosts, topo->rank, topo);
+  std::map<std::string, int> host_index;
+  topo->host_of.assign(hosts.size(), 0);
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    auto it = host_index.emplace(hosts[r], static_cast<int>(host_index.size())).first;
+    topo->host_of[r] = it->second;
+  }
   if (cfg.LOCAL_RANK >= 0) topo->local_rank = static_cast<int>(cfg.LOCAL_RANK);
   if (cfg.LOCAL_SIZE > 0) topo->local_size = static_cast<int>(cfg.LOCAL_SIZE);
   if (cfg.CROSS_RANK >= 0) topo->cross_rank = static_cast<int>(cfg.CROSS_RANK);

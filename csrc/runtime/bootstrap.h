@@ -22,6 +22,9 @@ struct Topology {
   int local_rank = 0, local_size = 1;
   int cross_rank = 0, cross_size = 1;
   bool via_mpi = false;  // the job was formed through MPI (started by mpirun)
+  // host_of[r]: index of global rank r's machine (real identity, see ThisHostId),
+  // numbered by first appearance in rank order; what two-level collectives group by.
+  std::vector<int> host_of{0};
 };
 
 // The job's store client, kept for the job's lifetime after the bootstrap

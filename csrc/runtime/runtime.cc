@@ -17,7 +17,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
       GpuHost{rt->job_store_.store.get(), rt->job_store_.prefix + "nccl/", rt->cfg_.START_TIMEOUT};
   SetLogRank(rt->topo_.rank);
   if (rt->cfg_.PIN_CORES) PinToCoreIfHostIsFull(rt->topo_);
-  HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), &rt->backend_));
+  HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), rt->topo_.host_of, &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
   rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);
   Timeline* timeline = rt->topo_.rank == 0 ? &rt->timeline_ : nullptr;

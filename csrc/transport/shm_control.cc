@@ -73,7 +73,7 @@ Status ShmTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
     if (remote_peers || now - last_socket_check_ >= std::chrono::milliseconds(1)) {
       last_socket_check_ = now;
       bool woken = false;
-      st = base_->WaitEvents(-1, 0, -1, &base_ctrl_, &woken);
+      st = base_->WaitEvents(-1, 0, -1, -1, &base_ctrl_, &woken);
     }
   } else if (st.ok() && ctrl_queue_.empty()) {
     Deadline deadline = Deadline::After(timeout_ms / 1000.0);
@@ -83,7 +83,7 @@ Status ShmTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<Contro
       std::atomic_thread_fence(std::memory_order_seq_cst);
       st = DrainControl();
       if (st.ok() && ctrl_queue_.empty())
-        st = base_->WaitEvents(wake_fd, deadline.RemainingMs(), -1, &base_ctrl_, &woken);
+        st = base_->WaitEvents(wake_fd, deadline.RemainingMs(), -1, -1, &base_ctrl_, &woken);
       sleeping_->store(0, std::memory_order_relaxed);
       if (st.ok()) st = DrainControl();
     }

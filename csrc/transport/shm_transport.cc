@@ -205,7 +205,8 @@ Status ShmTransport::Sleep(Transfer* t) {
   if (st.ok()) st = DrainControl();
   if (st.ok() && !progressed && !t->done()) {
     bool woken = false;
-    st = base_->WaitEvents(-1, 50, t->bs.done ? -1 : t->bs.peer, &base_ctrl_, &woken);
+    st = base_->WaitEvents(-1, 50, t->bs.done ? -1 : t->bs.peer, t->br.done ? -1 : t->br.peer, &base_ctrl_,
+                           &woken);
     for (auto& m : base_ctrl_) ctrl_queue_.push_back(std::move(m));
     base_ctrl_.clear();
     if (st.ok()) st = PeersAlive(*t);

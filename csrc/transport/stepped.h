@@ -101,10 +101,11 @@ class SteppedTransport : public Transport {
   // Like WaitControl (appends complete control messages to `out`; bounded by
   // timeout_ms >= 0), but also returns as soon as anything arrives from any
   // peer (a Nudge, the start of a data message) or, when writable_peer >= 0,
-  // that peer can take more bytes. *woken is set when wake_fd fired. A peer
-  // that died ends the wait with Aborted naming it.
-  virtual Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out,
-                            bool* woken) = 0;
+  // that peer can take more bytes, or, when readable_peer >= 0, more bytes of
+  // the data message being received from that peer arrived. *woken is set when
+  // wake_fd fired. A peer that died ends the wait with Aborted naming it.
+  virtual Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, int readable_peer,
+                            std::vector<ControlMessage>* out, bool* woken) = 0;
   // Wakes `peer` if it sleeps in WaitEvents. Best effort and never blocking: a
   // sleeper also wakes on its own timeout.
   virtual void Nudge(int peer) = 0;

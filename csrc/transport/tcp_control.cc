@@ -147,18 +147,20 @@ Status TcpTransport::SendControl(int peer, const std::string& payload) {
 
 Status TcpTransport::WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) {
   bool woken = false;
-  return WaitImpl(wake_fd, timeout_ms, -1, false, out, &woken);
+  return WaitImpl(wake_fd, timeout_ms, -1, -1, false, out, &woken);
 }
 
-Status TcpTransport::WaitEvents(int wake_fd, int timeout_ms, int writable_peer,
+Status TcpTransport::WaitEvents(int wake_fd, int timeout_ms, int writable_peer, int readable_peer,
                                 std::vector<ControlMessage>* out, bool* woken) {
-  return WaitImpl(wake_fd, timeout_ms, writable_peer, true, out, woken);
+  return WaitImpl(wake_fd, timeout_ms, writable_peer, readable_peer, true, out, woken);
 }
 
 // The poll loop behind WaitControl and WaitEvents. any_progress: return once
-// a byte arrived from any peer, a NUDGE came, or writable_peer can be written.
-Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bool any_progress,
-                              std::vector<ControlMessage>* out, bool* woken) {
+// a byte arrived from any peer, a NUDGE came, writable_peer can be written, or
+// readable_peer has more bytes (also while its data message is half consumed:
+// without this a receiver mid-message slept until its timeout).
+Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, int readable_peer,
+                              bool any_progress, std::vector<ControlMessage>* out, bool* woken) {
   if (!broken_.ok()) return broken_;
   if (timeout_ms < 0) return Status::InvalidArgument("WaitControl needs a bounded timeout_ms");
   Deadline deadline = Deadline::After(timeout_ms / 1000.0);
@@ -174,7 +176,7 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bo
     for (int q = 0; q < size_; ++q) {
       const Peer& p = peers_[q];
       if (p.fd < 0 || p.closed) continue;
-      short events = p.data_pending ? 0 : POLLIN;
+      short events = p.data_pending && q != readable_peer ? 0 : POLLIN;
       if (q == writable_peer) events |= POLLOUT;
       if (events == 0) continue;
       pfds.push_back(pollfd{p.fd, events, 0});
@@ -191,6 +193,7 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bo
         continue;
       }
       if (owners[i] == writable_peer && (pfds[i].revents & (POLLOUT | POLLERR | POLLHUP))) progressed = true;
+      if (owners[i] == readable_peer && (pfds[i].revents & (POLLIN | POLLERR | POLLHUP))) progressed = true;
       if (peers_[owners[i]].data_pending) continue;
       Status st = Pump(owners[i], &progressed);
       if (!st.ok()) return Fail(st);

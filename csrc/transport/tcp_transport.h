@@ -52,8 +52,8 @@ class TcpTransport : public SteppedTransport {
   Status StepOps(SendOp* s, RecvOp* r, bool* progressed) override;
   Status TimeoutError(const SendOp& s, const RecvOp& r) const override;
   // The NUDGE frame is tcp_wire's doorbell; a sleeping peer's WaitEvents returns on it.
-  Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, std::vector<ControlMessage>* out,
-                    bool* woken) override;
+  Status WaitEvents(int wake_fd, int timeout_ms, int writable_peer, int readable_peer,
+                    std::vector<ControlMessage>* out, bool* woken) override;
   void Nudge(int peer) override;
   bool PeerClosed(int peer) const override { return peers_[peer].closed; }
   Status Abort(const Status& st) override { return Fail(st); }
@@ -87,7 +87,7 @@ class TcpTransport : public SteppedTransport {
   Status ReceiveReducing(RecvOp* r, bool* progressed);
   Status RecvStalled(int peer, ssize_t n) const;
   Status FinishReceive(RecvOp* r);
-  Status WaitImpl(int wake_fd, int timeout_ms, int writable_peer, bool any_progress,
+  Status WaitImpl(int wake_fd, int timeout_ms, int writable_peer, int readable_peer, bool any_progress,
                   std::vector<ControlMessage>* out, bool* woken);
 
   // Reads frames from `peer` without blocking until EAGAIN, until a DATA

@@ -24,7 +24,20 @@ SETTINGS = (
     Setting("LOCAL_SIZE", "int", -1, "number of processes on this host; computed when unset"),
     Setting("CROSS_RANK", "int", -1, "rank among the processes with this local rank; computed when unset"),
     Setting("CROSS_SIZE", "int", -1, "number of processes with this local rank; computed when unset"),
-    Setting("HOSTNAME", "str", "", "name of this host used to group local ranks; default: gethostname()"),
+    Setting(
+        "HOSTNAME",
+        "str",
+        "",
+        "identity of this host: ranks with equal ones share memory; default: gethostname(), boot id"
+        " and /dev/shm's device",
+    ),
+    Setting(
+        "NETWORK_INTERFACES",
+        "str",
+        "",
+        "comma-separated interfaces; a rank listens on the first one's IPv4 address; default: the"
+        " interface that routes to the store (hvdliterun --network-interfaces sets it)",
+    ),
     # Rendezvous.
     Setting("STORE_ADDR", "str", "", "host:port of the rendezvous store (hvdliterun sets it)"),
     Setting("SECRET", "str", "", "per-job secret (hex) proving membership to the store and to peers"),
@@ -85,6 +98,14 @@ SETTINGS = (
         "float",
         120.0,
         "seconds a transfer may make no progress before it fails (a hung peer)",
+    ),
+    Setting(
+        "HIERARCHICAL_ALLREDUCE",
+        "int",
+        -1,
+        "1: allreduce in two levels when the ranks span hosts (reduce-scatter inside each host, one"
+        " cross-host ring per local rank, allgather inside the host); 0: one flat ring; -1: two levels"
+        " from 1 MiB on. Both need every host to hold the same number (2+) of the ranks",
     ),
     Setting("SHM_DISABLE", "bool", False, "use TCP even between ranks on the same host (no shared memory)"),
     Setting(

@@ -42,13 +42,22 @@ class _Sink:
                 pass  # our own output is gone (closed pipe): keep draining the child anyway
 
 
-def _pump(pipe, prefix, sink):
-    """Copies `pipe` line by line to `sink`, each line prefixed; returns at EOF."""
-    with pipe:
-        for line in iter(pipe.readline, b""):
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            sink.write(prefix + line)
+def _pump(pipe, prefix, sink, path=None):
+    """Copies `pipe` line by line to `sink`, each line prefixed, and unprefixed to the file
+    `path` when given; returns at EOF."""
+    copy = open(path, "wb") if path else None  # noqa: SIM115 -- closed below, after the loop
+    try:
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                sink.write(prefix + line)
+                if copy is not None:
+                    copy.write(line)
+                    copy.flush()
+    finally:
+        if copy is not None:
+            copy.close()
 
 
 def describe_exit(code):
@@ -62,12 +71,31 @@ def describe_exit(code):
     return "exited with code %s" % code
 
 
+def describe_remote_exit(code):
+    """describe_exit for a rank started over ssh: 255 is ssh's own failure, 128 + N a signal
+    that killed the rank on its host (remote_exec.py reports it so)."""
+    if code == 255:
+        return "lost its ssh connection (exit code 255: host down, unreachable or sshd gone?)"
+    if code is not None and 128 < code < 128 + 65:
+        return describe_exit(128 - code) + " on its host"
+    return describe_exit(code)
+
+
 class LocalJob:
-    def __init__(self, command, envs, log=None):
+    def __init__(self, command, envs, log=None, argvs=None, stdin_data=None, output_dir=None, hosts=None):
         """command: argv list; envs: one environment dict per rank; log: callable(str) for our
-        own messages (default: stderr)."""
+        own messages (default: stderr). argvs: per rank, the argv actually started (default:
+        `command`; ssh for a remote rank). stdin_data: per rank, bytes written to its stdin,
+        which then stays open until the job ends (a remote rank's secret; its EOF tells the
+        remote end to stop), or None for /dev/null. output_dir: each rank's output is also
+        written to output_dir/rank.<r>/stdout and .../stderr (Horovod's --output-filename).
+        hosts: per rank, (host name, started over ssh) for our messages, or None."""
         self.command = list(command)
         self.envs = list(envs)
+        self.argvs = list(argvs) if argvs is not None else [self.command] * len(self.envs)
+        self.stdin_data = list(stdin_data) if stdin_data is not None else [None] * len(self.envs)
+        self.output_dir = output_dir
+        self.hosts = list(hosts) if hosts is not None else [None] * len(self.envs)
         self._out, self._err = _Sink(sys.stdout), _Sink(sys.stderr)
         self._log = log or (lambda msg: self._err.write(("hvdliterun: %s\n" % msg).encode()))
         self._procs = []
@@ -82,19 +110,32 @@ class LocalJob:
 
     # -- starting -----------------------------------------------------------------------------
     def _start(self):
+        width = len(str(len(self.envs) - 1))
         for rank, env in enumerate(self.envs):
+            data = self.stdin_data[rank]
             proc = subprocess.Popen(
-                self.command,
+                self.argvs[rank],
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if data is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
             self._procs.append(proc)
+            if data is not None and proc.stdin is not None:
+                try:
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
+                except OSError:
+                    pass  # it died already: the reaper reports it
+            rank_dir = None
+            if self.output_dir:
+                rank_dir = os.path.join(self.output_dir, "rank.%0*d" % (width, rank))
+                os.makedirs(rank_dir, exist_ok=True)
             for pipe, name, sink in ((proc.stdout, "stdout", self._out), (proc.stderr, "stderr", self._err)):
                 prefix = ("[%d]<%s>:" % (rank, name)).encode()
-                self._spawn_thread(_pump, pipe, prefix, sink)
+                path = os.path.join(rank_dir, name) if rank_dir else None
+                self._spawn_thread(_pump, pipe, prefix, sink, path)
             self._spawn_thread(self._reap, rank, proc)
 
     def _spawn_thread(self, target, *args):
@@ -154,6 +195,7 @@ class LocalJob:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+            self._close_stdins()
         self._join_readers()
         if failure is not None:
             code = failure[1]
@@ -186,9 +228,25 @@ class LocalJob:
             if code != 0 and failure is None and self._stop_deadline is None:
                 failure = (rank, code)
                 others = len(running)
-                self._log("rank %d %s; stopping the other %d rank(s)" % (rank, describe_exit(code), others))
+                self._log("%s; stopping the other %d rank(s)" % (self._describe(rank, code), others))
                 self._begin_stop()
         return failure
+
+    def _describe(self, rank, code):
+        host = self.hosts[rank]
+        if host is None:
+            return "rank %d %s" % (rank, describe_exit(code))
+        name, over_ssh = host
+        how = describe_remote_exit(code) if over_ssh else describe_exit(code)
+        return "rank %d (host %s) %s" % (rank, name, how)
+
+    def _close_stdins(self):
+        for proc in self._procs:
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
 
     def _join_readers(self):
         deadline = time.monotonic() + READER_JOIN_S

@@ -1,6 +1,8 @@
-"""hvdliterun: runs N ranks of a command on this host, Horovod's `horovodrun` for hvdlite.
+"""hvdliterun: runs N ranks of a command on this host or on several, Horovod's `horovodrun`.
 
     hvdliterun -np 4 python train.py [args...]
+    hvdliterun -np 8 -H hostA:4,hostB:4 python train.py [args...]   # ranks 0-3 on hostA
+    hvdliterun -np 8 --hostfile hosts.txt python train.py            # lines `host slots=N`
     hvdliterun --mpi -np 4 python train.py [args...]     # started by mpirun instead
     hvdliterun --check-build
 
@@ -8,63 +10,83 @@ It generates a per-job secret, hosts the TCP rendezvous store in this process (i
 clients proving the secret), starts the ranks with the HVDLITE_* identity variables, prefixes
 their output with the rank, and stops the whole job as soon as one rank fails (see job.py).
 Any other launcher works too if it sets the same variables (rank_env() lists them).
+
+With hosts, ranks are laid out host-major (hosts.py). Hosts that are this machine (by name or
+by an address it owns) are started directly, every other one over ssh (remote.py), after
+every remote host has answered an ssh `true`. The store then listens on the address that
+reaches the hosts (or --network-interfaces'), never on all interfaces.
 """
 
 import argparse
-import hashlib
-import hmac
 import os
 import sys
 
-SECRET_BYTES = 32
-STORE_HOST = "127.0.0.1"  # one host only for now: the store listens on loopback
-
-
-def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=None):
-    """The environment of one rank: `base` plus the variables every launcher must set."""
-    env = dict(base)
-    env.update(
-        {
-            "HVDLITE_RANK": str(rank),
-            "HVDLITE_SIZE": str(size),
-            "HVDLITE_LOCAL_RANK": str(rank),  # one host: local == global
-            "HVDLITE_LOCAL_SIZE": str(size),
-            "HVDLITE_CROSS_RANK": "0",
-            "HVDLITE_CROSS_SIZE": "1",
-            "HVDLITE_STORE_ADDR": store_addr,
-            "HVDLITE_SECRET": secret_hex,
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    if verbose:
-        env["HVDLITE_LOG_LEVEL"] = "debug"
-    if timeline:
-        env["HVDLITE_TIMELINE"] = os.path.abspath(timeline)
-    return env
+from hvdlite.runner.jobenv import (
+    SECRET_BYTES,
+    STORE_HOST,
+    job_base_env,
+    rank_env,
+    remove_shm_leftovers,
+    start_store,
+)
 
 
 def _join_mpi_args(argv):
-    """`--mpi-args "-H a:2"` -> `--mpi-args=-H a:2` (the first occurrence only): argparse would
-    take a value starting with a known short option (-H) for that option. Were the first one in
-    the command, the command gets the equivalent `--mpi-args=VALUE`."""
-    argv = list(argv)
-    if "--mpi-args" in argv[:-1]:
-        i = argv.index("--mpi-args")
-        argv[i : i + 2] = ["--mpi-args=" + argv[i + 1]]
-    return argv
+    """`--mpi-args "-H a:2"` -> `--mpi-args=-H a:2`: argparse would read a value that starts
+    with one of our own short options (-H, -p, -i) as that option."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] == "--mpi-args" and i + 1 < len(argv):
+            out.append("--mpi-args=" + argv[i + 1])
+            i += 2
+            continue
+        if not argv[i].startswith("-") and out and not out[-1].startswith("-"):
+            return out + argv[i:]  # the command has begun: its own flags are not ours
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="hvdliterun",
-        description="Run N ranks of COMMAND on this host as one hvdlite job.",
-        epilog="Only this host for now: every rank runs locally (-H names local 'hosts' in elastic mode). "
+        description="Run N ranks of COMMAND as one hvdlite job, on this host or on the hosts given.",
+        epilog="Without -H/--hostfile every rank runs on this host. Remote hosts are reached with "
+        "plain ssh (BatchMode: set up keys first); with --min-np/--max-np/--host-discovery-script "
+        "the job is elastic (hosts from -H or the discovery script). "
         "Each output line is prefixed with [rank]<stdout>: or [rank]<stderr>:. "
         "The job stops as soon as one rank exits non-zero, and hvdliterun exits "
         "with that rank's code.",
     )
     parser.add_argument(
         "-np", "--num-proc", dest="np", type=int, metavar="N", help="number of ranks to start"
+    )
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", help="hosts and their slots, e.g. a:4,b:4")
+    hosts.add_argument("--hostfile", metavar="FILE", help="a file of lines `host slots=N`")
+    parser.add_argument("-p", "--ssh-port", type=int, metavar="PORT", help="ssh port of the remote hosts")
+    parser.add_argument(
+        "-i", "--ssh-identity-file", metavar="FILE", help="ssh private key for the remote hosts"
+    )
+    parser.add_argument(
+        "--network-interfaces",
+        metavar="IF,...",
+        help="interfaces to use, in order of preference; each rank listens on the first one its "
+        "host has (default: the interface that reaches this launcher)",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        metavar="S",
+        help="seconds for hosts to answer and ranks to reach init() (HVDLITE_START_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--output-filename",
+        metavar="DIR",
+        help="also write each rank's output to DIR/rank.<r>/stdout and DIR/rank.<r>/stderr",
     )
     parser.add_argument(
         "--mpi",
@@ -99,7 +121,7 @@ def parse_args(argv):
     from hvdlite.runner.elastic_cli import add_elastic_args
 
     add_elastic_args(parser)
-    args = parser.parse_args(_join_mpi_args(argv))
+    args = parser.parse_args(_join_mpi_args(list(argv)))
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.check_build:
@@ -110,37 +132,6 @@ def parse_args(argv):
         if not args.command:
             parser.error("no COMMAND given")
     return args
-
-
-def start_store(secret, num_ranks=0):
-    """Starts the rendezvous store on an ephemeral loopback port; returns the server. With
-    num_ranks > 0 it first checks that the open-file limit holds that many clients."""
-    try:
-        from hvdlite import _core
-    except ImportError as e:
-        sys.exit(
-            "hvdliterun: the hvdlite core (hvdlite._core) cannot be imported (%s); "
-            "build it with `make install`" % e
-        )
-    return _core.TcpStoreServer(STORE_HOST, 0, secret, clients=num_ranks)
-
-
-def remove_shm_leftovers(secret):
-    """Unlinks this job's shared-memory segments that a rank killed in the middle of init()
-    may have left in /dev/shm. Normally there are none: each rank unlinks its segment as
-    soon as its peers have mapped it. Names start with a tag derived from the job secret
-    (csrc/transport/shm_setup.cc), so other jobs' segments are never touched."""
-    tag = "hvdlite-%s-" % hmac.new(secret, b"hvdlite-shm-segment", hashlib.sha256).hexdigest()[:16]
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(tag):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
 
 
 def main(argv=None):
@@ -162,9 +153,15 @@ def main(argv=None):
     from hvdlite.runner import elastic_cli
 
     if elastic_cli.is_elastic(args):
+        if args.hostfile:
+            sys.exit(
+                "hvdliterun: elastic mode takes its hosts from -H or --host-discovery-script, not --hostfile"
+            )
         return elastic_cli.run_elastic(args)
-    if getattr(args, "hosts", None):  # until multi-host launching lands (issue 10)
-        sys.exit("hvdliterun: -H is only taken with --min-np/--max-np (elastic mode) for now")
+    if args.hosts or args.hostfile:
+        from hvdlite.runner import multihost
+
+        return multihost.run(args)
 
     from hvdlite.runner.job import LocalJob
 
@@ -172,8 +169,9 @@ def main(argv=None):
     server = start_store(secret, args.np)
     try:
         store_addr = "%s:%d" % (STORE_HOST, server.port)
+        base = job_base_env(args)
         envs = [
-            rank_env(os.environ, r, args.np, store_addr, secret.hex(), args.verbose, args.timeline_filename)
+            rank_env(base, r, args.np, store_addr, secret.hex(), args.verbose, args.timeline_filename)
             for r in range(args.np)
         ]
         if args.verbose:
@@ -182,7 +180,7 @@ def main(argv=None):
                 file=sys.stderr,
                 flush=True,
             )
-        return LocalJob(args.command, envs).run()
+        return LocalJob(args.command, envs, output_dir=args.output_filename).run()
     finally:
         server.stop()
         remove_shm_leftovers(secret)

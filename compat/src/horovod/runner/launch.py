@@ -5,29 +5,21 @@
     horovodrun --mpi -np 4 -H a:2,b:2 python train.py      # mpirun with -H a:2,b:2
 
 translate() maps the flags to (hvdliterun arguments, environment overrides): the tunables become
-the HVDLITE_* settings Horovod's HOROVOD_* variables stand for; hosts must all be this host unless
---mpi is given (then mpirun gets them); the elastic flags (--min-np, --host-discovery-script, ...)
-go to hvdliterun's elastic driver with -H; flags for features hvdlite does not have in its launcher
-(jsrun, remote hosts without --mpi, a config file) are refused with a message, and flags
-without effect here (NIC choice, ssh, hierarchical and torus modes, thread affinity, timestamps)
-are accepted with a note on stderr. run_commandline() is the console script's entry point.
+the HVDLITE_* settings Horovod's HOROVOD_* variables stand for; hosts, ssh and NIC flags go to
+hvdliterun (which starts remote ranks over ssh), or with --mpi the hosts go to mpirun; the
+elastic flags (--min-np, --host-discovery-script, ...) go to hvdliterun's elastic driver with -H;
+flags for features hvdlite does not have in its launcher (jsrun, a config file) are refused with
+a message, and flags without effect here (hierarchical and torus modes, thread affinity,
+timestamps) are accepted with a note on stderr. run_commandline() is the console script's entry point.
 """
 
 import argparse
 import os
-import socket
 import sys
 from collections.abc import Sequence
 
 # Flags accepted for compatibility that change nothing in hvdlite: dest -> whether it takes a value.
 _NO_EFFECT = {
-    "--network-interfaces": True,
-    "--network-interface": True,
-    "--output-filename": True,
-    "-p": True,
-    "--ssh-port": True,
-    "-i": True,
-    "--ssh-identity-file": True,
     "--binding-args": True,
     "--num-nccl-streams": True,
     "--thread-affinity": True,
@@ -72,8 +64,6 @@ _REFUSED = {
     "--config-file": "YAML config files",
 }
 
-_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
-
 
 class UsageError(Exception):
     """A horovodrun command line hvdlite cannot run; the message says why and what to do."""
@@ -105,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"])
     p.add_argument("-H", "--hosts")
     p.add_argument("-hostfile", "--hostfile")
+    p.add_argument("-p", "--ssh-port", type=int)
+    p.add_argument("-i", "--ssh-identity-file")
+    p.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces")
+    p.add_argument("--output-filename")
     p.add_argument("--gloo", action="store_true")
     p.add_argument("--mpi", action="store_true")
     p.add_argument("--mpi-args", default="")
@@ -120,10 +114,6 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(flag, dest="refused_" + flag.lstrip("-").replace("-", "_"), nargs="?", const=True)
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
-
-
-def _is_local(host: str) -> bool:
-    return host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn())
 
 
 def _parse_hosts(hosts: str | None, hostfile: str | None) -> list[tuple[str, int]]:
@@ -177,17 +167,11 @@ def translate(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]
     elastic = [flags[0] for flags, dest, _, _ in _ELASTIC if getattr(args, dest) is not None]
     if elastic:
         return _translate_elastic(args, run_args, hosts, notes)
-    remote = [h for h, _ in hosts if not _is_local(h)]
     mpi_args = args.mpi_args
     if hosts and args.np is not None and args.np > sum(s for _, s in hosts):
         raise UsageError(
             "horovodrun: -np %d is more than the %d slots the hosts offer"
             % (args.np, sum(s for _, s in hosts))
-        )
-    if remote and not args.mpi:
-        raise UsageError(
-            "horovodrun: hvdliterun starts ranks on this host only, and %s %s not this host; "
-            "add --mpi to start them with mpirun" % (", ".join(remote), "is" if len(remote) == 1 else "are")
         )
     if args.mpi:
         run_args.append("--mpi")
@@ -197,8 +181,21 @@ def translate(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]
             mpi_args = ("-H %s %s" % (",".join("%s:%d" % hs for hs in hosts), mpi_args)).strip()
         if mpi_args:
             run_args += ["--mpi-args", mpi_args]
-    elif args.mpi_args:
-        notes.append("horovodrun: --mpi-args has no effect without --mpi, ignored")
+    else:
+        if args.hostfile:
+            run_args += ["--hostfile", args.hostfile]
+        elif args.hosts:
+            run_args += ["-H", ",".join("%s:%d" % hs for hs in hosts)]
+        for flag, value in (
+            ("--ssh-port", args.ssh_port),
+            ("--ssh-identity-file", args.ssh_identity_file),
+            ("--network-interfaces", args.network_interfaces),
+            ("--output-filename", args.output_filename),
+        ):
+            if value is not None:
+                run_args += [flag, str(value)]
+        if args.mpi_args:
+            notes.append("horovodrun: --mpi-args has no effect without --mpi, ignored")
     if args.verbose:
         run_args.append("--verbose")
     if args.timeline_filename:

@@ -1,0 +1,60 @@
+"""Two-level allreduce across hosts (HVDLITE_HIERARCHICAL_ALLREDUCE), on one machine: ranks
+claim hosts through HVDLITE_HOSTNAME, so ranks of one "host" share memory and hosts talk TCP.
+The simulated-hosts version runs in tests/test_multihost.py."""
+
+import numpy as np
+import pytest
+from helpers import run_ranks
+
+pytestmark = pytest.mark.slow
+
+
+def _suite():
+    import hvdlite as hvd
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out = {}
+    for dt in (np.float32, np.float64, np.int32, np.float16):
+        for count in (0, 1, n - 1, 3 * n + 1, 70001):
+            x = ((np.arange(count) * (r + 3)) % 11).astype(dt)
+            for op, name in ((hvd.Sum, "sum"), (hvd.Max, "max"), (hvd.Min, "min")):
+                out["%s_%s_%d" % (name, np.dtype(dt).name, count)] = hvd.allreduce(
+                    x, op=op, name="t_%s_%s_%d" % (name, np.dtype(dt).name, count)
+                )
+    out["avg"] = hvd.allreduce(np.arange(1001, dtype=np.float64) * (r + 1), op=hvd.Average, name="avg")
+    out["pre_post"] = hvd.allreduce(
+        np.ones(5000, np.float32), op=hvd.Sum, name="pp", prescale_factor=2.0, postscale_factor=0.25
+    )
+    return out
+
+
+def _reference(name, n):
+    op, dtname, count = name.split("_")
+    dt, count = np.dtype(dtname), int(count)
+    xs = [((np.arange(count) * (q + 3)) % 11).astype(dt) for q in range(n)]
+    if op == "sum":
+        return sum(xs[1:], xs[0]).astype(dt)
+    return (np.maximum if op == "max" else np.minimum).reduce(xs)
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [["a", "a", "b", "b"], ["a", "b", "a", "b"], ["a", "a", "b", "b", "c", "c"], ["a", "a", "a", "b"]],
+    ids=["2x2", "interleaved", "3x2", "uneven-falls-back-to-flat"],
+)
+def test_two_level_allreduce_matches_numpy_and_is_identical_everywhere(hosts):
+    n = len(hosts)
+    env = lambda rank: {"HVDLITE_HOSTNAME": hosts[rank], "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}  # noqa: E731
+    results = run_ranks(_suite, n, env=env, timeout=120)
+    for name, value in results[0].items():
+        for other in results[1:]:
+            assert other[name].tobytes() == value.tobytes(), name
+        if name == "avg":
+            np.testing.assert_allclose(value, np.arange(1001) * (n + 1) / 2)
+        elif name == "pre_post":
+            np.testing.assert_allclose(value, np.full(5000, n * 0.5))
+        elif value.dtype == np.float16:
+            np.testing.assert_allclose(value, _reference(name, n), rtol=2e-3)
+        else:
+            np.testing.assert_array_equal(value, _reference(name, n))
