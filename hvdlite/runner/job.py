@@ -3,7 +3,8 @@
 Contract of LocalJob.run():
   - every rank runs `command` in its own process group with its own environment;
   - each output line of rank r is forwarded as b"[r]<stdout>:" + line to our stdout (stderr
-    likewise), one reader thread per pipe, whole lines never interleaved;
+    likewise), one reader thread per pipe, whole lines never interleaved; '\r' progress bars
+    are drawn live on a terminal and collapsed on a pipe (output.py);
   - the first rank to exit non-zero is reported on our stderr and every other rank gets
     SIGTERM, then SIGKILL TERM_GRACE_S later; SIGINT/SIGTERM sent to us are forwarded the
     same way (a second one kills at once);
@@ -20,35 +21,17 @@ import sys
 import threading
 import time
 
+from hvdlite.runner.output import Console
+
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL
 KILL_WAIT_S = 5.0  # after SIGKILL, how long we still wait for the processes to be reaped
 READER_JOIN_S = 2.0  # after the processes are gone, how long we wait for their output to drain
 _TICK_S = 0.5  # the monitor wakes this often while waiting (no busy loop)
 
 
-class _Sink:
-    """One destination stream shared by all reader threads; writes whole chunks under a lock."""
-
-    def __init__(self, stream):
-        self._out = getattr(stream, "buffer", stream)
-        self._lock = threading.Lock()
-
-    def write(self, data):
-        with self._lock:
-            try:
-                self._out.write(data)
-                self._out.flush()
-            except (OSError, ValueError):
-                pass  # our own output is gone (closed pipe): keep draining the child anyway
-
-
 def _pump(pipe, prefix, sink):
-    """Copies `pipe` line by line to `sink`, each line prefixed; returns at EOF."""
-    with pipe:
-        for line in iter(pipe.readline, b""):
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            sink.write(prefix + line)
+    """Copies `pipe` to `sink` (an output.Console stream), each line prefixed; returns at EOF."""
+    sink.source(prefix).pump(pipe)
 
 
 def describe_exit(code):
@@ -68,7 +51,8 @@ class LocalJob:
         own messages (default: stderr)."""
         self.command = list(command)
         self.envs = list(envs)
-        self._out, self._err = _Sink(sys.stdout), _Sink(sys.stderr)
+        console = Console(sys.stdout, sys.stderr)
+        self._out, self._err = console.stdout, console.stderr
         self._log = log or (lambda msg: self._err.write(("hvdliterun: %s\n" % msg).encode()))
         self._procs = []
         self._threads = []
