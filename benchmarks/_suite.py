@@ -15,6 +15,7 @@ run. Exit status: 1 when any script failed, else 0. Nothing is asserted about sp
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,21 +24,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import HERE, host_line
 from _summary import report
 
-# name -> (default arguments, time limit in seconds for the default). The default mode keeps
-# the whole suite under 15 minutes on the 2-core machines (with Horovod built): fewer sizes,
-# ranks and repetitions than --full, the same peers. --full passes no arguments (each script's
-# own defaults are its full sweep) and gives each script 3 hours; --quick passes --quick.
+# name -> (default arguments, time limit in seconds for the default). The default mode fits
+# the 2-core machines in about 12 minutes: fewer sizes, ranks and repetitions than --full, the
+# same peers, a short wait for an idle machine (the "others" columns show the load). And it
+# never runs past DEFAULT_BUDGET_S: each script's limit is cut to what is left of the budget,
+# and a script with less than MIN_SLOT_S left is not started (the report says so).
+# --full passes no arguments (each script's own defaults are its full sweep) and gives each
+# script FULL_LIMIT_S; --quick passes --quick.
 SUITE = {
-    "collectives": (["--sizes", "4K,64K,1M,16M", "--ranks", "2", "--reps", "10", "--idle-wait", "5"], 300),
-    "fusion": (["--ranks", "2", "--reps", "8", "--idle-wait", "5"], 180),
-    "e2e_torch": (["--steps", "8", "--idle-wait", "5"], 240),
-    "e2e_tf": (["--steps", "8", "--idle-wait", "5"], 150),
-    "zero_gpt": (["--rows", "ddp", "zero1", "zero2", "zero3", "fsdp2", "torch-zero", "--steps", "2"], 240),
+    "collectives": (["--sizes", "4K,1M,16M", "--ranks", "2", "--reps", "10", "--idle-wait", "1"], 240),
+    "fusion": (["--ranks", "2", "--reps", "8", "--idle-wait", "3"], 150),
+    "e2e_torch": (["--steps", "5", "--idle-wait", "3"], 240),
+    "e2e_tf": (["--steps", "5", "--idle-wait", "3"], 150),
+    "zero_gpt": (["--rows", "ddp", "zero1", "zero3", "fsdp2", "torch-zero", "--steps", "2"], 210),
     "pipeline_bubble": (["--steps", "2"], 60),
     "pipeline_vs_torch": (["--steps", "3"], 90),
 }
+DEFAULT_BUDGET_S = 14.5 * 60
+MIN_SLOT_S = 30
 FULL_LIMIT_S = 3 * 3600
 QUICK_LIMIT_S = 600
+STOP_GRACE_S = 30.0  # a cut-off script's time to stop its jobs (run_job waits 10 s per signal)
 
 
 def parse_args(argv):
@@ -50,13 +57,17 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def run_one(name, args):
-    """Runs one script; returns (exit code or a reason string, seconds)."""
+def run_one(name, args, left_s):
+    """Runs one script within min(its limit, left_s); returns (exit code or a reason, seconds)."""
     extra, limit = SUITE[name]
     if args.full:
         extra, limit = [], FULL_LIMIT_S
     elif args.quick:
         extra, limit = ["--quick"], QUICK_LIMIT_S
+    else:
+        if left_s < MIN_SLOT_S:
+            return "not run: the %.0f-minute budget was spent" % (DEFAULT_BUDGET_S / 60), 0.0
+        limit = min(limit, left_s)
     cmd = [sys.executable, os.path.join(HERE, name + ".py")] + extra + ["--out-dir", args.out_dir]
     print("== %s" % " ".join(cmd[1:]), flush=True)
     t0 = time.monotonic()
@@ -64,14 +75,23 @@ def run_one(name, args):
     try:
         code = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # the script, its launchers and their ranks
-        proc.wait()
-        code = "cut off after %d s" % limit
+        _stop(proc)
+        code = "cut off after %.0f s" % limit
     except BaseException:
-        os.killpg(proc.pid, 9)
-        proc.wait()
+        _stop(proc)
         raise
     return code, time.monotonic() - t0
+
+
+def _stop(proc):
+    """SIGINT first: the script's run_job stops its launchers' process groups (they run in
+    sessions of their own) on KeyboardInterrupt; SIGKILL to the script's group STOP_GRACE_S later."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def main(argv=None):
@@ -84,7 +104,7 @@ def main(argv=None):
                 os.unlink(path)
     t0, outcomes = time.monotonic(), {}
     for name in args.only:
-        outcomes[name] = run_one(name, args)
+        outcomes[name] = run_one(name, args, DEFAULT_BUDGET_S - (time.monotonic() - t0))
     mode = "full" if args.full else ("quick" if args.quick else "default")
     path = os.path.join(args.out_dir, "report.md")
     with open(path, "w") as f:
