@@ -31,7 +31,7 @@ def bar(name, total, leave):
         sys.stderr.write("\r" + state)
         sys.stderr.flush()
         width = len(state)
-        time.sleep(0.003)
+        time.sleep(0.02)  # apart enough that the launcher reads several states
     sys.stderr.write("\n" if leave else "\r" + " " * width + "\r")
     sys.stderr.flush()
 bar("kept", 23, True)
