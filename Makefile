@@ -5,7 +5,8 @@
 #                  skips it, =1 requires it)
 #   make demo      install, then a 2-process data-parallel training run (examples/pytorch_digits.py)
 #   make test      install, then the whole test suite
-#   make bench     install, then every benchmarks/*.py (after `make horovod`)
+#   make bench     install, then every benchmark and benchmarks/results/report.md (after `make horovod`):
+#                  under 15 minutes; BENCH_FULL=1 for the long sweep (benchmarks/_suite.py)
 #   make horovod   Horovod 0.28.1 (gloo + PyTorch) in .venv-horovod/, the benchmarks' Horovod peer
 #   make install-horovod-compat   opt-in: the `horovod` package and `horovodrun` over hvdlite
 #                  (distribution hvdlite-horovod-compat from compat/; refuses over a real Horovod)
@@ -121,12 +122,7 @@ horovod: install
 	-PYTHON=$(PYTHON) benchmarks/_horovod_env.sh
 
 bench: install horovod
-	@shopt -s nullglob; ran=0; \
-	for f in benchmarks/*.py; do \
-	  case "$${f##*/}" in _*) continue;; esac; \
-	  echo "== $$f"; $(VPY) "$$f" || exit $$?; ran=1; \
-	done; \
-	[ $$ran = 1 ] || echo "no benchmarks yet (benchmarks/*.py)"
+	$(VPY) benchmarks/_suite.py $(if $(filter 1,$(BENCH_FULL)),--full)
 
 clean:
 	rm -rf build hvdlite/_core*.so hvdlite.egg-info .pytest_cache

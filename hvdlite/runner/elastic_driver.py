@@ -33,6 +33,7 @@ from typing import Any
 
 from hvdlite.elastic.store import StoreClient
 from hvdlite.runner import elastic_discovery, job
+from hvdlite.runner.output import Console
 
 STORE_HOST = "127.0.0.1"  # local hosts only: the stores listen on loopback
 DISCOVERY_INTERVAL_S = 1.0
@@ -95,7 +96,8 @@ class ElasticDriver:
         self.verbose = verbose
         self.secret = os.urandom(32)
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._out, self._err = job._Sink(sys.stdout), job._Sink(sys.stderr)
+        console = Console(sys.stdout, sys.stderr)  # one live-row terminal model for all workers
+        self._out, self._err = console.stdout, console.stderr
         self.workers = {}  # id -> _Worker, every worker ever started
         self.current = []  # ids of the current generation, in rank order
         self.gen = 0
