@@ -118,7 +118,43 @@ def _case(hvd, cfg, ps, stats_ps, expert_dp_ps):
         ref_params = list(experts[moe.first_expert + i].parameters())
         for j, (p, q) in enumerate(zip(module.parameters(), ref_params)):
             errs["expert%d.p%d.grad" % (moe.first_expert + i, j)] = _err(p.grad * W, q.grad)
-    return {"errs": errs, "counts": counts.tolist(), "ref_counts": ref_counts.tolist(), "dropped": dropped}
+    return {
+        "errs": errs,
+        "counts": counts.tolist(),
+        "ref_counts": ref_counts.tolist(),
+        "dropped": dropped,
+        "runs": dict(moe.expert_runs),
+        "local_experts": moe.num_local_experts,
+    }
+
+
+def _batched_vs_loop(hvd, ps):
+    """The same layer (4 local experts per member, one of them receiving no rows) run once
+    batched and once with batch_experts=False: outputs and every gradient, per member."""
+    import torch
+
+    torch.manual_seed(0)
+    moe = hvd.parallel.MoE(
+        H, expert=_factory, num_experts=8, k=2, drop_tokens=False, process_set=ps, name="bvl"
+    )
+    torch.manual_seed(200 + ps.rank())
+    x = torch.randn(5 + 4 * ps.rank(), H)
+    with torch.no_grad():  # no token chooses expert 7 (the last member's local expert 3)
+        moe.gate.weight[7] = -moe.gate.weight[:7].abs().sum(dim=0) - 1.0
+        x.abs_()
+    probe = torch.randn(x.shape[0], H)
+    results = []
+    for batch in (None, False):
+        moe.batch_experts = batch
+        moe.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        out, aux, counts = moe(xi)
+        ((out * probe).sum() + aux).backward()
+        grads = [p.grad.clone() for p in moe.parameters()]
+        results.append([out.detach(), xi.grad] + grads)
+    close = all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(*results))
+    worst = max(float((a - b).abs().max()) if a.numel() else 0.0 for a, b in zip(*results))
+    return {"runs": dict(moe.expert_runs), "close": close, "worst": worst, "counts": counts.tolist()}
 
 
 def _err(a, b):
@@ -166,6 +202,7 @@ def _cases_body():
         else:
             stats_ps, expert_dp = mesh.process_set(("dp", "ep")), (mesh.process_set("dp") if dp > 1 else None)
         results[name] = _case(hvd, cfg, ps, stats_ps, expert_dp)
+    results["batched_vs_loop"] = _batched_vs_loop(hvd, meshes[(2, 2)].process_set("ep"))
     hvd.shutdown()
     return results
 
@@ -184,8 +221,19 @@ def test_matches_single_process_reference(case_results, name):
         assert r["counts"] == r["ref_counts"], (rank, name, r)
         if CASES[name][2]["drop"]:
             assert r["dropped"] > 0, "the capacity case must drop tokens to test dropping"
+        # every case with more than one local expert takes the batched path (the default)
+        want = {"batched": 1, "loop": 0} if r["local_experts"] > 1 else {"batched": 0, "loop": 1}
+        assert r["runs"] == want, (rank, name, r["runs"])
     if CASES[name][2].get("zero_expert"):
         assert case_results[0][name]["ref_counts"][-1] == 0
+
+
+def test_batched_experts_equal_the_loop(case_results):
+    for rank, results in enumerate(case_results):
+        r = results["batched_vs_loop"]
+        assert r["runs"] == {"batched": 1, "loop": 1}, (rank, r)
+        assert r["close"], (rank, r)
+        assert r["counts"][7] == 0 and sum(r["counts"][:4]) > 0 and sum(r["counts"][4:]) > 0, (rank, r)
 
 
 def _train(hvd, mesh, use_zero, steps=20):
