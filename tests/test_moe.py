@@ -3,8 +3,9 @@ reference (a per-token loop over all tokens and all experts, built from the same
 outputs, auxiliary loss, expert counts, input gradients and every parameter gradient (after
 DistributedOptimizer's reduction) agree for ep=4, ep=2 and dp=2 x ep=2, dropless and with
 capacity (the reference drops the same tokens), k=1 and k=2, with a member holding zero
-tokens and an expert receiving none; and a small MoE language model trains on dp=2 x ep=2
-with its loss going down and its replicas identical where they should be."""
+tokens and an expert receiving none; the batched local experts equal the loop; and a
+small causal MoE GPT (attention + MoE FFN) trains on dp=2 x ep=2 with its loss going down
+and its replicas identical where they should be."""
 
 import math
 
@@ -236,35 +237,51 @@ def test_batched_experts_equal_the_loop(case_results):
         assert r["counts"][7] == 0 and sum(r["counts"][:4]) > 0 and sum(r["counts"][4:]) > 0, (rank, r)
 
 
-def _train(hvd, mesh, use_zero, steps=20):
-    """Trains a tiny MoE language model (embedding, MoE FFN, head) on this rank's data;
-    returns its losses and its parameters after 3 steps and at the end."""
+def _tiny_gpt(hvd, mesh, V, S, D):
+    """A one-block causal GPT: token + position embeddings, pre-norm causal self-attention
+    (2 heads), pre-norm MoE FFN (4 experts, top-2, capacity), final norm, head."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    V, D = 16, 16
-
-    class TinyMoELM(nn.Module):
+    class TinyMoEGPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb = nn.Embedding(V, D)
-            self.norm = nn.LayerNorm(D)
+            self.emb, self.pos = nn.Embedding(V, D), nn.Embedding(S, D)
+            self.ln1, self.ln2, self.lnf = nn.LayerNorm(D), nn.LayerNorm(D), nn.LayerNorm(D)
+            # no qkv bias: the key bias's gradient is zero up to rounding noise, which Adam
+            # would turn into full-size steps that differ between ZeRO and allreduce
+            self.qkv, self.proj = nn.Linear(D, 3 * D, bias=False), nn.Linear(D, D)
             self.moe = hvd.parallel.MoE(
                 D, expert=lambda: nn.Sequential(nn.Linear(D, 32), nn.GELU(), nn.Linear(32, D)),
                 num_experts=4, k=2, capacity_factor=1.5, min_capacity=2,
                 process_set=mesh.process_set("ep"), expert_dp_process_set=mesh.process_set("dp"),
-                stats_process_set=mesh.process_set(("dp", "ep")), name="lm.moe",
+                stats_process_set=mesh.process_set(("dp", "ep")), name="gpt.moe",
             )  # fmt: skip
             self.head = nn.Linear(D, V)
 
         def forward(self, ids):
-            h = self.emb(ids)
-            y, aux, _ = self.moe(self.norm(h))
-            return self.head(h + y), aux
+            b, s = ids.shape
+            x = self.emb(ids) + self.pos(torch.arange(s))
+            q, k, v = self.qkv(self.ln1(x)).reshape(b, s, 3, 2, D // 2).permute(2, 0, 3, 1, 4)
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(att.transpose(1, 2).reshape(b, s, D))
+            y, aux, _ = self.moe(self.ln2(x))
+            return self.head(self.lnf(x + y)), aux
 
+    return TinyMoEGPT()
+
+
+def _train(hvd, mesh, use_zero, steps=20):
+    """Trains a tiny causal MoE GPT (next-token prediction on sequences following
+    x[t+1] = (3 x[t] + 1) mod V from random starts, this rank's own data); returns its
+    losses, its parameters after 3 steps and at the end, and how its experts ran."""
+    import torch
+    import torch.nn.functional as F
+
+    V, S, D = 16, 8, 16
     torch.manual_seed(0)
-    model = TinyMoELM()
+    model = _tiny_gpt(hvd, mesh, V, S, D)
     if use_zero:
         opts = [
             o
@@ -282,9 +299,12 @@ def _train(hvd, mesh, use_zero, steps=20):
     gen = torch.Generator().manual_seed(10 + hvd.rank())
     losses, early = [], None
     for step in range(steps):
-        ids = torch.randint(0, V, (8, 6), generator=gen)
-        logits, aux = model(ids)
-        loss = F.cross_entropy(logits.reshape(-1, V), ((ids * 3 + 1) % V).reshape(-1)) + aux
+        ids = [torch.randint(0, V, (8,), generator=gen)]
+        for _ in range(S - 1):
+            ids.append((ids[-1] * 3 + 1) % V)
+        ids = torch.stack(ids, dim=1)  # [8, S]
+        logits, aux = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1)) + aux
         for o in opts:
             o.zero_grad()
         loss.backward()
@@ -294,7 +314,7 @@ def _train(hvd, mesh, use_zero, steps=20):
         if step == 2:
             early = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     final = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-    return {"losses": losses, "early": early, "params": final}
+    return {"losses": losses, "early": early, "params": final, "runs": dict(model.moe.expert_runs)}
 
 
 def _train_body():
@@ -321,6 +341,7 @@ def test_training_loss_goes_down_and_replicas_agree(train_results, kind):
 
     res = [r[kind] for r in train_results]
     for r in res:
+        assert r["runs"] == {"batched": 20, "loop": 0}, r["runs"]
         first, last = sum(r["losses"][:3]) / 3, sum(r["losses"][-3:]) / 3
         assert last < 0.7 * first, r["losses"]
     for name, p in res[0]["params"].items():
