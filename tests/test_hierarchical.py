@@ -83,10 +83,18 @@ def _chunked_suite():
     return out
 
 
-@pytest.mark.parametrize("hosts", [["a", "a", "b", "b"], ["a", "a", "b", "b", "c", "c"]], ids=["2x2", "3x2"])
-def test_pipelined_two_level_allreduce_on_odd_sizes(hosts):
+@pytest.mark.parametrize(
+    "hosts,shm",
+    [(["a", "a", "b", "b"], "0"), (["a", "a", "b", "b", "c", "c"], "0"), (["a", "a", "b", "b"], "1")],
+    ids=["2x2", "3x2", "2x2-tcp-only-runs-steps-one-after-the-other"],
+)
+def test_pipelined_two_level_allreduce_on_odd_sizes(hosts, shm):
     n = len(hosts)
-    env = lambda rank: {"HVDLITE_HOSTNAME": hosts[rank], "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}  # noqa: E731
+    env = lambda rank: {  # noqa: E731
+        "HVDLITE_HOSTNAME": hosts[rank],
+        "HVDLITE_HIERARCHICAL_ALLREDUCE": "1",
+        "HVDLITE_SHM_DISABLE": shm,
+    }
     results = run_ranks(_chunked_suite, n, env=env, timeout=240)
     for name, value in results[0].items():
         for other in results[1:]:
