@@ -3,6 +3,7 @@ flat ring, Open MPI (mpirun -H, mpi4py) and gloo (torch.distributed), side by si
 
     sudo python benchmarks/multihost.py                       # 4 Gbit/s links, 4 KiB..64 MiB
     sudo python benchmarks/multihost.py --rate 10gbit --sizes 1M,64M,256M --iters 5
+    sudo python benchmarks/multihost.py --only hvdlite --baseline /path/to/other/checkout
 
 Needs root (tests/simhosts.py builds the hosts: network namespaces, sshd); every host's link
 is shaped both ways with `tc ... tbf rate RATE`. Prints one table: seconds per allreduce,
@@ -57,11 +58,26 @@ def _jobs(cluster, args, rate_bps):
     mpirun += ["-mca", "plm_rsh_agent", "/usr/bin/ssh -F " + cluster.ssh_config]
     mpirun += ["-mca", "btl_tcp_if_include", subnet, "-mca", "oob_tcp_if_include", subnet, "-x", "PYTHONPATH"]
     gloo = [cluster.hosts[0].addr, "29531"]
-    return [
-        ("hvdlite two-level", {"HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}, run + common + ["hvdlite"] + tail),
+    two_level = {"HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}
+    jobs = []
+    if args.baseline:  # the same two-level job on another checkout's build, run first
+        jobs.append(
+            (
+                "baseline two-level",
+                {**two_level, "PYTHONPATH": args.baseline},
+                run + common + ["hvdlite"] + tail,
+            )
+        )
+    jobs += [
+        ("hvdlite two-level", two_level, run + common + ["hvdlite"] + tail),
         ("hvdlite flat ring", {"HVDLITE_HIERARCHICAL_ALLREDUCE": "0"}, run + common + ["hvdlite"] + tail),
         ("Open MPI (mpi4py)", {}, mpirun + common + ["mpi"] + tail),
         ("gloo (torch)", {}, run + common + ["gloo"] + tail + gloo),
+    ]
+    return [
+        j
+        for j in jobs
+        if not args.only or j[0].split()[0] in args.only.split(",") or j[0].startswith("baseline")
     ]
 
 
@@ -70,6 +86,8 @@ def main():
     p.add_argument("--rate", default="4gbit")
     p.add_argument("--sizes", default="4K,64K,1M,16M,64M")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--only", default="", help="comma list of libraries to run: hvdlite,Open,gloo")
+    p.add_argument("--baseline", default="", help="another checkout (built): adds its two-level job")
     args = p.parse_args()
     rate_bps = _rate(args.rate)
     args.sizes_bytes = ",".join(str(_size(s)) for s in args.sizes.split(","))
@@ -81,7 +99,7 @@ def main():
         for label, extra, argv in _jobs(cluster, args, rate_bps):
             res = subprocess.run(
                 argv,
-                cwd=ROOT,
+                cwd=extra.get("PYTHONPATH", ROOT),
                 env=cluster.client_env({**base, **extra}),
                 capture_output=True,
                 text=True,

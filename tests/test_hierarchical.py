@@ -58,3 +58,53 @@ def test_two_level_allreduce_matches_numpy_and_is_identical_everywhere(hosts):
             np.testing.assert_allclose(value, _reference(name, n), rtol=2e-3)
         else:
             np.testing.assert_array_equal(value, _reference(name, n))
+
+
+# Sizes that cut into several pipeline chunks (about 2 MiB each), with odd
+# element counts so chunks, host blocks and cross sub-blocks are all uneven.
+_CHUNKED = ((np.float32, 1_500_007), (np.float64, 2_621_447), (np.int32, 3_000_017), (np.float16, 1_048_579))
+
+
+def _chunked_suite():
+    import hvdlite as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    out = {}
+    for dt, count in _CHUNKED:
+        x = ((np.arange(count) * (r + 3)) % 11).astype(dt)
+        name = "sum_%s_%d" % (np.dtype(dt).name, count)
+        out[name] = hvd.allreduce(x, op=hvd.Sum, name=name)
+    x = ((np.arange(1_000_003) * (r + 5)) % 7).astype(np.int32)
+    out["max_int32_1000003"] = hvd.allreduce(x, op=hvd.Max, name="max")
+    out["pre_post"] = hvd.allreduce(
+        np.ones(2_000_003, np.float32), op=hvd.Sum, name="pp", prescale_factor=2.0, postscale_factor=0.25
+    )
+    return out
+
+
+@pytest.mark.parametrize(
+    "hosts,shm",
+    [(["a", "a", "b", "b"], "0"), (["a", "a", "b", "b", "c", "c"], "0"), (["a", "a", "b", "b"], "1")],
+    ids=["2x2", "3x2", "2x2-tcp-only-runs-steps-one-after-the-other"],
+)
+def test_pipelined_two_level_allreduce_on_odd_sizes(hosts, shm):
+    n = len(hosts)
+    env = lambda rank: {  # noqa: E731
+        "HVDLITE_HOSTNAME": hosts[rank],
+        "HVDLITE_HIERARCHICAL_ALLREDUCE": "1",
+        "HVDLITE_SHM_DISABLE": shm,
+    }
+    results = run_ranks(_chunked_suite, n, env=env, timeout=240)
+    for name, value in results[0].items():
+        for other in results[1:]:
+            assert other[name].tobytes() == value.tobytes(), name
+        if name == "pre_post":
+            np.testing.assert_allclose(value, np.full(2_000_003, n * 0.5))
+        elif name.startswith("max"):
+            xs = [((np.arange(1_000_003) * (q + 5)) % 7).astype(np.int32) for q in range(n)]
+            np.testing.assert_array_equal(value, np.maximum.reduce(xs))
+        elif value.dtype == np.float16:
+            np.testing.assert_allclose(value, _reference(name, n), rtol=2e-3)
+        else:
+            np.testing.assert_array_equal(value, _reference(name, n))

@@ -1,20 +1,19 @@
 // The native backend: the algorithms of csrc/algorithms over the Transport.
 //
-// Allreduce across hosts may run in two levels (HierarchicalAllreduce below):
-// every host's members reduce-scatter the buffer into local_size blocks (shared
-// memory), the members holding block i on every host allreduce it among
-// themselves (one cross-host ring per local rank, in parallel, each with
-// 1/local_size of the bytes), and every host allgathers its blocks. Each block
-// is computed once, by its cross group, so every member ends with the same bits.
-// Sub-collectives reuse the collective's tag base: a local pair only carries
-// the reduce-scatter then the allgather, in that order on both sides, and a
-// cross pair only the cross allreduce, so per-pair FIFO order keeps tags apart.
+// Allreduce across hosts may run in two levels (hierarchical.h): every host's
+// members reduce-scatter the buffer into local_size blocks (shared memory), the
+// members holding block i on every host allreduce it among themselves (one
+// cross-host ring per local rank, in parallel, each with 1/local_size of the
+// bytes), and every host allgathers its blocks; the three phases are pipelined
+// over chunks of the buffer. Each block is computed once, by its cross group,
+// so every member ends with the same bits.
 #include <algorithm>
 
 #include "algorithms/algorithms.h"
 #include "algorithms/reduce_kernels.h"
 #include "algorithms/ring.h"
 #include "backend/backend.h"
+#include "backend/hierarchical.h"
 #include "common/logging.h"
 
 namespace hvdlite {
@@ -57,20 +56,6 @@ bool SplitByHost(const Group& g, const std::vector<int>& host_of, Group* local, 
   return true;
 }
 
-Status HierarchicalAllreduce(const Group& local, const Group& cross, void* buf, int64_t count, DataType dtype,
-                             ReduceOp op, double postscale, std::vector<char>* scratch) {
-  const int64_t esz = static_cast<int64_t>(DataTypeSize(dtype));
-  std::vector<int64_t> counts(local.size()), bytes(local.size());
-  for (int i = 0; i < local.size(); ++i) {
-    counts[i] = alg::EvenBlock(count, local.size(), i).count;
-    bytes[i] = counts[i] * esz;
-  }
-  scratch->resize(static_cast<size_t>(std::max<int64_t>(bytes[local.me], 1)));
-  HVD_RETURN_IF_ERROR(ReduceScatter(local, buf, counts, scratch->data(), dtype, op));
-  HVD_RETURN_IF_ERROR(Allreduce(cross, scratch->data(), counts[local.me], dtype, op, postscale));
-  return Allgatherv(local, scratch->data(), buf, bytes);
-}
-
 class RingBackend : public Backend {
  public:
   RingBackend(Transport* t, std::vector<int> host_of, int hierarchical)
@@ -93,7 +78,7 @@ class RingBackend : public Backend {
         HVD_LOG(kDebug, "allreduce in two levels: " << cross.size() << " hosts x " << local.size()
                                                     << " ranks (first: " << bytes << " bytes)");
       }
-      return HierarchicalAllreduce(local, cross, o.buf, o.count, o.dtype, o.op, o.postscale, &scratch_);
+      return PipelinedHierarchicalAllreduce(local, cross, o.buf, o.count, o.dtype, o.op, o.postscale);
     }
     return hvdlite::Allreduce(g, o.buf, o.count, o.dtype, o.op, o.postscale);
   }
@@ -134,7 +119,7 @@ class RingBackend : public Backend {
   std::vector<int> host_of_;  // Topology::host_of
   int hierarchical_;          // HVDLITE_HIERARCHICAL_ALLREDUCE: 1 on, 0 off, -1 by size
   bool logged_two_level_ = false;
-  std::vector<char> scratch_;  // a prescaled reducescatter input, or a two-level allreduce's block
+  std::vector<char> scratch_;  // a prescaled reducescatter input
 };
 
 }  // namespace

@@ -60,6 +60,27 @@ Status ShmTransport::SendRecvReduce(int send_peer, uint32_t send_tag, const void
                   &reducer);
 }
 
+Status ShmTransport::SendRecvPair(const ExchangeSpec& a, const ExchangeSpec& b) {
+  const auto shm_side = [this](const ExchangeSpec& e) {
+    return (e.send_peer == -1 || Linked(e.send_peer)) && (e.recv_peer == -1 || Linked(e.recv_peer));
+  };
+  const auto base_side = [this](const ExchangeSpec& e) {
+    return (e.send_peer == -1 || (e.send_peer != rank() && e.send_peer >= 0 && !Linked(e.send_peer))) &&
+           (e.recv_peer == -1 || (e.recv_peer != rank() && e.recv_peer >= 0 && !Linked(e.recv_peer)));
+  };
+  if (!shm_side(a) || !base_side(b)) return Transport::SendRecvPair(a, b);
+  if (!base_->broken().ok()) return base_->broken();
+  for (int peer : {a.send_peer, a.recv_peer, b.send_peer, b.recv_peer})
+    if (peer != -1) HVD_RETURN_IF_ERROR(CheckPeer(peer, "exchange with"));
+  Transfer t;
+  t.ss = SendOp::Data(a.send_peer, a.send_tag, a.send_data, a.send_len);
+  t.sr = RecvOp::Data(a.recv_peer, a.recv_tag, a.recv_data, a.recv_len, a.reducer);
+  t.bs = SendOp::Data(b.send_peer, b.send_tag, b.send_data, b.send_len);
+  t.br = RecvOp::Data(b.recv_peer, b.recv_tag, b.recv_data, b.recv_len, b.reducer);
+  Status st = Run(&t);
+  return st.ok() ? st : Fail(st);
+}
+
 // A rank exchanging with itself: a plain copy (or reduction).
 Status ShmTransport::SelfExchange(uint32_t send_tag, const void* send_data, size_t send_len,
                                   uint32_t recv_tag, void* recv_data, size_t recv_len,

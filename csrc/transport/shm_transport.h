@@ -71,6 +71,9 @@ class ShmTransport : public Transport {
   Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
                         int recv_peer, uint32_t recv_tag, void* recv_dst, size_t recv_len,
                         const Reducer& reducer) override;
+  // Both exchanges in one transfer loop when a's peers are linked through
+  // shared memory and b's go through the base; otherwise one after the other.
+  Status SendRecvPair(const ExchangeSpec& a, const ExchangeSpec& b) override;
 
   Status SendControl(int peer, const std::string& payload) override;
   Status WaitControl(int wake_fd, int timeout_ms, std::vector<ControlMessage>* out) override;

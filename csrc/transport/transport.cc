@@ -22,6 +22,24 @@ Status Transport::SendRecvReduce(int send_peer, uint32_t send_tag, const void* s
   return reducer.fn(reducer.ctx, recv_dst, tmp.data(), recv_len);
 }
 
+namespace {
+Status RunSpec(Transport* t, const ExchangeSpec& e) {
+  if (e.reducer != nullptr) {
+    return t->SendRecvReduce(e.send_peer, e.send_tag, e.send_data, e.send_len, e.recv_peer, e.recv_tag,
+                             e.recv_data, e.recv_len, *e.reducer);
+  }
+  return t->SendRecv(e.send_peer, e.send_tag, e.send_data, e.send_len, e.recv_peer, e.recv_tag, e.recv_data,
+                     e.recv_len);
+}
+}  // namespace
+
+// Generic fallback: one exchange after the other (see the contract in transport.h).
+Status Transport::SendRecvPair(const ExchangeSpec& a, const ExchangeSpec& b) {
+  if (a.send_peer != -1 || a.recv_peer != -1) HVD_RETURN_IF_ERROR(RunSpec(this, a));
+  if (b.send_peer != -1 || b.recv_peer != -1) HVD_RETURN_IF_ERROR(RunSpec(this, b));
+  return Status::OK();
+}
+
 Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int size,
                           const std::string& advertise_host, const std::string& secret,
                           double connect_timeout_s, double io_timeout_s,

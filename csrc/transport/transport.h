@@ -48,6 +48,20 @@ struct Reducer {
   size_t unit = 1;
 };
 
+// One side of SendRecvPair: what SendRecv / SendRecvReduce take (reducer null
+// for a plain copy). send_peer or recv_peer -1 skips that direction.
+struct ExchangeSpec {
+  int send_peer = -1;
+  uint32_t send_tag = 0;
+  const void* send_data = nullptr;
+  size_t send_len = 0;
+  int recv_peer = -1;
+  uint32_t recv_tag = 0;
+  void* recv_data = nullptr;
+  size_t recv_len = 0;
+  const Reducer* reducer = nullptr;  // not owned; alive until the call returns
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -70,6 +84,14 @@ class Transport {
   virtual Status SendRecvReduce(int send_peer, uint32_t send_tag, const void* send_data, size_t send_len,
                                 int recv_peer, uint32_t recv_tag, void* recv_dst, size_t recv_len,
                                 const Reducer& reducer);
+
+  // Two exchanges with disjoint peers, `a` and `b`, each as SendRecv (or
+  // SendRecvReduce when its reducer is set). A transport that can progress
+  // both at once does (the shared-memory transport, when a's peers are reached
+  // through shared memory and b's through TCP); the default runs a, then b.
+  // Callers must therefore keep the pair deadlock-free when run in that order:
+  // every member of a's exchange pattern runs its `a` before its `b`.
+  virtual Status SendRecvPair(const ExchangeSpec& a, const ExchangeSpec& b);
 
   virtual Status SendControl(int peer, const std::string& payload) = 0;
   // Returns when control messages are available (appends all of them to `out`),
