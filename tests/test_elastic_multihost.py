@@ -174,3 +174,35 @@ def test_host_added_by_discovery_script_joins(simhosts, tmp_path):
     joined = [int(line.split()[1]) for line in out["%s[0]" % b.addr] if line.startswith("STEP")]
     assert joined and joined[0] == [size for _, size in log].index(4), joined[:3]
     assert _no_job_left(cluster) == {}
+
+
+# An elastic worker looks for both of its secrets on every command line of its host.
+LEAK = r"""
+import os, hvdlite as hvd
+hvd.init()
+secrets = [os.environ[k].encode() for k in ("HVDLITE_ELASTIC_SECRET", "HVDLITE_SECRET")]
+seen = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        cmdline = open("/proc/%s/cmdline" % pid, "rb").read()
+    except OSError:
+        continue
+    seen += sum(s in cmdline for s in secrets)
+print("leaks", seen, [len(s) for s in secrets])
+"""
+
+
+def test_secrets_are_on_no_command_line(simhosts):
+    cluster = simhosts(2)
+    res = subprocess.run(
+        HVDLITERUN + ["-np", "2", "--min-np", "2", "-H", cluster.hosts_arg(1), sys.executable, "-c", LEAK],
+        cwd=REPO,
+        env=_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    lines = sorted(line.split(":", 1)[1] for line in res.stdout.splitlines() if "<stdout>:leaks" in line)
+    assert lines == ["leaks 0 [64, 64]"] * 2, res.stdout[-2000:]
+    assert _no_job_left(cluster) == {}
