@@ -206,3 +206,37 @@ def test_secrets_are_on_no_command_line(simhosts):
     lines = sorted(line.split(":", 1)[1] for line in res.stdout.splitlines() if "<stdout>:leaks" in line)
     assert lines == ["leaks 0 [64, 64]"] * 2, res.stdout[-2000:]
     assert _no_job_left(cluster) == {}
+
+
+def test_remote_host_discovered_while_stores_are_on_loopback_is_ignored(simhosts, tmp_path):
+    cluster = simhosts(1)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.2:1\n")  # every host local: the stores listen on loopback
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
+    script.chmod(0o755)
+    proc = _popen(
+        cluster,
+        "-np",
+        2,
+        "--min-np",
+        2,
+        "--max-np",
+        4,
+        "--host-discovery-script",
+        script,
+        ELASTIC_STEPS="100",
+        ELASTIC_SLEEP="0.03",
+    )
+    added = []
+
+    def on_step(worker, step, size):
+        if not added and step == 5:
+            hosts.write_text("localhost:1\n127.0.0.2:1\n%s:2\n" % cluster.hosts[0].addr)
+            added.append(step)
+
+    res = _follow(proc, on_step)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert _changes(check_exactly_once(res, 100)) == [2]
+    assert "ignoring remote host %s" % cluster.hosts[0].addr in res.stderr, res.stderr[-4000:]
+    assert _no_job_left(cluster) == {}
