@@ -4,8 +4,10 @@
 #                  NCCL module where nvcc is found: the NCCL wheel is installed then; HVDLITE_WITH_CUDA=0
 #                  skips it, =1 requires it)
 #   make demo      install, then a 2-process data-parallel training run (examples/pytorch_digits.py)
-#   make test      install, then the whole test suite
-#   make bench     install, then every benchmarks/*.py (after `make horovod`)
+#   make test      install, then the test suite (without tests marked slow unless CI is set)
+#   make test-all  install, then the whole test suite, slow tests included (what CI runs)
+#   make bench     install, then every benchmark and benchmarks/results/report.md (after `make horovod`):
+#                  under 15 minutes; BENCH_FULL=1 for the long sweep (benchmarks/_suite.py)
 #   make horovod   Horovod 0.28.1 (gloo + PyTorch) in .venv-horovod/, the benchmarks' Horovod peer
 #   make install-horovod-compat   opt-in: the `horovod` package and `horovodrun` over hvdlite
 #                  (distribution hvdlite-horovod-compat from compat/; refuses over a real Horovod)
@@ -45,7 +47,7 @@ ifneq ($(NVCC),)
 export CUDACXX ?= $(NVCC)
 endif
 
-.PHONY: install apt build demo test lint format bench horovod clean distclean install-horovod-compat \
+.PHONY: install apt build demo test test-all lint format bench horovod clean distclean install-horovod-compat \
 	uninstall-horovod-compat
 
 install: build
@@ -96,7 +98,13 @@ demo: install
 	$(VENV)/bin/hvdliterun -np 2 $(VPY) examples/pytorch_digits.py
 
 # pytest's exit code 5 (no test collected) fails the target like any other non-zero code.
+# `make test` skips the tests marked slow (multi-host, elastic, 3-8 rank equivalence runs) unless
+# CI is set, as CI sets it: CI runs everything. `make test-all` runs everything anywhere.
+TEST_MARKS := $(if $(CI),,-m "not slow")
 test: install
+	$(VPY) -m pytest -q tests $(TEST_MARKS) $(PYTEST_ARGS)
+
+test-all: install
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
 # Static checks; the tools are pinned in requirements-dev.txt, configured in pyproject.toml (ruff),
@@ -121,12 +129,7 @@ horovod: install
 	-PYTHON=$(PYTHON) benchmarks/_horovod_env.sh
 
 bench: install horovod
-	@shopt -s nullglob; ran=0; \
-	for f in benchmarks/*.py; do \
-	  case "$${f##*/}" in _*) continue;; esac; \
-	  echo "== $$f"; $(VPY) "$$f" || exit $$?; ran=1; \
-	done; \
-	[ $$ran = 1 ] || echo "no benchmarks yet (benchmarks/*.py)"
+	$(VPY) benchmarks/_suite.py $(if $(filter 1,$(BENCH_FULL)),--full)
 
 clean:
 	rm -rf build hvdlite/_core*.so hvdlite.egg-info .pytest_cache

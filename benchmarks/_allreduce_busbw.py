@@ -12,27 +12,12 @@ not a self-launching side-by-side benchmark.
 """
 
 import argparse
-import resource
+import os
 import time
 
 import numpy as np
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
-def cpu_busy_seconds():
-    """CPU seconds the whole machine has been busy (from /proc/stat; USER_HZ = 100)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / 100.0
-
-
-def own_cpu_seconds():
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+from _machine import LoadMeter
+from collectives import parse_size
 
 
 def main():
@@ -44,6 +29,7 @@ def main():
 
     hvd.init()
     n, r = hvd.size(), hvd.rank()
+    meter = LoadMeter(hvd.allgather(np.array([os.getpid()]), name="pids").tolist())
     rows = []
     for size in [parse_size(s) for s in a.sizes.split(",")]:
         count = size // 4
@@ -55,7 +41,7 @@ def main():
         for _ in range(2):
             hvd.allreduce_(buf, op=hvd.Sum, name="t")
         times = []
-        busy0, own0, wall0 = cpu_busy_seconds(), own_cpu_seconds(), time.monotonic()
+        meter.start()
         for _ in range(a.reps):
             hvd.allreduce_(np.zeros(1, np.float32), op=hvd.Sum, name="barrier")
             t0 = time.perf_counter()
@@ -63,9 +49,8 @@ def main():
                 hvd.allreduce_(buf, op=hvd.Sum, name="t")
             dt = (time.perf_counter() - t0) / calls
             times.append(hvd.allreduce(np.array([dt]), op=hvd.Max, name="tmax")[0])
-        wall = time.monotonic() - wall0
-        ranks_cpu = hvd.allreduce(np.array([own_cpu_seconds() - own0]), op=hvd.Sum, name="cpu")[0]
-        others = max(0.0, cpu_busy_seconds() - busy0 - ranks_cpu) / wall
+        load = meter.stop()
+        others = load["others_cpu_s"] / load["wall_s"]  # in cores
         times.sort()
         factor = 2.0 * (n - 1) / n
         rows.append((size, times[len(times) // 2], times[0], wrong, factor, others))

@@ -13,15 +13,12 @@ measured: {"lib", "version", "rank", "size", "entries": [{"op", "bytes", "count"
 rank 0's entries also carry "load" (LoadMeter.stop() over the repetitions) and "idle_wait_s".
 """
 
-import argparse
-import json
 import os
 import sys
 import time
 
 from _cases import OPS, Case, element_count
-from _comms import make_comm
-from _machine import Gate
+from _worker import finish, join, parse_args, rank_path, save_json
 
 SMALL = 1 << 20  # messages up to this size are timed K calls at a time
 WARMUP_REPS = 2  # untimed repetitions; they also estimate a repetition's length
@@ -76,13 +73,6 @@ def repetitions(rep_s, min_reps, min_window):
     return max(min_reps, min(MAX_REPS, wanted))
 
 
-def save_json(path, doc):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
-
-
 def _progress(lib, size, entry):
     if "times" in entry:
         t = sorted(entry["times"])[len(entry["times"]) // 2]
@@ -92,18 +82,16 @@ def _progress(lib, size, entry):
     print("  %s x%d %-13s %10d B  %s" % (lib, size, entry["op"], entry["bytes"], what), flush=True)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--lib", required=True)
+def _add_args(p):
     p.add_argument("--ops", required=True)
     p.add_argument("--sizes", required=True, help="bytes, comma-separated")
     p.add_argument("--reps", type=int, required=True)
-    p.add_argument("--idle-wait", type=float, required=True)
     p.add_argument("--min-window", type=float, required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    comm = make_comm(args.lib)
-    gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
+
+
+def main():
+    args = parse_args(_add_args)
+    comm, gate = join(args)
     doc = {
         "lib": args.lib,
         "version": comm.version,
@@ -112,7 +100,6 @@ def main():
         "pid": os.getpid(),
         "entries": [],
     }
-    path = os.path.join(args.out, "rank%d.json" % comm.rank)
     for op in args.ops.split(","):
         assert op in OPS, op
         for nbytes in (int(s) for s in args.sizes.split(",")):
@@ -125,13 +112,12 @@ def main():
                     "error": "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:200]),
                 }
             doc["entries"].append(entry)
-            save_json(path, doc)
+            save_json(rank_path(comm, args), doc)
             if comm.rank == 0:
                 _progress(args.lib, comm.size, entry)
             if "error" in entry:
                 break
-    comm.barrier()
-    comm.close()
+    finish(comm, args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ rank; the step is a tf.function. Same warmup, idle gate, barriers and output doc
 (DIR/rank<r>.json) as _e2e_torch_worker.py (the loop is _machine.timed_steps).
 """
 
-import argparse
 import os
 import sys
 
@@ -18,9 +17,8 @@ import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _collectives_worker import save_json  # noqa: E402
-from _comms import make_comm  # noqa: E402
-from _machine import Gate, timed_steps  # noqa: E402
+from _machine import timed_steps  # noqa: E402
+from _worker import add_step_args, finish, join, parse_args, step_doc  # noqa: E402
 
 BATCH = 32
 WARMUP = 3
@@ -65,30 +63,14 @@ def make_step(mode):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    for name in ("--lib", "--out", "--mode", "--model"):
-        p.add_argument(name, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--idle-wait", type=float, required=True)
-    args = p.parse_args()
+    args = parse_args(add_step_args)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    comm = make_comm(args.lib)
-    gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
+    comm, gate = join(args)
     step, params = make_step(args.mode)
     times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=WARMUP)
-    doc = {
-        "rank": comm.rank,
-        "size": comm.size,
-        "version": comm.version + ", tensorflow " + tf.__version__,
-        "times": times,
-        "params": params,
-    }
-    if load:
-        doc["load"] = load
-    save_json(os.path.join(args.out, "rank%d.json" % comm.rank), doc)
-    comm.barrier()
-    comm.close()
+    comm.version += ", tensorflow " + tf.__version__
+    finish(comm, args, step_doc(comm, times, load, params=params))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ after a barrier (outside the timed region). Writes DIR/rank<r>.json: {"rank", "s
 Imports hvdlite only for LIB=hvdlite, so it runs in Horovod's venv too.
 """
 
-import argparse
 import os
 import sys
 
@@ -23,9 +22,8 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-from _collectives_worker import save_json  # noqa: E402
-from _comms import make_comm  # noqa: E402
-from _machine import Gate, timed_steps  # noqa: E402
+from _machine import timed_steps  # noqa: E402
+from _worker import run, step_doc  # noqa: E402
 from digits_cnn import SmallCNN  # noqa: E402
 
 BATCH = 32
@@ -63,10 +61,9 @@ def distribute(lib, mode, model, opt):
     )
 
 
-def measure(comm, args):
+def measure(comm, gate, args):
     """This rank's result document. The model (and DDP's hold on the process group) is freed
     when it returns, before the job is torn down."""
-    gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
     model, x, y = make_model(args.model)
     forward, opt = distribute(args.lib, args.mode, model, torch.optim.SGD(model.parameters(), lr=0.01))
 
@@ -76,30 +73,11 @@ def measure(comm, args):
         opt.step()
 
     times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=WARMUP)
-    doc = {
-        "rank": comm.rank,
-        "size": comm.size,
-        "version": comm.version,
-        "times": times,
-        "params": sum(p.numel() for p in model.parameters()),
-    }
-    if load:
-        doc["load"] = load
-    return doc
+    return step_doc(comm, times, load, params=sum(p.numel() for p in model.parameters()))
 
 
 def main():
-    p = argparse.ArgumentParser()
-    for name in ("--lib", "--out", "--mode", "--model"):
-        p.add_argument(name, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--idle-wait", type=float, required=True)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    comm = make_comm(args.lib)
-    save_json(os.path.join(args.out, "rank%d.json" % comm.rank), measure(comm, args))
-    comm.barrier()
-    comm.close()
+    run(measure, setup=lambda: torch.set_num_threads(1))
 
 
 if __name__ == "__main__":

@@ -6,22 +6,20 @@ A step submits every tensor asynchronously in reverse order (backward produces t
 layer's gradient first), then waits for all of them: comm.allreduce_async per tensor, then
 comm.wait_all (for "mpi-blocking" each call is a blocking Allreduce; see _comms.py). Sum, in
 place, float32. Per rank: a correctness step on rank-dependent data (#wrong), tensors zeroed,
-a wait for an idle machine, WARMUP_STEPS untimed steps, then R steps each after a barrier.
+WARMUP_STEPS untimed steps, a wait for an idle machine, then R steps each after a barrier
+(_machine.timed_steps).
 Writes DIR/rank<r>.json: {"lib", "version", "rank", "size", "entries": [{"op": "resnet50",
 "bytes", "count", "k": 1, "reps", "times" (seconds per step), "wrong"}]}, rank 0's entry with
 "load" as in _collectives_worker.py, so _report.combine reads both.
 """
 
-import argparse
 import os
 import sys
-import time
 
 import numpy as np
-from _collectives_worker import save_json
-from _comms import make_comm
-from _machine import Gate
+from _machine import timed_steps
 from _resnet50_shapes import SHAPES, TOTAL
+from _worker import finish, join, parse_args
 
 WARMUP_STEPS = 3
 
@@ -47,45 +45,17 @@ def measure(comm, gate, reps, idle_wait):
     entry["wrong"] = count_wrong(comm, tensors)
     for t in tensors:
         t.fill(0)
-    idle = gate.wait_idle(idle_wait)
-    for _ in range(WARMUP_STEPS):
-        step(comm, tensors)
-    meter = gate.meter() if comm.rank == 0 else None
-    comm.barrier()
-    if meter:
-        meter.start()
-    times = []
-    for _ in range(reps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        step(comm, tensors)
-        times.append(time.perf_counter() - t0)
-    if meter:
-        entry["load"] = meter.stop()
-        entry["idle_wait_s"] = idle[0]
+    times, load = timed_steps(comm, gate, lambda: step(comm, tensors), reps, idle_wait, warmup=WARMUP_STEPS)
+    if load:
+        entry["load"] = load
     entry["times"] = times
     return entry
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--lib", required=True)
-    p.add_argument("--reps", type=int, required=True)
-    p.add_argument("--idle-wait", type=float, required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    comm = make_comm(args.lib)
-    gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
+    args = parse_args(lambda p: p.add_argument("--reps", type=int, required=True))
+    comm, gate = join(args)
     entry = measure(comm, gate, args.reps, args.idle_wait)
-    doc = {
-        "lib": args.lib,
-        "version": comm.version,
-        "rank": comm.rank,
-        "size": comm.size,
-        "pid": os.getpid(),
-        "entries": [entry],
-    }
-    save_json(os.path.join(args.out, "rank%d.json" % comm.rank), doc)
     if comm.rank == 0:
         med = sorted(entry["times"])[len(entry["times"]) // 2]
         print(
@@ -93,8 +63,8 @@ def main():
             % (args.lib, comm.size, med * 1e3, entry["wrong"], 100 * entry["load"]["others"]),
             flush=True,
         )
-    comm.barrier()
-    comm.close()
+    doc = {"lib": args.lib, "version": comm.version, "rank": comm.rank, "size": comm.size}
+    finish(comm, args, dict(doc, pid=os.getpid(), entries=[entry]))
 
 
 if __name__ == "__main__":

@@ -11,14 +11,19 @@ Launchers, one per library (each rank runs `script --lib LIB --out DIR ...args`)
 Every rank gets one compute thread (OMP/MKL/OpenBLAS_NUM_THREADS=1; torch-based adapters also
 call torch.set_num_threads(1)).
 
+Shared by the drivers: add_driver_args (--quick, --idle-wait, --out-dir), available (which
+libraries run here, printing why the others are skipped) and host_line (the report's first note).
+
 Contract of run_job: returns ([rank doc, ...] read from DIR/rank<r>.json, in rank order, ranks
 that wrote nothing left out) and None, or an error string when the job exited non-zero or ran
 past timeout_s (then its whole process group is killed). The temporary DIR is always removed.
 """
 
+import datetime
 import glob
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -55,6 +60,46 @@ def unavailable(lib):
     if r.returncode != 0:
         return "cannot import it: " + (r.stderr.strip().splitlines() or ["?"])[-1]
     return None
+
+
+def add_driver_args(p, idle_wait=None, quick="a short smoke run"):
+    """--quick, --idle-wait (default `idle_wait`; None: the script's own mode decides) and
+    --out-dir (default benchmarks/results), the arguments every driver takes."""
+    p.add_argument("--quick", action="store_true", help=quick)
+    text = "max seconds to wait for an idle machine before timing"
+    p.add_argument(
+        "--idle-wait",
+        type=float,
+        default=idle_wait,
+        help=text + (" (default %.0f)" % idle_wait if idle_wait else ""),
+    )
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+
+
+def available(jobs, lib_of=lambda job: job):
+    """(jobs that can run here, {job: why not} for the others), in order; prints each skip.
+    Exits when hvdlite itself cannot run: nothing would be measured."""
+    ran, skipped = [], {}
+    for job in jobs:
+        reason = unavailable(lib_of(job))
+        if reason and lib_of(job) == "hvdlite":
+            sys.exit("hvdlite cannot run here: %s (make install)" % reason)
+        if reason:
+            skipped[job] = reason
+            print("skipping %s: %s" % (job, reason), flush=True)
+        else:
+            ran.append(job)
+    return ran, skipped
+
+
+def host_line():
+    """'- <date>, host H, N CPUs, Python V': the first note of every report."""
+    return "- %s, host %s, %d CPUs, Python %s" % (
+        datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        platform.node(),
+        os.cpu_count() or 1,
+        platform.python_version(),
+    )
 
 
 def _env():

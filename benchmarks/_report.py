@@ -10,7 +10,10 @@ of each repetition, then median / min over repetitions), "algbw", "busbw" (GB/s,
 repetitions ran), "error"}.
 """
 
+import json
+import os
 import statistics
+import textwrap
 
 from _cases import BUS_FACTOR
 from _machine import BUSY_LIMIT
@@ -127,6 +130,39 @@ def markdown(rows, libs, ranks, ops, notes):
     return "\n".join(out)
 
 
+def write_outputs(out_dir, stem, text, data=None, plot=None):
+    """Every driver's outputs: OUT/<stem>.md (`text`), OUT/<stem>.json (`data`, what _suite.py
+    reads for its ratios) and OUT/<stem>.png (`plot(path)`), each when given; prints `text` and
+    what it wrote."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = ["md"]
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write(text + "\n")
+    if data is not None:
+        with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+            json.dump(data, f, indent=1)
+        written.append("json")
+    if plot is not None:
+        plot(os.path.join(out_dir, stem + ".png"))
+        written.append("png")
+    print("\n%s\n\nwrote %s/%s.{%s}" % (text, out_dir, stem, ",".join(written)), flush=True)
+
+
+def save_figure(fig, path, title=None, dpi=110):
+    """Saves a matplotlib figure with its title whole: `title` is wrapped to the figure's width
+    (a long suptitle on a narrow figure used to be cut at both edges), and the saved area grows
+    to hold every title and label (bbox_inches="tight"). Closes the figure."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fontsize = 10
+        chars = max(20, int(fig.get_figwidth() * 72 / (0.6 * fontsize)))  # ~0.6 em per character
+        fig.suptitle("\n".join(textwrap.wrap(title, chars)), fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+
+
 _COLORS = {"hvdlite": "C0", "gloo": "C1", "mpi": "C2", "horovod": "C3"}
 
 
@@ -180,10 +216,5 @@ def plot(rows, libs, ranks, ops, path):
                 ax.set_ylabel("busbw (GB/s)")
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-    fig.suptitle(
-        "busbw against size (circled: others used > %.0f%% of the machine meanwhile)" % (100 * BUSY_LIMIT),
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    title = "busbw against size (circled: others used > %.0f%% of the machine meanwhile)" % (100 * BUSY_LIMIT)
+    save_figure(fig, path, title)

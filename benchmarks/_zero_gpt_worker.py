@@ -12,7 +12,6 @@ Peak RSS: the kernel's high-water mark (VmHWM), reset after the warm-up steps
 "version", "params", "times", "peak_rss", "rss_before"}, rank 0's with "load".
 """
 
-import argparse
 import os
 import sys
 
@@ -21,9 +20,8 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-from _collectives_worker import save_json  # noqa: E402
-from _comms import make_comm  # noqa: E402
-from _machine import Gate, timed_steps  # noqa: E402
+from _machine import timed_steps  # noqa: E402
+from _worker import run, step_doc  # noqa: E402
 from pytorch_zero_gpt import GPT  # noqa: E402
 
 BATCH, CONTEXT, VOCAB = 4, 64, 16384
@@ -88,8 +86,7 @@ def distribute(lib, mode, model):
     return engine, opt
 
 
-def measure(comm, args):
-    gate = Gate(os.path.join(args.out, "gate"), comm.rank, comm.size)
+def measure(comm, gate, args):
     model = make_model(args.tiny)
     params = sum(p.numel() for p in model.parameters())
     forward, opt = distribute(args.lib, args.mode, model)
@@ -115,37 +112,16 @@ def measure(comm, args):
         f.write("5")  # resets VmHWM to the current RSS
     rss_before = _status_kib("VmRSS")
     times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=0)
-    doc = {
-        "rank": comm.rank,
-        "size": comm.size,
-        "version": comm.version,
-        "times": times,
-        "params": params,
-        "peak_rss": _status_kib("VmHWM"),
-        "rss_before": rss_before,
-    }
     if deepspeed_engine:
         import deepspeed
 
-        doc["version"] += "; deepspeed " + deepspeed.__version__
-    if load:
-        doc["load"] = load
-    return doc
+        comm.version += "; deepspeed " + deepspeed.__version__
+    peak = _status_kib("VmHWM")
+    return step_doc(comm, times, load, params=params, peak_rss=peak, rss_before=rss_before)
 
 
 def main():
-    p = argparse.ArgumentParser()
-    for name in ("--lib", "--out", "--mode"):
-        p.add_argument(name, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--idle-wait", type=float, required=True)
-    p.add_argument("--tiny", action="store_true")
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    comm = make_comm(args.lib)
-    save_json(os.path.join(args.out, "rank%d.json" % comm.rank), measure(comm, args))
-    comm.barrier()
-    comm.close()
+    run(measure, setup=lambda: torch.set_num_threads(1))
 
 
 if __name__ == "__main__":

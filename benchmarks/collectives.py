@@ -13,16 +13,13 @@ Exit status: 0 when every job ran (even when #wrong is not 0: the table shows it
 """
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _report
 from _cases import OPS
-from _launch import HERE, LIBS, run_job, unavailable
+from _launch import HERE, LIBS, add_driver_args, available, host_line, run_job
 from _machine import BUSY_LIMIT
 
 WORKER = os.path.join(HERE, "_collectives_worker.py")
@@ -57,15 +54,10 @@ def parse_args(argv):
         "they take under %.1f s)" % (FULL["reps"], FULL["min_window"]),
     )
     p.add_argument("--peers", default="gloo,mpi,horovod", help="comma-separated peers, or 'none'")
-    p.add_argument("--quick", action="store_true", help="short smoke run: %s" % QUICK)
-    p.add_argument(
-        "--idle-wait",
-        type=float,
-        help="max seconds to wait for an idle machine before "
-        "each measurement (default %.0f)" % FULL["idle_wait"],
+    add_driver_args(
+        p, quick="short smoke run: %s (else --idle-wait defaults to %.0f)" % (QUICK, FULL["idle_wait"])
     )
     p.add_argument("--job-timeout", type=float, default=3600.0, help="seconds one library's job may run")
-    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     base = QUICK if args.quick else FULL
@@ -88,13 +80,7 @@ def _notes(args, libs, versions, skipped):
     notes = [
         "# Collectives: hvdlite vs %s" % (", ".join(libs[1:]) or "(no peers)"),
         "",
-        "- %s, host %s, %d CPUs, Python %s"
-        % (
-            datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            platform.node(),
-            os.cpu_count() or 1,
-            platform.python_version(),
-        ),
+        host_line(),
         "- libraries: " + "; ".join(versions.get(lib, lib) for lib in libs),
         "- float32; one compute thread per rank (OMP/MKL/OpenBLAS_NUM_THREADS=1, torch.set_num_threads(1)); "
         "allreduce and reducescatter sum; broadcast from rank 0; allreduce and broadcast in place",
@@ -115,16 +101,8 @@ def _notes(args, libs, versions, skipped):
 def run_all(args):
     """Runs every job; returns (rows, libs that ran, versions, skipped {lib: reason}, failed
     {"lib xN": reason})."""
-    libs, skipped, failed, rows, versions = [], {}, {}, [], {}
-    for lib in ["hvdlite"] + args.peers:
-        reason = unavailable(lib)
-        if reason and lib == "hvdlite":
-            sys.exit("hvdlite cannot run here: %s (make install)" % reason)
-        if reason:
-            skipped[lib] = reason
-            print("skipping %s: %s" % (lib, reason), flush=True)
-        else:
-            libs.append(lib)
+    libs, skipped = available(["hvdlite"] + args.peers)
+    failed, rows, versions = {}, [], {}
     worker_args = [
         "--ops",
         ",".join(args.ops),
@@ -155,15 +133,13 @@ def main(argv=None):
     rows, libs, versions, skipped, failed = run_all(args)
     notes = _notes(args, libs, versions, dict(skipped, **failed))
     text = _report.markdown(rows, libs, args.ranks, args.ops, notes)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "collectives.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(args.out_dir, "collectives.json"), "w") as f:
-        json.dump({"rows": rows, "versions": versions, "skipped": skipped, "failed": failed}, f, indent=1)
-    print("\n" + text, flush=True)
-    if not args.no_plot and rows:
-        _report.plot(rows, libs, args.ranks, args.ops, os.path.join(args.out_dir, "collectives.png"))
-    print("wrote %s/collectives.{md,json%s}" % (args.out_dir, "" if args.no_plot else ",png"), flush=True)
+    data = {"rows": rows, "versions": versions, "skipped": skipped, "failed": failed}
+    plot = (
+        None
+        if args.no_plot or not rows
+        else lambda path: _report.plot(rows, libs, args.ranks, args.ops, path)
+    )
+    _report.write_outputs(args.out_dir, "collectives", text, data, plot)
     return 1 if failed else 0
 
 

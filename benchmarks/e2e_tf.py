@@ -20,25 +20,19 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import HERE
+from _launch import HERE, add_driver_args
+from e2e_torch import ROWS as TORCH_ROWS
 from e2e_torch import run_row, write_report
 
 WORKER = os.path.join(HERE, "_e2e_tf_worker.py")
-ROWS = {
-    "single": ("hvdlite", 1, "alone"),
-    "nocomm": ("hvdlite", 2, "alone"),
-    "hvdlite": ("hvdlite", 2, "train"),
-    "hvdlite-fp16": ("hvdlite", 2, "fp16"),
-}
+ROWS = {row: TORCH_ROWS[row] for row in ("single", "nocomm", "hvdlite", "hvdlite-fp16")}
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20, help="timed steps per row")
-    p.add_argument("--idle-wait", type=float, default=30.0, help="max seconds to wait for an idle machine")
-    p.add_argument("--quick", action="store_true", help="3 steps, 2 s idle wait: a smoke run")
+    add_driver_args(p, idle_wait=30.0, quick="3 steps, 2 s idle wait: a smoke run")
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     return p.parse_args(argv)
 
 

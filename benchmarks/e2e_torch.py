@@ -26,8 +26,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import HERE, run_job, unavailable
-from _report import fmt_others
+from _launch import HERE, add_driver_args, run_job, unavailable
+from _report import fmt_others, save_figure, write_outputs
 
 WORKER = os.path.join(HERE, "_e2e_torch_worker.py")
 # Row -> (library that launches it, ranks, worker mode).
@@ -46,9 +46,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=sorted(STEPS))
     p.add_argument("--steps", type=int, help="timed steps per row (default: 20 mlp, 100 cnn)")
-    p.add_argument("--idle-wait", type=float, default=30.0, help="max seconds to wait for an idle machine")
-    p.add_argument("--quick", action="store_true", help="3 steps, 2 s idle wait: a smoke run")
-    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    add_driver_args(p, idle_wait=30.0, quick="3 steps, 2 s idle wait: a smoke run")
     return p.parse_args(argv)
 
 
@@ -105,13 +103,11 @@ def plot(results, path):
         ax.set_title("%s, batch 32 per rank" % model)
         ax.set_ylabel("median step (ms)")
         ax.tick_params(axis="x", labelrotation=30)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_report(results, out_dir, stem, framework, threads):
-    """Prints the table and writes OUT/<stem>.md and .png (shared with e2e_tf.py)."""
+    """Prints the table and writes OUT/<stem>.md, .json and .png (shared with e2e_tf.py)."""
     versions = sorted({r["version"] for r in results if "version" in r})
     text = "\n".join(
         [
@@ -122,11 +118,7 @@ def write_report(results, out_dir, stem, framework, threads):
         ]
         + table(results)
     )
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
-        f.write(text + "\n")
-    plot(results, os.path.join(out_dir, stem + ".png"))
-    print("\n" + text + "\n\nwrote %s/%s.{md,png}" % (out_dir, stem), flush=True)
+    write_outputs(out_dir, stem, text, {"results": results}, lambda path: plot(results, path))
 
 
 def main(argv=None):

@@ -11,16 +11,13 @@ and OUT/fusion.json, OUT = --out-dir (benchmarks/results). Exit status 1 when a 
 """
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _report
 from _cases import BUS_FACTOR
-from _launch import HERE, run_job, unavailable
+from _launch import HERE, add_driver_args, available, host_line, run_job
 from _machine import BUSY_LIMIT
 
 WORKER = os.path.join(HERE, "_fusion_worker.py")
@@ -48,14 +45,10 @@ def parse_args(argv):
     p.add_argument("--ranks", help="comma-separated rank counts (default %s)" % FULL["ranks"])
     p.add_argument("--reps", type=int, help="timed steps (default %d)" % FULL["reps"])
     p.add_argument("--peers", default="gloo,mpi,horovod", help="comma-separated peers, or 'none'")
-    p.add_argument("--quick", action="store_true", help="short smoke run: %s" % QUICK)
-    p.add_argument(
-        "--idle-wait",
-        type=float,
-        help="max seconds to wait for an idle machine (default %.0f)" % FULL["idle_wait"],
+    add_driver_args(
+        p, quick="short smoke run: %s (else --idle-wait defaults to %.0f)" % (QUICK, FULL["idle_wait"])
     )
     p.add_argument("--job-timeout", type=float, default=1800.0, help="seconds one library's job may run")
-    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
     base = QUICK if args.quick else FULL
     args.ranks = [int(n) for n in (args.ranks or base["ranks"]).split(",")]
@@ -71,16 +64,8 @@ def parse_args(argv):
 def run_all(args):
     """Runs every job; returns (rows, job names that ran, versions, skipped, failed)."""
     names = ["hvdlite"] + [job for peer in args.peers for job in PEERS[peer]]
-    ran, skipped, failed, rows, versions = [], {}, {}, [], {}
-    for name in names:
-        reason = unavailable(JOBS[name][0])
-        if reason and name == "hvdlite":
-            sys.exit("hvdlite cannot run here: %s (make install)" % reason)
-        if reason:
-            skipped[name] = reason
-            print("skipping %s: %s" % (name, reason), flush=True)
-        else:
-            ran.append(name)
+    ran, skipped = available(names, lambda name: JOBS[name][0])
+    failed, rows, versions = {}, [], {}
     worker_args = ["--reps", str(args.reps), "--idle-wait", str(args.idle_wait)]
     for n in args.ranks:
         for name in ran:
@@ -136,13 +121,7 @@ def notes(args, versions, skipped):
     out = [
         "# ResNet-50 gradient set: 161 tensors, 25,557,032 float32 (97.5 MiB), one step",
         "",
-        "- %s, host %s, %d CPUs, Python %s"
-        % (
-            datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            platform.node(),
-            os.cpu_count() or 1,
-            platform.python_version(),
-        ),
+        host_line(),
         "- libraries: " + "; ".join(v for v in versions.values() if v),
         "- a step submits every tensor asynchronously in reverse order, then waits for all; Sum, in place; "
         "one compute thread per rank; fusion settings: library defaults (%s)" % settings,
@@ -160,12 +139,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     rows, _ran, versions, skipped, failed = run_all(args)
     text = "\n".join(notes(args, versions, dict(skipped, **failed)) + table(rows, args.ranks))
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "fusion.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(args.out_dir, "fusion.json"), "w") as f:
-        json.dump({"rows": rows, "versions": versions, "skipped": skipped, "failed": failed}, f, indent=1)
-    print("\n" + text + "\n\nwrote %s/fusion.{md,json}" % args.out_dir, flush=True)
+    data = {"rows": rows, "versions": versions, "skipped": skipped, "failed": failed}
+    _report.write_outputs(args.out_dir, "fusion", text, data)
     return 1 if failed else 0
 
 

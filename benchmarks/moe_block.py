@@ -2,7 +2,7 @@
 with expert parallelism over 2 ranks against the same block, same global batch, on one
 process; and the share of step time spent in all-to-all:
 
-    python benchmarks/moe_block.py [--ranks 2] [--steps 5] [--tokens 512] [--hidden 128]
+    python benchmarks/moe_block.py [--ranks 2] [--steps 5] [--tokens 512] [--hidden 128] [--loop]
 
 Each step is forward + backward of the block on --tokens tokens per rank (the one-process
 run takes ranks x --tokens, all 8 experts), dropless routing. The first step is not timed.
@@ -10,6 +10,7 @@ run takes ranks x --tokens, all 8 experts), dropless routing. The first step is 
 combine, forward and backward) on each rank, which includes waiting for the slower peer;
 reported as the max over ranks of (time in all-to-all / step time). One compute thread per
 rank (torch.set_num_threads(1)); note the ep=2 run uses two cores where one process uses one.
+--loop runs hvdlite's local experts in a Python loop instead of one batched vmap.
 """
 
 import argparse
@@ -91,7 +92,7 @@ def worker(args):
     torch.manual_seed(0)
     moe = hvd.parallel.MoE(
         args.hidden, expert=lambda: _ffn(args.hidden), num_experts=args.experts, k=args.k,
-        drop_tokens=False, name="bench.moe",
+        drop_tokens=False, name="bench.moe", batch_experts=False if args.loop else None,
     )  # fmt: skip
     return _measure(Block(args.hidden, 4, moe), args, hvd.rank(), hvd.size(), hvd.barrier, spent)
 
@@ -190,6 +191,7 @@ def main():
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--loop", action="store_true", help="hvdlite: local experts in a loop, not batched")
     args = parser.parse_args()
     if args.worker:
         print(

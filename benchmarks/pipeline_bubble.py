@@ -1,7 +1,11 @@
 """Pipeline bubble of hvd.parallel's schedules, measured: idle fraction per rank against the
-textbook bubble. Run on 4 ranks:
+textbook bubble, on 4 ranks:
 
+    python benchmarks/pipeline_bubble.py [--quick] [--ranks 4]     # starts its own hvdliterun job
     python -m hvdlite.runner.launch -np 4 python benchmarks/pipeline_bubble.py [--png out.png]
+
+Started by itself it launches the ranks through _launch.run_job and writes the table to
+OUT/pipeline_bubble.md and the timelines to OUT/pipeline_bubble.png (OUT = --out-dir).
 
 Compute is emulated with sleeps (forward F, input-gradient I and weight-gradient W, with
 I = W = F, so B = 2F), so the ranks do not compete for cores and the measurement shows the
@@ -14,29 +18,21 @@ blocking stage-to-stage transfers (their mean time is printed).
 """
 
 import argparse
-import time
+import os
+import sys
 
 import torch
 from torch import nn
 
 import hvdlite.torch as hvd
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import add_driver_args, run_job
+from _pipeline_sleep import Sleep
+from _report import save_figure, write_outputs
+from _worker import save_json
+
 F_MS = 10.0
-
-
-class _Sleep(torch.autograd.Function):
-    """Identity that sleeps fwd_ms forward and bwd_ms backward."""
-
-    @staticmethod
-    def forward(ctx, x, fwd_ms, bwd_ms):
-        ctx.bwd_ms = bwd_ms
-        time.sleep(fwd_ms / 1000)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(ctx.bwd_ms / 1000)
-        return grad, None, None
 
 
 class SleepStage(nn.Module):
@@ -51,8 +47,8 @@ class SleepStage(nn.Module):
     def forward(self, x):
         if not x.requires_grad:  # the first stage: give it the same backward work as the others
             x = x.detach().requires_grad_()
-        a = _Sleep.apply(x, self.ms / 2, self.ms)
-        b = _Sleep.apply(self.w * x.detach(), self.ms / 2, self.ms)
+        a = Sleep.apply(x, self.ms / 2, self.ms)
+        b = Sleep.apply(self.w * x.detach(), self.ms / 2, self.ms)
         return a + b
 
 
@@ -90,60 +86,94 @@ def idle_fractions(per_rank_steps):
     return idle, sum(spans) / n_steps
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--f-ms", type=float, default=F_MS, help="emulated forward time per rank")
     parser.add_argument("--png", default=None, help="write a timeline picture of the last steps")
-    args = parser.parse_args()
+    parser.add_argument("--ranks", type=int, default=4, help="ranks of the job it starts itself")
+    parser.add_argument("--lib", help="(set by the driver: run one rank)")
+    parser.add_argument("--out", help="(set by the driver: where rank 0 writes its table)")
+    add_driver_args(parser, quick="1 step, F = 5 ms")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.f_ms = 1, 5.0
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.lib or "HVDLITE_RANK" in os.environ:
+        return run_rank(args)
+    png = os.path.join(os.path.abspath(args.out_dir), "pipeline_bubble.png")
+    os.makedirs(args.out_dir, exist_ok=True)
+    passthrough = ["--microbatches=%d" % args.microbatches, "--steps=%d" % args.steps]
+    passthrough += ["--f-ms=%s" % args.f_ms, "--png=" + png]
+    docs, error = run_job("hvdlite", args.ranks, os.path.abspath(__file__), passthrough, timeout_s=600)
+    if error or not docs:
+        print("pipeline_bubble failed: %s" % (error or "no result"), flush=True)
+        return 1
+    text = "# Pipeline bubble of hvd.parallel's schedules\n\n" + docs[0]["text"]
+    write_outputs(args.out_dir, "pipeline_bubble", text)
+    return 0
+
+
+def run_rank(args):
+    """One rank: every schedule measured; rank 0 prints the table (and writes it to
+    --out/rank0.json when the driver started the job)."""
     torch.set_num_threads(1)
     hvd.init()
     mesh = hvd.Mesh(pp=hvd.size())
-    p, m = hvd.size(), args.microbatches
     rows, timelines = [], {}
     for name in ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
-        v, steps = measure(mesh, name, m, args.steps, args.f_ms)
+        v, steps = measure(mesh, name, args.microbatches, args.steps, args.f_ms)
         everyone = hvd.allgather_object(steps, name="bubble." + name)
         idle, step_s = idle_fractions(everyone)
         rows.append((name, v, idle, step_s))
         timelines[name] = [tl[-1] for tl in everyone]
     if hvd.rank() == 0:
-        print(
-            "pipeline bubble, %d ranks, %d microbatches, F=%.0f ms, B=2F (sleep-emulated)" % (p, m, args.f_ms)
-        )
-        print(
-            "| schedule | v | idle per rank | mean idle | bubble ratio | textbook (p-1)/(v*m) | step ms | ideal ms | transfers/rank | mean transfer ms |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        f_ms = args.f_ms
-        ideal = (m + p - 1) * 3 * f_ms  # (m + p - 1) slots of F + B on the critical path
-        for name, v, idle, step_s in rows:
-            mean = sum(idle) / len(idle)
-            xfers = [
-                (e - s) * 1e3
-                for tl in timelines[name]
-                for a, s, e in tl
-                if a.kind.startswith(("SEND", "RECV"))
-            ]
-            print(
-                "| %s | %d | %s | %.3f | %.3f | %.3f | %.0f | %.0f | %d | %.1f |"
-                % (
-                    name,
-                    v,
-                    " ".join("%.3f" % f for f in idle),
-                    mean,
-                    mean / (1 - mean),
-                    (p - 1) / (v * m),
-                    step_s * 1e3,
-                    ideal if v == 1 else (v * m + p - 1) * 3 * f_ms / v,
-                    len(xfers) // p,
-                    sum(xfers) / max(1, len(xfers)),
-                )
-            )
+        text = "\n".join(table(rows, timelines, hvd.size(), args.microbatches, args.f_ms))
+        print(text, flush=True)
+        if args.out:
+            save_json(os.path.join(args.out, "rank0.json"), {"rank": 0, "text": text})
         if args.png:
             _plot(timelines, args.png)
     hvd.shutdown()
+    return 0
+
+
+def table(rows, timelines, p, m, f_ms):
+    """Markdown lines: a title line, then a row per schedule."""
+    lines = [
+        "pipeline bubble, %d ranks, %d microbatches, F=%.0f ms, B=2F (sleep-emulated)" % (p, m, f_ms),
+        "",
+        "| schedule | v | idle per rank | mean idle | bubble ratio | textbook (p-1)/(v*m) | step ms "
+        "| ideal ms | transfers/rank | mean transfer ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ideal = (m + p - 1) * 3 * f_ms  # (m + p - 1) slots of F + B on the critical path
+    for name, v, idle, step_s in rows:
+        mean = sum(idle) / len(idle)
+        xfers = [
+            (e - s) * 1e3 for tl in timelines[name] for a, s, e in tl if a.kind.startswith(("SEND", "RECV"))
+        ]
+        lines.append(
+            "| %s | %d | %s | %.3f | %.3f | %.3f | %.0f | %.0f | %d | %.1f |"
+            % (
+                name,
+                v,
+                " ".join("%.3f" % f for f in idle),
+                mean,
+                mean / (1 - mean),
+                (p - 1) / (v * m),
+                step_s * 1e3,
+                ideal if v == 1 else (v * m + p - 1) * 3 * f_ms / v,
+                len(xfers) // p,
+                sum(xfers) / max(1, len(xfers)),
+            )
+        )
+    return lines
 
 
 def _plot(timelines, path):
@@ -171,9 +201,8 @@ def _plot(timelines, path):
         ax.set_ylabel("rank")
         ax.invert_yaxis()
     axes[-1].set_xlabel("ms (F blue, B red, I orange, W green)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    save_figure(fig, path, dpi=80)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,35 +6,26 @@ torch.distributed.pipelining (gloo), same model, same ranks, side by side:
 Two models per stage: "sleep" (compute emulated by sleeps, F = --f-ms, B = 2F: shows the
 schedule and the transfers, not the machine's load) and "mlp" (a real 2-layer MLP of width
 --width on a batch of --batch rows: transfers of real activations, real compute). The first
-step of each is not timed (shape inference, negotiation). Prints a markdown table; the
-ratio is torch's step time over hvdlite's (above 1: hvdlite faster).
+step of each is not timed (shape inference, negotiation). Both jobs start through _launch.run_job
+(this script, with --lib, is their rank). Prints a markdown table and writes it to
+OUT/pipeline_vs_torch.md; the ratio is torch's step time over hvdlite's (above 1: hvdlite faster).
 """
 
 import argparse
-import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
 import torch
 from torch import nn
 
-HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import add_driver_args, available, host_line, run_job
+from _pipeline_sleep import Sleep
+from _report import write_outputs
+from _worker import save_json
 
-
-class _Sleep(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, fwd_ms, bwd_ms):
-        ctx.bwd_ms = bwd_ms
-        time.sleep(fwd_ms / 1000)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(ctx.bwd_ms / 1000)
-        return grad, None, None
+SCRIPT = os.path.abspath(__file__)
 
 
 class SleepStage(nn.Module):
@@ -44,7 +35,7 @@ class SleepStage(nn.Module):
         self.f_ms = f_ms
 
     def forward(self, x):
-        return _Sleep.apply(x * self.w, self.f_ms, 2 * self.f_ms)
+        return Sleep.apply(x * self.w, self.f_ms, 2 * self.f_ms)
 
 
 class MlpStage(nn.Module):
@@ -88,8 +79,9 @@ def worker_torch(args):
     import torch.distributed as dist
     from torch.distributed import pipelining
 
-    dist.init_process_group("gloo")
-    me, n = dist.get_rank(), dist.get_world_size()
+    # _launch's gloo launcher: RANK, WORLD_SIZE and a tcp:// init method
+    me, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=os.environ["BENCH_GLOO_INIT"], rank=me, world_size=n)
     out = {}
     for kind, cls in (("sleep", SleepStage), ("mlp", MlpStage)):
         torch.manual_seed(me)
@@ -110,53 +102,10 @@ def worker_torch(args):
     return out
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(lib, args, passthrough):
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, HERE, "--worker", lib] + passthrough
-    if lib == "hvdlite":
-        res = subprocess.run(
-            [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(args.ranks)] + cmd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        outs = [res.stdout]
-    else:
-        port = _free_port()
-        procs = [
-            subprocess.Popen(
-                cmd,
-                env=dict(
-                    env,
-                    RANK=str(r),
-                    WORLD_SIZE=str(args.ranks),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                ),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for r in range(args.ranks)
-        ]
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    for text in outs:
-        for line in text.splitlines():
-            if "RESULT " in line:
-                return json.loads(line.split("RESULT ", 1)[1])
-    raise RuntimeError("%s run produced no result:\n%s" % (lib, "\n".join(outs)))
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", choices=("hvdlite", "torch"))
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lib", choices=("hvdlite", "gloo"), help="(set by the driver: run one rank)")
+    parser.add_argument("--out", help="(set by the driver: where a rank writes its result)")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--schedule", default="Schedule1F1B")
     parser.add_argument("--microbatches", type=int, default=8)
@@ -164,23 +113,59 @@ def main():
     parser.add_argument("--f-ms", type=float, default=10.0)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)
-    args = parser.parse_args()
+    add_driver_args(parser, quick="2 steps, F = 5 ms")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.f_ms = 2, 5.0
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     torch.set_num_threads(1)
-    if args.worker:
-        out = (worker_hvdlite if args.worker == "hvdlite" else worker_torch)(args)
-        print("RESULT " + json.dumps(out), flush=True)
-        return
-    passthrough = [a for a in sys.argv[1:]]
-    hv, tv = _run("hvdlite", args, passthrough), _run("torch", args, passthrough)
-    print(
-        "%s, %d ranks, %d microbatches, batch %d, width %d, sleep F=%.0f ms"
-        % (args.schedule, args.ranks, args.microbatches, args.batch, args.width, args.f_ms)
-    )
-    print("| model | hvdlite ms/step | torch.distributed.pipelining (gloo) ms/step | torch / hvdlite |")
-    print("|---|---|---|---|")
+    if args.lib:  # one rank of a job the driver started
+        out = (worker_hvdlite if args.lib == "hvdlite" else worker_torch)(args)
+        if _rank() == 0:  # every rank timed the same steps; rank 0's times are the table's
+            save_json(os.path.join(args.out, "rank0.json"), dict(out, rank=0))
+        return 0
+    passthrough = [
+        "--%s=%s" % (k, getattr(args, k.replace("-", "_")))
+        for k in ("ranks", "schedule", "microbatches", "steps", "f-ms", "width", "batch")
+    ]
+    libs, skipped = available(["hvdlite", "gloo"])
+    results = {}
+    for lib in libs:
+        docs, error = run_job(lib, args.ranks, SCRIPT, passthrough, timeout_s=600)
+        if error or not docs:
+            skipped[lib] = "job failed: %s" % (error or "no result")
+        else:
+            results[lib] = docs[0]
+    lines = [
+        "# Pipeline step time: hvd.parallel against torch.distributed.pipelining (gloo)",
+        "",
+        host_line(),
+        "- %s, %d ranks, %d microbatches, batch %d, width %d, sleep F=%.0f ms, %d timed steps"
+        % (args.schedule, args.ranks, args.microbatches, args.batch, args.width, args.f_ms, args.steps),
+    ]
+    lines += ["- **%s skipped**: %s" % (k, v) for k, v in skipped.items()]
+    lines += [
+        "",
+        "| model | hvdlite ms/step | torch.distributed.pipelining (gloo) ms/step | torch / hvdlite |",
+        "|---|---|---|---|",
+    ]
+    hv, tv = results.get("hvdlite", {}), results.get("gloo", {})
     for kind in ("sleep", "mlp"):
-        print("| %s | %.1f | %.1f | %.2f |" % (kind, hv[kind] * 1e3, tv[kind] * 1e3, tv[kind] / hv[kind]))
+        cells = ["%.1f" % (d[kind] * 1e3) if kind in d else "n/a" for d in (hv, tv)]
+        ratio = "%.2f×" % (tv[kind] / hv[kind]) if kind in hv and kind in tv else ""
+        lines.append("| %s | %s | %s | %s |" % (kind, cells[0], cells[1], ratio))
+    write_outputs(args.out_dir, "pipeline_vs_torch", "\n".join(lines), {"hvdlite": hv, "gloo": tv})
+    return 0 if len(results) == 2 else 1
+
+
+def _rank():
+    """This rank's number, from its launcher (_launch: hvdliterun or the gloo launcher)."""
+    return int(os.environ.get("HVDLITE_RANK", os.environ.get("RANK", "0")))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

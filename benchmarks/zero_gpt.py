@@ -27,8 +27,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import HERE, run_job, unavailable
-from _report import fmt_others
+from _launch import HERE, add_driver_args, run_job, unavailable
+from _report import fmt_others, save_figure, write_outputs
 
 WORKER = os.path.join(HERE, "_zero_gpt_worker.py")
 RANKS = 2
@@ -51,11 +51,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--idle-wait", type=float, default=10.0, help="max seconds to wait for an idle machine")
-    p.add_argument("--quick", action="store_true", help="2 steps, no idle wait")
+    add_driver_args(p, idle_wait=10.0, quick="2 steps, no idle wait")
     p.add_argument("--tiny", action="store_true", help="a 2-layer, width-64 model: checks the rows run")
     p.add_argument("--deepspeed-path", help="a directory holding deepspeed (pip install --target)")
-    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     return p.parse_args(argv)
 
 
@@ -151,10 +149,9 @@ def plot(results, path):
     b.legend()
     for ax in (a, b):
         ax.tick_params(axis="x", labelrotation=30)
-    fig.suptitle("~100M GPT, 2 ranks, 1 thread each")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(
+        fig, path, "GPT (%.0fM parameters), 2 ranks, 1 thread each" % (rows[0]["params"] / 1e6 if rows else 0)
+    )
 
 
 def main(argv=None):
@@ -180,11 +177,7 @@ def main(argv=None):
         ]
         + table(results)
     )
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "zero_gpt.md"), "w") as f:
-        f.write(text + "\n")
-    plot(results, os.path.join(args.out_dir, "zero_gpt.png"))
-    print("\n" + text + "\n\nwrote %s/zero_gpt.{md,png}" % args.out_dir, flush=True)
+    write_outputs(args.out_dir, "zero_gpt", text, {"results": results}, lambda path: plot(results, path))
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -42,7 +42,7 @@ def train_epoch(model, opt, x, y, batch_size, epoch, show_progress):
     model.train()
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
     batches = range(0, len(x), batch_size)
-    bar = tqdm(batches, desc="epoch %d" % epoch, leave=False, disable=not show_progress, mininterval=0.5)
+    bar = tqdm(batches, desc="epoch %d" % epoch, disable=not show_progress, mininterval=0.5)
     total_loss, correct = 0.0, 0
     for start in bar:
         idx = order[start : start + batch_size]
@@ -53,7 +53,8 @@ def train_epoch(model, opt, x, y, batch_size, epoch, show_progress):
         opt.step()
         total_loss += loss.item() * len(idx)
         correct += int((logits.argmax(1) == y[idx]).sum())
-        bar.set_postfix(loss="%.3f" % loss.item())
+        # refresh=False: tqdm draws at its own pace; a refresh here would redraw a stale count
+        bar.set_postfix(loss="%.3f" % loss.item(), refresh=False)
     return total_loss / len(x), correct / len(x)
 
 

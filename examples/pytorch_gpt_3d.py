@@ -161,7 +161,7 @@ def main():
         mine = torch.stack(losses).mean() if last_stage else torch.zeros(())
         loss = hvd.allreduce(mine, op=hvd.Sum, name="loss").item() / (mesh.size() // n_pp)
         first_loss = loss if first_loss is None else first_loss
-        bar.set_postfix(loss="%.3f" % loss)
+        bar.set_postfix(loss="%.3f" % loss, refresh=False)  # a refresh here shows a stale count
     if hvd.rank() == 0:
         print("loss %.3f -> %.3f after %d steps on %s" % (first_loss, loss, args.steps, mesh), flush=True)
     hvd.shutdown()

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "collectives.py")
 OPS = {"allreduce", "allgather", "broadcast", "alltoall", "reducescatter"}
@@ -75,3 +77,24 @@ def test_allreduce_busbw_helper_reports_no_wrong_elements():
 def test_allreduce_latency_and_fusion_helpers_run():
     assert "median" in _run_helper("_allreduce_latency.py", "--calls", "20", "--reps", "2")
     assert "161 tensors" in _run_helper("_fusion_resnet50.py", "--reps", "1")
+
+
+def test_suite_report_has_each_ratio_against_its_peer(tmp_path):
+    """collectives.py against gloo (allreduce, two sizes), then the suite's report of it: one
+    ratio row per size, the script's table and its plot embedded."""
+    cmd = [sys.executable, SCRIPT, "--quick", "--peers", "gloo", "--ops", "allreduce", "--sizes", "4K,64K"]
+    cmd += ["--idle-wait", "0", "--out-dir", str(tmp_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if "skipping gloo" in run.stdout:
+        pytest.skip("gloo cannot run here: " + run.stdout.splitlines()[0])
+    assert run.returncode == 0, run.stdout + run.stderr
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from _summary import report
+    finally:
+        sys.path.pop(0)
+    text = report(str(tmp_path), ["collectives"], {"collectives": (0, 1.0)}, "quick", 1.0, "- host")
+    ratios = [line for line in text.splitlines() if line.startswith("| collectives | allreduce")]
+    assert len(ratios) == 2 and all(line.endswith("× |") for line in ratios), text
+    assert "![collectives](collectives.png)" in text and (tmp_path / "collectives.png").exists()
+    assert "### allreduce, 2 ranks" in text, text  # the script's own table, one level down

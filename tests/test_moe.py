@@ -3,8 +3,9 @@ reference (a per-token loop over all tokens and all experts, built from the same
 outputs, auxiliary loss, expert counts, input gradients and every parameter gradient (after
 DistributedOptimizer's reduction) agree for ep=4, ep=2 and dp=2 x ep=2, dropless and with
 capacity (the reference drops the same tokens), k=1 and k=2, with a member holding zero
-tokens and an expert receiving none; and a small MoE language model trains on dp=2 x ep=2
-with its loss going down and its replicas identical where they should be."""
+tokens and an expert receiving none; the batched local experts equal the loop; and a
+small causal MoE GPT (attention + MoE FFN) trains on dp=2 x ep=2 with its loss going down
+and its replicas identical where they should be."""
 
 import math
 
@@ -118,7 +119,43 @@ def _case(hvd, cfg, ps, stats_ps, expert_dp_ps):
         ref_params = list(experts[moe.first_expert + i].parameters())
         for j, (p, q) in enumerate(zip(module.parameters(), ref_params)):
             errs["expert%d.p%d.grad" % (moe.first_expert + i, j)] = _err(p.grad * W, q.grad)
-    return {"errs": errs, "counts": counts.tolist(), "ref_counts": ref_counts.tolist(), "dropped": dropped}
+    return {
+        "errs": errs,
+        "counts": counts.tolist(),
+        "ref_counts": ref_counts.tolist(),
+        "dropped": dropped,
+        "runs": dict(moe.expert_runs),
+        "local_experts": moe.num_local_experts,
+    }
+
+
+def _batched_vs_loop(hvd, ps):
+    """The same layer (4 local experts per member, one of them receiving no rows) run once
+    batched and once with batch_experts=False: outputs and every gradient, per member."""
+    import torch
+
+    torch.manual_seed(0)
+    moe = hvd.parallel.MoE(
+        H, expert=_factory, num_experts=8, k=2, drop_tokens=False, process_set=ps, name="bvl"
+    )
+    torch.manual_seed(200 + ps.rank())
+    x = torch.randn(5 + 4 * ps.rank(), H)
+    with torch.no_grad():  # no token chooses expert 7 (the last member's local expert 3)
+        moe.gate.weight[7] = -moe.gate.weight[:7].abs().sum(dim=0) - 1.0
+        x.abs_()
+    probe = torch.randn(x.shape[0], H)
+    results = []
+    for batch in (None, False):
+        moe.batch_experts = batch
+        moe.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        out, aux, counts = moe(xi)
+        ((out * probe).sum() + aux).backward()
+        grads = [p.grad.clone() for p in moe.parameters()]
+        results.append([out.detach(), xi.grad] + grads)
+    close = all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(*results))
+    worst = max(float((a - b).abs().max()) if a.numel() else 0.0 for a, b in zip(*results))
+    return {"runs": dict(moe.expert_runs), "close": close, "worst": worst, "counts": counts.tolist()}
 
 
 def _err(a, b):
@@ -166,6 +203,7 @@ def _cases_body():
         else:
             stats_ps, expert_dp = mesh.process_set(("dp", "ep")), (mesh.process_set("dp") if dp > 1 else None)
         results[name] = _case(hvd, cfg, ps, stats_ps, expert_dp)
+    results["batched_vs_loop"] = _batched_vs_loop(hvd, meshes[(2, 2)].process_set("ep"))
     hvd.shutdown()
     return results
 
@@ -184,39 +222,66 @@ def test_matches_single_process_reference(case_results, name):
         assert r["counts"] == r["ref_counts"], (rank, name, r)
         if CASES[name][2]["drop"]:
             assert r["dropped"] > 0, "the capacity case must drop tokens to test dropping"
+        # every case with more than one local expert takes the batched path (the default)
+        want = {"batched": 1, "loop": 0} if r["local_experts"] > 1 else {"batched": 0, "loop": 1}
+        assert r["runs"] == want, (rank, name, r["runs"])
     if CASES[name][2].get("zero_expert"):
         assert case_results[0][name]["ref_counts"][-1] == 0
 
 
-def _train(hvd, mesh, use_zero, steps=20):
-    """Trains a tiny MoE language model (embedding, MoE FFN, head) on this rank's data;
-    returns its losses and its parameters after 3 steps and at the end."""
+def test_batched_experts_equal_the_loop(case_results):
+    for rank, results in enumerate(case_results):
+        r = results["batched_vs_loop"]
+        assert r["runs"] == {"batched": 1, "loop": 1}, (rank, r)
+        assert r["close"], (rank, r)
+        assert r["counts"][7] == 0 and sum(r["counts"][:4]) > 0 and sum(r["counts"][4:]) > 0, (rank, r)
+
+
+def _tiny_gpt(hvd, mesh, V, S, D):
+    """A one-block causal GPT: token + position embeddings, pre-norm causal self-attention
+    (2 heads), pre-norm MoE FFN (4 experts, top-2, capacity), final norm, head."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    V, D = 16, 16
-
-    class TinyMoELM(nn.Module):
+    class TinyMoEGPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb = nn.Embedding(V, D)
-            self.norm = nn.LayerNorm(D)
+            self.emb, self.pos = nn.Embedding(V, D), nn.Embedding(S, D)
+            self.ln1, self.ln2, self.lnf = nn.LayerNorm(D), nn.LayerNorm(D), nn.LayerNorm(D)
+            # no qkv bias: the key bias's gradient is zero up to rounding noise, which Adam
+            # would turn into full-size steps that differ between ZeRO and allreduce
+            self.qkv, self.proj = nn.Linear(D, 3 * D, bias=False), nn.Linear(D, D)
             self.moe = hvd.parallel.MoE(
                 D, expert=lambda: nn.Sequential(nn.Linear(D, 32), nn.GELU(), nn.Linear(32, D)),
                 num_experts=4, k=2, capacity_factor=1.5, min_capacity=2,
                 process_set=mesh.process_set("ep"), expert_dp_process_set=mesh.process_set("dp"),
-                stats_process_set=mesh.process_set(("dp", "ep")), name="lm.moe",
+                stats_process_set=mesh.process_set(("dp", "ep")), name="gpt.moe",
             )  # fmt: skip
             self.head = nn.Linear(D, V)
 
         def forward(self, ids):
-            h = self.emb(ids)
-            y, aux, _ = self.moe(self.norm(h))
-            return self.head(h + y), aux
+            b, s = ids.shape
+            x = self.emb(ids) + self.pos(torch.arange(s))
+            q, k, v = self.qkv(self.ln1(x)).reshape(b, s, 3, 2, D // 2).permute(2, 0, 3, 1, 4)
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(att.transpose(1, 2).reshape(b, s, D))
+            y, aux, _ = self.moe(self.ln2(x))
+            return self.head(self.lnf(x + y)), aux
 
+    return TinyMoEGPT()
+
+
+def _train(hvd, mesh, use_zero, steps=20):
+    """Trains a tiny causal MoE GPT (next-token prediction on sequences following
+    x[t+1] = (3 x[t] + 1) mod V from random starts, this rank's own data); returns its
+    losses, its parameters after 3 steps and at the end, and how its experts ran."""
+    import torch
+    import torch.nn.functional as F
+
+    V, S, D = 16, 8, 16
     torch.manual_seed(0)
-    model = TinyMoELM()
+    model = _tiny_gpt(hvd, mesh, V, S, D)
     if use_zero:
         opts = [
             o
@@ -234,9 +299,12 @@ def _train(hvd, mesh, use_zero, steps=20):
     gen = torch.Generator().manual_seed(10 + hvd.rank())
     losses, early = [], None
     for step in range(steps):
-        ids = torch.randint(0, V, (8, 6), generator=gen)
-        logits, aux = model(ids)
-        loss = F.cross_entropy(logits.reshape(-1, V), ((ids * 3 + 1) % V).reshape(-1)) + aux
+        ids = [torch.randint(0, V, (8,), generator=gen)]
+        for _ in range(S - 1):
+            ids.append((ids[-1] * 3 + 1) % V)
+        ids = torch.stack(ids, dim=1)  # [8, S]
+        logits, aux = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1)) + aux
         for o in opts:
             o.zero_grad()
         loss.backward()
@@ -246,7 +314,7 @@ def _train(hvd, mesh, use_zero, steps=20):
         if step == 2:
             early = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     final = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-    return {"losses": losses, "early": early, "params": final}
+    return {"losses": losses, "early": early, "params": final, "runs": dict(model.moe.expert_runs)}
 
 
 def _train_body():
@@ -273,6 +341,7 @@ def test_training_loss_goes_down_and_replicas_agree(train_results, kind):
 
     res = [r[kind] for r in train_results]
     for r in res:
+        assert r["runs"] == {"batched": 20, "loop": 0}, r["runs"]
         first, last = sum(r["losses"][:3]) / 3, sum(r["losses"][-3:]) / 3
         assert last < 0.7 * first, r["losses"]
     for name, p in res[0]["params"].items():

@@ -40,6 +40,7 @@ from hvdlite.common.exceptions import InvalidArgumentError
 from hvdlite.elastic.store import StoreClient
 from hvdlite.runner import elastic_discovery, job, remote
 from hvdlite.runner import hosts as hostlib
+from hvdlite.runner.output import Console
 
 DISCOVERY_INTERVAL_S = 1.0
 FAILURE_BATCH_S = 0.1  # exits this close together form one new generation
@@ -110,7 +111,8 @@ class ElasticDriver:
         self._ignored: set[str] = set()  # remote hosts ignored because the stores are on loopback
         self.secret = os.urandom(32)
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._out, self._err = job._Sink(sys.stdout), job._Sink(sys.stderr)
+        console = Console(sys.stdout, sys.stderr)  # one live-row terminal model for all workers
+        self._out, self._err = console.stdout, console.stderr
         self.workers = {}  # id -> _Worker, every worker ever started
         self.current = []  # ids of the current generation, in rank order
         self.gen = 0

@@ -3,7 +3,8 @@
 Contract of LocalJob.run():
   - every rank runs `command` in its own process group with its own environment;
   - each output line of rank r is forwarded as b"[r]<stdout>:" + line to our stdout (stderr
-    likewise), one reader thread per pipe, whole lines never interleaved;
+    likewise), one reader thread per pipe, whole lines never interleaved; '\r' progress bars
+    are drawn live on a terminal and collapsed on a pipe (output.py);
   - the first rank to exit non-zero is reported on our stderr and every other rank gets
     SIGTERM, then SIGKILL TERM_GRACE_S later; SIGINT/SIGTERM sent to us are forwarded the
     same way (a second one kills at once);
@@ -20,44 +21,43 @@ import sys
 import threading
 import time
 
+from hvdlite.runner.output import Console
+
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL
 KILL_WAIT_S = 5.0  # after SIGKILL, how long we still wait for the processes to be reaped
 READER_JOIN_S = 2.0  # after the processes are gone, how long we wait for their output to drain
 _TICK_S = 0.5  # the monitor wakes this often while waiting (no busy loop)
 
 
-class _Sink:
-    """One destination stream shared by all reader threads; writes whole chunks under a lock."""
+class _TeePipe:
+    """A child's pipe whose every chunk read is also written, unprefixed, to the file `path`
+    (--output-filename). Used from one reader thread only; closing it closes both."""
 
-    def __init__(self, stream):
-        self._out = getattr(stream, "buffer", stream)
-        self._lock = threading.Lock()
+    def __init__(self, pipe, path):
+        self._pipe = pipe
+        self._copy = open(path, "wb")  # noqa: SIM115 -- closed in __exit__
 
-    def write(self, data):
-        with self._lock:
-            try:
-                self._out.write(data)
-                self._out.flush()
-            except (OSError, ValueError):
-                pass  # our own output is gone (closed pipe): keep draining the child anyway
+    def read1(self, size):
+        data = self._pipe.read1(size) if hasattr(self._pipe, "read1") else self._pipe.read(size)
+        if data:
+            self._copy.write(data)
+            self._copy.flush()
+        return data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self._pipe.close()
+        finally:
+            self._copy.close()
 
 
 def _pump(pipe, prefix, sink, path=None):
-    """Copies `pipe` line by line to `sink`, each line prefixed, and unprefixed to the file
-    `path` when given; returns at EOF."""
-    copy = open(path, "wb") if path else None  # noqa: SIM115 -- closed below, after the loop
-    try:
-        with pipe:
-            for line in iter(pipe.readline, b""):
-                if not line.endswith(b"\n"):
-                    line += b"\n"
-                sink.write(prefix + line)
-                if copy is not None:
-                    copy.write(line)
-                    copy.flush()
-    finally:
-        if copy is not None:
-            copy.close()
+    """Copies `pipe` to `sink` (an output.Console stream), each line prefixed, and unprefixed
+    to the file `path` when given; returns at EOF."""
+    sink.source(prefix).pump(_TeePipe(pipe, path) if path else pipe)
 
 
 def describe_exit(code):
@@ -118,7 +118,8 @@ class LocalJob:
         self.stdin_data = list(stdin_data) if stdin_data is not None else [None] * len(self.envs)
         self.output_dir = output_dir
         self.hosts = list(hosts) if hosts is not None else [None] * len(self.envs)
-        self._out, self._err = _Sink(sys.stdout), _Sink(sys.stderr)
+        console = Console(sys.stdout, sys.stderr)
+        self._out, self._err = console.stdout, console.stderr
         self._log = log or (lambda msg: self._err.write(("hvdliterun: %s\n" % msg).encode()))
         self._procs = []
         self._threads = []

@@ -30,7 +30,7 @@ from torch import nn
 
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.torch.parallel import moe_comm
+from hvdlite.torch.parallel import moe_comm, moe_experts
 
 _LAYER_IDS = itertools.count()
 
@@ -39,7 +39,7 @@ class MoE(nn.Module):
     """hvd.parallel.MoE(hidden_size, expert=factory, num_experts=8, k=1, capacity_factor=1.25,
     min_capacity=4, drop_tokens=True, aux_loss_coef=0.01, z_loss_coef=0.0,
     process_set=global_process_set, expert_dp_process_set=None, stats_process_set=None,
-    name=None)
+    name=None, batch_experts=None)
 
     ``out, aux_loss, expert_counts = moe(x)`` with x [..., hidden_size]: out has x's leading
     shape; aux_loss is a scalar, the same on every member (add it to every member's loss);
@@ -64,9 +64,15 @@ class MoE(nn.Module):
       DistributedOptimizer does), every member adding aux_loss gives the exact gradient.
     - Expert parameters are marked ``p.hvd_process_set = expert_dp_process_set`` (None: this
       member alone), which DistributedOptimizer honours: see hvdlite/torch/optimizer.py.
-    - A member's local experts run one after the other on their contiguous slices of the
-      received rows (a loop over L modules; an expert called with zero rows still runs, so
-      its gradients are zeros rather than None).
+    - A member's L local experts run as one batched computation (torch.func.vmap of
+      functional_call over their stacked parameters, on the rows padded to
+      [L, max rows, hidden]; see moe_experts.py) when L > 1 and ``batch_experts`` allows:
+      None (default) batches experts built only from row-wise torch modules
+      (moe_experts.ROWWISE_MODULES: Sequential, Linear, LayerNorm, activations), True
+      batches any experts of identical structure (you assert they are row-wise, pure and
+      vmap-able), False never. Otherwise they run in a loop over the modules (an expert
+      with zero rows still runs, so its gradients are zeros rather than None; the batched
+      path gives zeros too). ``moe.expert_runs`` counts the forwards of each path.
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class MoE(nn.Module):
         expert_dp_process_set=None,
         stats_process_set=None,
         name=None,
+        batch_experts=None,
     ):
         super().__init__()
         ep = process_set.size()
@@ -113,6 +120,8 @@ class MoE(nn.Module):
                 torch.manual_seed(base + g)
                 experts.append(expert())
         self.experts = nn.ModuleList(experts)
+        self.batch_experts = batch_experts
+        self.expert_runs = {"batched": 0, "loop": 0}  # forwards that took each path
         for p in self.experts.parameters():
             p.hvd_process_set = expert_dp_process_set  # type: ignore[attr-defined]
 
@@ -190,33 +199,17 @@ class MoE(nn.Module):
         rows = moe_comm.all_to_all(
             h[token], send.reshape(members, L).sum(dim=1).tolist(), self.name + ".dispatch", ps
         )
-        perm = _expert_major(recv)
-        outs = []
-        start = 0
-        for i, module in enumerate(self.experts):
-            n = int(recv[:, i].sum())
-            outs.append(module(rows[perm[start : start + n]]))
-            start += n
-        done = torch.cat(outs)
-        back = torch.empty_like(perm).index_copy_(0, perm, torch.arange(len(perm)))
-        returned = moe_comm.all_to_all(done[back], recv.sum(dim=1).tolist(), self.name + ".combine", ps)
+        local = list(self.experts)
+        if moe_experts.batchable(local, self.batch_experts):
+            self.expert_runs["batched"] += 1
+            done = moe_experts.run_batched(local, rows, recv)
+        else:
+            self.expert_runs["loop"] += 1
+            done = moe_experts.run_loop(local, rows, recv)
+        returned = moe_comm.all_to_all(done, recv.sum(dim=1).tolist(), self.name + ".combine", ps)
         scaled = returned * weight.to(returned.dtype).unsqueeze(1)
         out = returned.new_zeros((T, *returned.shape[1:]))
         return out.index_add(0, token, scaled)
-
-
-def _expert_major(recv):
-    """Indices that reorder rows received member-major (member q's rows for its local
-    experts 0..L-1) into expert-major order (expert l's rows from members 0..P-1)."""
-    members, L = recv.shape
-    offsets = recv.reshape(-1).cumsum(0) - recv.reshape(-1)
-    offsets = offsets.reshape(members, L)
-    pieces = [
-        torch.arange(int(offsets[q, i]), int(offsets[q, i] + recv[q, i]))
-        for i in range(L)
-        for q in range(members)
-    ]
-    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
 
 
 def expert_parameters(module):
