@@ -1,13 +1,17 @@
 """Elastic recovery time: from a worker's SIGKILL to the survivors' next completed step.
 
     python benchmarks/elastic_recovery.py [--reps 5] [--hosts localhost:2,127.0.0.2:2]
+    python benchmarks/elastic_recovery.py --simhosts 2 --slots 2 [--reps 5]     # root only
 
-Runs tests/elastic_train.py under `hvdliterun --min-np 1 -H HOSTS` (local "hosts", no ssh) once
-per repetition; in each run the last worker SIGKILLs itself mid-step (its gradient's allreduce
-in flight). Recovery = the last survivor's first step completed in the re-formed job minus the
-time of the kill (every process on one machine: one clock). Also reports how long a host added
-by the discovery script takes to be training (its first completed step minus the moment the
-discovery file changed). Prints the median and every sample; asserts nothing about time.
+Runs tests/elastic_train.py under `hvdliterun --min-np 1 -H HOSTS` once per repetition; in each
+run the last worker SIGKILLs itself mid-step (its gradient's allreduce in flight). Recovery =
+the last survivor's first step completed in the re-formed job minus the time of the kill
+(every process on one machine, simulated hosts included: one clock). --hosts names local
+"hosts" (no ssh); --simhosts N builds N simulated hosts (tests/simhosts.py: own network
+namespace and sshd each) and every worker starts over ssh. Also reports how long a host added
+by the discovery script takes to be training (local hosts only; its first completed step minus
+the moment the discovery file changed). Prints the median and every sample; asserts nothing
+about time.
 """
 
 import argparse
@@ -46,8 +50,10 @@ def _steps(text):
     return steps, kill
 
 
-def recovery_once(hosts, victim, size):
+def recovery_once(hosts, victim, size, wrap_env=None):
     env = _env({"ELASTIC_STEPS": "60", "ELASTIC_SLEEP": "0.02", "ELASTIC_KILL": victim + ":30"})
+    if wrap_env is not None:
+        env = wrap_env(env)
     cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(size), "--min-np", "1", "-H", hosts]
     res = subprocess.run(
         cmd + [sys.executable, SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
@@ -100,14 +106,33 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--hosts", default="localhost:2,127.0.0.2:2")
+    parser.add_argument("--simhosts", type=int, default=0, help="N simulated hosts instead of --hosts")
+    parser.add_argument("--slots", type=int, default=2, help="slots per simulated host")
     args = parser.parse_args()
+    if args.simhosts:
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from simhosts import SimCluster
+
+        with tempfile.TemporaryDirectory() as tmp, SimCluster(tmp, args.simhosts) as cluster:
+            args.hosts = cluster.hosts_arg(args.slots)
+            _recovery(args, cluster.client_env)
+        return
+    _recovery(args)
+    joins = [join_once() for _ in range(min(args.reps, 3))]
+    print(
+        "host added by discovery -> its first training step: median %.3f s  samples %s"
+        % (statistics.median(joins), " ".join("%.3f" % s for s in joins))
+    )
+
+
+def _recovery(args, wrap_env=None):
     slots = [int(h.rpartition(":")[2]) for h in args.hosts.split(",")]
     size = sum(slots)
     last_host = args.hosts.split(",")[-1].rpartition(":")[0]
     victim = "%s[%d]" % (last_host, slots[-1] - 1)
     samples = []
     for _ in range(args.reps):
-        seconds, survivors = recovery_once(args.hosts, victim, size)
+        seconds, survivors = recovery_once(args.hosts, victim, size, wrap_env)
         samples.append(seconds)
     print(
         "SIGKILL of %s (%d ranks on %s) -> survivors' next step (%d survivors, no restarts): "
@@ -120,11 +145,6 @@ def main():
             statistics.median(samples),
             " ".join("%.3f" % s for s in samples),
         )
-    )
-    joins = [join_once() for _ in range(min(args.reps, 3))]
-    print(
-        "host added by discovery -> its first training step: median %.3f s  samples %s"
-        % (statistics.median(joins), " ".join("%.3f" % s for s in joins))
     )
 
 

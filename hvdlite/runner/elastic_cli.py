@@ -8,10 +8,11 @@ import os
 import sys
 
 from hvdlite.common.exceptions import InvalidArgumentError
-from hvdlite.runner import elastic_discovery
+from hvdlite.runner import elastic_discovery, remote
 from hvdlite.runner.elastic_driver import ElasticDriver
 
 DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+SSH_CONNECT_TIMEOUT_S = 10.0  # an unreachable host's worker fails (and its host is blacklisted) after this
 
 
 def _add(parser, *names, **kwargs):
@@ -98,6 +99,16 @@ def is_elastic(args):
     return bool(args.host_discovery_script or args.min_np is not None or args.max_np is not None)
 
 
+def _ssh_options(args):
+    """ssh settings for workers on remote hosts: the multi-host launcher's flags."""
+    timeout = getattr(args, "start_timeout", None)
+    return remote.SshOptions(
+        getattr(args, "ssh_port", None),
+        getattr(args, "ssh_identity_file", None),
+        min(timeout, SSH_CONNECT_TIMEOUT_S) if timeout else SSH_CONNECT_TIMEOUT_S,
+    )
+
+
 def run_elastic(args):
     """Runs the job elastically; returns hvdliterun's exit status."""
     np = args.np
@@ -131,6 +142,8 @@ def run_elastic(args):
         elastic_timeout=timeout,
         reset_limit=args.reset_limit,
         verbose=args.verbose,
+        ssh_options=_ssh_options(args),
+        network_interfaces=getattr(args, "network_interfaces", None),
     )
     try:
         return driver.run()

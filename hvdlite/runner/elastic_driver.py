@@ -16,8 +16,14 @@ Contract of ElasticDriver.run():
   - below --min-np it waits up to --elastic-timeout for hosts, then ends the job; every
     re-formation counts against --reset-limit;
   - returns 0 when the workers of the last generation all exit 0; otherwise non-zero with
-    Horovod's launcher message. Workers started only on local hosts (localhost, 127.x, this
-    host's name), each named host[slot]; output lines are prefixed [host[slot]]<stdout>:.
+    Horovod's launcher message. Each worker is named host[slot]; output lines are prefixed
+    [host[slot]]<stdout>:. Workers on local hosts (localhost, 127.x, this host's name or
+    addresses) start directly; on other hosts over ssh, exactly as multi-host ranks
+    (remote.rank_launch: env on the command line, secrets on ssh's stdin, the worker's process
+    group on its host killed when its ssh ends), and stopping one means killing its ssh;
+  - the stores listen on loopback when every host found at start is local, else on the address
+    that reaches the remote hosts (hosts.store_address, --network-interfaces first); with
+    loopback stores, remote hosts discovered later are ignored (they could not reach them).
 """
 
 import json
@@ -25,17 +31,17 @@ import os
 import queue
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
+from hvdlite.common.exceptions import InvalidArgumentError
 from hvdlite.elastic.store import StoreClient
-from hvdlite.runner import elastic_discovery, job
+from hvdlite.runner import elastic_discovery, job, remote
+from hvdlite.runner import hosts as hostlib
 from hvdlite.runner.output import Console
 
-STORE_HOST = "127.0.0.1"  # local hosts only: the stores listen on loopback
 DISCOVERY_INTERVAL_S = 1.0
 FAILURE_BATCH_S = 0.1  # exits this close together form one new generation
 LEAVE_GRACE_S = 30.0  # a worker told to leave is killed after this long
@@ -59,7 +65,9 @@ MIN_SLOTS_TIMEOUT_MESSAGE = (
 
 
 def is_local_host(host):
-    return host == "localhost" or host.startswith("127.") or host in (socket.gethostname(), socket.getfqdn())
+    if host == "localhost" or host.startswith("127.") or host in (socket.gethostname(), socket.getfqdn()):
+        return True
+    return hostlib.is_local(host)
 
 
 class _Worker:
@@ -86,6 +94,8 @@ class ElasticDriver:
         reset_limit=None,
         base_env=None,
         verbose=False,
+        ssh_options=None,
+        network_interfaces=None,
     ):
         self.command = list(command)
         self.np, self.min_np, self.max_np = np, min_np, max_np
@@ -94,6 +104,11 @@ class ElasticDriver:
         self.reset_limit = reset_limit
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.verbose = verbose
+        self.ssh_options = ssh_options or remote.SshOptions()
+        self.network_interfaces = network_interfaces
+        self.store_host = hostlib.LOOPBACK  # set by run(): where the stores listen
+        self._local: dict[str, bool] = {}  # host -> is_local_host(host), decided once
+        self._ignored: set[str] = set()  # remote hosts ignored because the stores are on loopback
         self.secret = os.urandom(32)
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         console = Console(sys.stdout, sys.stderr)  # one live-row terminal model for all workers
@@ -121,7 +136,7 @@ class ElasticDriver:
         if end is None and len(assignment) > 1:
             from hvdlite import _core
 
-            server = _core.TcpStoreServer(STORE_HOST, 0, secret, clients=len(assignment))
+            server = _core.TcpStoreServer(self.store_host, 0, secret, clients=len(assignment))
         # A superseded generation's store goes at once: a worker still forming that generation
         # fails fast and joins the newest one (hvdlite/elastic/worker.py). Formed generations no
         # longer need their store, except for a first CUDA tensor's NCCL setup (that then fails
@@ -132,7 +147,7 @@ class ElasticDriver:
             self._stores.append(server)
         record = {
             "gen": self.gen,
-            "store_addr": "%s:%d" % (STORE_HOST, server.port) if server else "",
+            "store_addr": "%s:%d" % (self.store_host, server.port) if server else "",
             "secret": secret.hex(),
             "workers": {
                 wid: {"rank": r, "size": len(assignment), "hostname": host}
@@ -148,6 +163,11 @@ class ElasticDriver:
         return record
 
     # -- workers -----------------------------------------------------------------------------
+    def is_local(self, host):
+        if host not in self._local:
+            self._local[host] = is_local_host(host)
+        return self._local[host]
+
     def _spawn(self, w, record):
         me = record["workers"][w.id]
         env = dict(self.base_env)
@@ -160,7 +180,7 @@ class ElasticDriver:
                 "HVDLITE_HOSTNAME": w.host,
                 "HVDLITE_STORE_ADDR": record["store_addr"],
                 "HVDLITE_SECRET": record["secret"],
-                "HVDLITE_ELASTIC_STORE_ADDR": "%s:%d" % (STORE_HOST, self.server.port),
+                "HVDLITE_ELASTIC_STORE_ADDR": "%s:%d" % (self.store_host, self.server.port),
                 "HVDLITE_ELASTIC_SECRET": self.secret.hex(),
                 "HVDLITE_ELASTIC_WORKER_ID": w.id,
                 "PYTHONUNBUFFERED": "1",
@@ -170,14 +190,10 @@ class ElasticDriver:
             self.log(
                 "starting %s as rank %d of %d (generation %d)" % (w.id, me["rank"], me["size"], record["gen"])
             )
-        w.proc = subprocess.Popen(
-            self.command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+        argv, popen_env, data = remote.rank_launch(
+            w.host, self.command, env, self.ssh_options, self.is_local(w.host), self.base_env
         )
+        w.proc = job.start_rank(argv, popen_env, data)
         for pipe, name, sink in ((w.proc.stdout, "stdout", self._out), (w.proc.stderr, "stderr", self._err)):
             prefix = ("[%s]<%s>:" % (w.id, name)).encode()
             reader = threading.Thread(target=job._pump, args=(pipe, prefix, sink), daemon=True)
@@ -251,15 +267,16 @@ class ElasticDriver:
         from hvdlite import _core
 
         found = self.hosts.discovery.find()  # a failure here is fatal
-        self.hosts.apply(found)
-        remote = [h for h in found if not is_local_host(h)]
-        if remote:
-            self.log(
-                "elastic mode starts workers on local hosts only; cannot start on %s" % ", ".join(remote)
+        try:
+            self.store_host = hostlib.store_address(
+                [h for h in found if not self.is_local(h)], self.network_interfaces
             )
+        except (InvalidArgumentError, OSError) as e:
+            self.log(str(e))
             return 2
-        self.server = _core.TcpStoreServer(STORE_HOST, 0, self.secret)
-        self.client = StoreClient("%s:%d" % (STORE_HOST, self.server.port), self.secret)
+        self.hosts.apply(self._reachable(found))
+        self.server = _core.TcpStoreServer(self.store_host, 0, self.secret)
+        self.client = StoreClient("%s:%d" % (self.store_host, self.server.port), self.secret)
         threading.Thread(target=self._discover, daemon=True).start()
         previous = {}
         if threading.current_thread() is threading.main_thread():
@@ -280,6 +297,22 @@ class ElasticDriver:
             for server in self._stores:
                 server.stop()
             self.server.stop()
+
+    def _reachable(self, found):
+        """`found` less the remote hosts when the stores listen on loopback (logged once each)."""
+        if self.store_host != hostlib.LOOPBACK:
+            return found
+        out = {}
+        for host, slots in found.items():
+            if self.is_local(host):
+                out[host] = slots
+            elif host not in self._ignored:
+                self._ignored.add(host)
+                self.log(
+                    "ignoring remote host %s: every host found at start was local, so the stores "
+                    "listen on loopback (start with a remote host, or pass --network-interfaces)" % host
+                )
+        return out
 
     def _on_signal(self, signum, frame):
         self._events.put(("signal", signum))
@@ -329,7 +362,7 @@ class ElasticDriver:
                     self._wait_exit(END_GRACE_S)
                     return 128 + ev[1]
                 if kind == "hosts":
-                    if self.hosts.apply(ev[1]) and self.current:
+                    if self.hosts.apply(self._reachable(ev[1])) and self.current:
                         chosen = self._assign()
                         if chosen is None or [w.id for w in chosen] != self.current:
                             pending_change, wait_since = True, time.monotonic()
@@ -343,7 +376,8 @@ class ElasticDriver:
                     continue
                 if self.first_failure is None:
                     self.first_failure = (w.id, code)
-                self.log("%s %s; blacklisting host %s" % (w.id, job.describe_exit(code), w.host))
+                how = job.describe_exit(code) if self.is_local(w.host) else job.describe_remote_exit(code)
+                self.log("%s %s; blacklisting host %s" % (w.id, how, w.host))
                 self.hosts.blacklist(w.host)
                 if not finishing:
                     pending_change, wait_since = True, time.monotonic()

@@ -137,3 +137,25 @@ def interface_address(names):
                 continue
             return socket.inet_ntoa(packed[20:24])
     return None
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def store_address(remote_hosts, network_interfaces=None):
+    """Where a launcher's stores listen (multihost.py, elastic_driver.py): loopback when every
+    rank is here, else the address of the interface named by --network-interfaces (a comma
+    list) or of the one that routes to the first remote host. Raises InvalidArgumentError when
+    no named interface has an address, OSError when no route reaches the host."""
+    if not remote_hosts:
+        return LOOPBACK
+    if network_interfaces:
+        names = [n.strip() for n in network_interfaces.split(",") if n.strip()]
+        addr = interface_address(names)
+        if addr is None:
+            raise InvalidArgumentError(
+                "--network-interfaces %s: none of these interfaces has an IPv4 address on this "
+                "host (the launcher's)" % network_interfaces
+            )
+        return addr
+    return route_address(remote_hosts[0])

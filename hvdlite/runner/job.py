@@ -81,6 +81,28 @@ def describe_remote_exit(code):
     return describe_exit(code)
 
 
+def start_rank(argv, env, stdin_data=None):
+    """Starts one rank's process (argv/env/stdin_data from remote.rank_launch) in its own process
+    group, stdout and stderr piped. stdin_data is written to its stdin, which then stays open
+    (owned by the returned Popen) until the caller closes it or the process ends; None: stdin is
+    /dev/null. Raises OSError when argv[0] cannot be started."""
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    if stdin_data is not None and proc.stdin is not None:
+        try:
+            proc.stdin.write(stdin_data)
+            proc.stdin.flush()
+        except OSError:
+            pass  # it died already: whoever waits for it sees its exit
+    return proc
+
+
 class LocalJob:
     def __init__(self, command, envs, log=None, argvs=None, stdin_data=None, output_dir=None, hosts=None):
         """command: argv list; envs: one environment dict per rank; log: callable(str) for our
@@ -113,22 +135,8 @@ class LocalJob:
     def _start(self):
         width = len(str(len(self.envs) - 1))
         for rank, env in enumerate(self.envs):
-            data = self.stdin_data[rank]
-            proc = subprocess.Popen(
-                self.argvs[rank],
-                env=env,
-                stdin=subprocess.DEVNULL if data is None else subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            proc = start_rank(self.argvs[rank], env, self.stdin_data[rank])
             self._procs.append(proc)
-            if data is not None and proc.stdin is not None:
-                try:
-                    proc.stdin.write(data)
-                    proc.stdin.flush()
-                except OSError:
-                    pass  # it died already: the reaper reports it
             rank_dir = None
             if self.output_dir:
                 rank_dir = os.path.join(self.output_dir, "rank.%0*d" % (width, rank))

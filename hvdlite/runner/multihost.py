@@ -17,7 +17,6 @@ from hvdlite.runner import remote
 from hvdlite.runner.job import LocalJob
 from hvdlite.runner.jobenv import (
     SECRET_BYTES,
-    STORE_HOST,
     job_base_env,
     rank_env,
     remove_shm_leftovers,
@@ -30,23 +29,6 @@ DEFAULT_START_TIMEOUT_S = 30.0  # Horovod's --start-timeout default
 
 def _say(msg):
     print("hvdliterun: %s" % msg, file=sys.stderr, flush=True)
-
-
-def _store_host(args, remote_hosts):
-    """Where the store listens: loopback when every rank is here, else the address of the
-    interface named by --network-interfaces or of the one that routes to the first remote host."""
-    if not remote_hosts:
-        return STORE_HOST
-    if args.network_interfaces:
-        names = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
-        addr = hostlib.interface_address(names)
-        if addr is None:
-            raise InvalidArgumentError(
-                "--network-interfaces %s: none of these interfaces has an IPv4 address on this "
-                "host (the launcher's)" % args.network_interfaces
-            )
-        return addr
-    return hostlib.route_address(remote_hosts[0])
 
 
 def _layout(args):
@@ -83,15 +65,15 @@ def run(args):
                     _say("host %s is not reachable over ssh: %s" % (host, failures[host]))
             return 1
     try:
-        store_host = _store_host(args, remote_hosts)
+        listen = hostlib.store_address(remote_hosts, args.network_interfaces)
     except (InvalidArgumentError, OSError) as e:
         _say(str(e))
         return 2
 
     secret = os.urandom(SECRET_BYTES)
-    server = start_store(secret, args.np, host=store_host)
+    server = start_store(secret, args.np, host=listen)
     try:
-        store_addr = "%s:%d" % (store_host, server.port)
+        store_addr = "%s:%d" % (listen, server.port)
         base = job_base_env(args)
         base.setdefault("HVDLITE_START_TIMEOUT", str(start_timeout))
         envs: list[dict[str, str]] = []
@@ -101,14 +83,12 @@ def run(args):
             env = rank_env(
                 base, slot.rank, args.np, store_addr, secret.hex(), args.verbose, args.timeline_filename, slot
             )
-            if local[slot.host]:
-                envs.append(env)
-                argvs.append(list(args.command))
-                stdin_data.append(None)
-            else:
-                envs.append(dict(os.environ))  # the ssh client's own environment
-                argvs.append(remote.rank_argv(slot.host, args.command, env, options))
-                stdin_data.append((secret.hex() + "\n").encode())
+            argv, popen_env, data = remote.rank_launch(
+                slot.host, args.command, env, options, local[slot.host]
+            )
+            argvs.append(argv)
+            envs.append(popen_env)
+            stdin_data.append(data)
         if args.verbose:
             _say("store at %s; %d rank(s) on %d host(s)" % (store_addr, args.np, len(names)))
         job = LocalJob(

@@ -38,8 +38,11 @@ _NOT_FORWARDED = {
     "TMUX",
     "_",
     "HVDLITE_SECRET",
+    "HVDLITE_ELASTIC_SECRET",
     "HOROVOD_SECRET",
 }
+# The variables that go to a remote rank on ssh's stdin (remote_exec.py), never on a command line.
+SECRET_VARS = ("HVDLITE_SECRET", "HVDLITE_ELASTIC_SECRET")
 _NOT_FORWARDED_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_", "PYTEST_", "COLUMNS", "LINES")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -98,8 +101,26 @@ def remote_command(command, env, cwd=None):
 
 
 def rank_argv(host, command, env, options):
-    """The local argv that starts one rank on `host`; write the secret line to its stdin."""
+    """The local argv that starts one rank on `host`; write secrets_line(env) to its stdin."""
     return options.argv(host) + [remote_command(command, env)]
+
+
+def secrets_line(env):
+    """The first stdin line of a remote rank: its SECRET_VARS as NAME=VALUE tokens."""
+    return (" ".join("%s=%s" % (k, env[k]) for k in SECRET_VARS if env.get(k)) + "\n").encode()
+
+
+def rank_launch(host, command, env, options, local, client_env=None):
+    """How to start one rank of `command` with environment `env` on `host`, for every launcher
+    (multihost.py, elastic_driver.py): (argv, environment of the local process, stdin bytes or
+    None), to give to job.start_rank(). A local rank runs `command` directly with `env`; a remote
+    one runs ssh (environment: `client_env`, default ours) whose stdin gets the secrets and must
+    stay open while the rank runs: closing it, or killing the ssh process, stops the rank's whole
+    process group on its host (remote_exec.py)."""
+    if local:
+        return list(command), env, None
+    ssh_env = dict(os.environ if client_env is None else client_env)
+    return rank_argv(host, command, env, options), ssh_env, secrets_line(env)
 
 
 def check_hosts(hosts, options):

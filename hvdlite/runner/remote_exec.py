@@ -1,8 +1,10 @@
 """The remote end of one rank started over ssh: `python -m hvdlite.runner.remote_exec CMD...`.
 
 Contract (hvdlite.runner.remote builds the ssh command that runs this):
-  - the first line of stdin is the job secret (hex); it becomes HVDLITE_SECRET in the rank's
-    environment only, so it never appears on a command line;
+  - the first line of stdin carries the rank's secrets: space-separated NAME=VALUE tokens
+    (hvdlite.runner.remote.secrets_line: HVDLITE_SECRET, and HVDLITE_ELASTIC_SECRET for an
+    elastic worker), a bare token meaning HVDLITE_SECRET; they go into the rank's environment
+    only, so they never appear on a command line;
   - CMD runs in its own process group with stdin from /dev/null; its stdout/stderr are ours,
     which ssh carries back to hvdliterun;
   - when stdin reaches EOF (hvdliterun stopped this rank, or the ssh connection is gone) or we
@@ -77,9 +79,12 @@ def main(argv):
         sys.stderr.write("usage: python -m hvdlite.runner.remote_exec COMMAND [ARGS...]\n")
         return 2
     env = dict(os.environ)
-    secret = _read_line(0)
-    if secret:
-        env["HVDLITE_SECRET"] = secret
+    for token in _read_line(0).split():
+        name, sep, value = token.partition("=")
+        if sep:
+            env[name] = value
+        else:
+            env["HVDLITE_SECRET"] = token
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:

@@ -226,8 +226,8 @@ def translate(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]
 def _translate_elastic(
     args: argparse.Namespace, run_args: list[str], hosts: list[tuple[str, int]], notes: list[str]
 ) -> tuple[list[str], dict[str, str], list[str]]:
-    """Elastic mode: hvdliterun's elastic driver takes Horovod's flags and -H as they are (it
-    starts workers on local host names only: localhost, 127.x.y.z, this host's name)."""
+    """Elastic mode: hvdliterun's elastic driver takes Horovod's flags, -H and the ssh and NIC
+    flags as they are (it starts workers on remote hosts over ssh, like the multi-host launcher)."""
     if args.mpi:
         raise UsageError(
             "horovodrun: elastic training runs under hvdliterun's driver, not mpirun; drop --mpi"
@@ -238,6 +238,13 @@ def _translate_elastic(
             run_args += [flags[0]] + [str(v) for v in (value if isinstance(value, list) else [value])]
     if hosts:
         run_args += ["-H", ",".join("%s:%d" % hs for hs in hosts)]
+    for flag, value in (
+        ("--ssh-port", args.ssh_port),
+        ("--ssh-identity-file", args.ssh_identity_file),
+        ("--network-interfaces", args.network_interfaces),
+    ):
+        if value is not None:
+            run_args += [flag, str(value)]
     if args.verbose:
         run_args.append("--verbose")
     env = {"HVDLITE_START_TIMEOUT": str(args.start_timeout)} if args.start_timeout else {}
