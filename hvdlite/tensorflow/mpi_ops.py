@@ -51,6 +51,14 @@ def _reduce_many(tensors, names, op, prescale, postscale, process_set):
     )
 
 
+def _check_sparse(op, prescale, postscale):
+    """Horovod's limits for IndexedSlices (NotImplementedError, through NotSupportedError)."""
+    if op not in (dtypes.Average, dtypes.Sum):
+        raise exceptions.NotSupportedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale != 1.0 or postscale != 1.0:
+        raise exceptions.NotSupportedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+
+
 def _sparse_allreduce(tensor, name, op, process_set):
     """IndexedSlices: values and indices are allgathered (Horovod's way);
     Average divides the values by the number of members."""
@@ -80,6 +88,7 @@ def allreduce(
     op = resolve_op(op, average)
     name = naming.auto_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
+        _check_sparse(op, prescale_factor, postscale_factor)
         return _sparse_allreduce(tensor, name, op, process_set)
     tensor = tf.convert_to_tensor(tensor)
     wire, ctx = compression.compress(tensor)
