@@ -46,8 +46,6 @@ NOT_YET_HERE = {
         "global_process_set",
         "gloo_built",
         "gloo_enabled",
-        "grouped_allgather",
-        "grouped_allreduce",
         "grouped_reducescatter",
         "init",
         "is_initialized",
@@ -189,6 +187,56 @@ class TestBroadcastVariables:
             assert got["global"] == [5.0]
             assert "RuntimeError" in got["eager_global"][1]
             assert got["object"] == {"r": 1}
+
+
+@covers("grouped_allgather", "grouped_allreduce")
+class TestGroupedInGraphs:
+    """One tf.gradients call per output of a grouped allgather (several backward passes of
+    one op in one graph, each with its own names); grouped_allreduce takes IndexedSlices
+    without dense_shape (allgathered, as allreduce does); alltoall's gradient in a graph."""
+
+    @staticmethod
+    def on_rank(hvd, tf):
+        r = hvd.rank()
+
+        @tf.function
+        def gather_grads():
+            ts = [tf.ones([2 + r, 3]) * r for _ in range(3)]
+            outs = hvd.grouped_allgather(ts, name="p.gg")
+            return [tf.gradients(o, t)[0] for o, t in zip(outs, ts)]
+
+        @tf.function
+        def alltoall_grad():
+            x = tf.range(4, dtype=tf.float32) + 10 * r
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y, received = hvd.alltoall(x, splits=tf.constant([1, 3]), name="p.a2a")
+                loss = tf.reduce_sum(y * y)
+            return tape.gradient(loss, x), received
+
+        sparse = tf.IndexedSlices(tf.ones([1, 2]) * (r + 1), tf.constant([r]))
+        out = hvd.grouped_allreduce([sparse, tf.ones([2])], op=hvd.Sum, name="p.gs")
+        grad, received = alltoall_grad()
+        return {
+            "gather_grads": [g.numpy().tolist() for g in gather_grads()],
+            "sparse": [
+                type(out[0]).__name__,
+                out[0].values.numpy().tolist(),
+                out[0].indices.numpy().tolist(),
+            ],
+            "dense": out[1].numpy().tolist(),
+            "a2a_grad": grad.numpy().tolist(),
+            "received": [received.dtype.name, received.numpy().tolist()],
+        }
+
+    def test_values(self, job):
+        for r, got in enumerate(by_rank(job, TestGroupedInGraphs)):
+            # every rank passes ones upstream; ALLGATHER_GRAD_OP (Average, as Horovod) keeps them
+            assert got["gather_grads"] == [[[1.0] * 3] * (2 + r)] * 3
+            assert got["sparse"] == ["IndexedSlices", [[1.0, 1.0], [2.0, 2.0]], [0, 1]]
+            assert got["dense"] == [2.0, 2.0]
+            assert got["a2a_grad"] == [2.0 * (v + 10 * r) for v in range(4)]
+            assert got["received"] == ["int32", [1, 1] if r == 0 else [3, 3]]
 
 
 @covers("vars_to_refs", "refs_to_vars")
