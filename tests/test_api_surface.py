@@ -43,7 +43,6 @@ KNOWN_MISSING = {
         # ops returning tensors instead of ints, for graphs (issue 18)
         "is_homogeneous",
         # collectives and helpers (issues 9, 18)
-        "SyncBatchNormalization",
         "check_num_rank_power_of_2",
         "handle_average_backwards_compatibility",
     ],

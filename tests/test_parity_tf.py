@@ -71,7 +71,6 @@ NOT_YET_HERE.update(
     {
         "BroadcastGlobalVariablesHook": "TF1 SessionRunHook; hvdlite lacks it (issue 18)",
         "LocalGradientAggregationHelper": "Horovod internal of its TF1 optimizer; hvdlite lacks it",
-        "SyncBatchNormalization": "hvdlite lacks it (issue 18)",
         "is_homogeneous": "hvdlite lacks it (issue 18)",
         "check_num_rank_power_of_2": "Horovod internal (Adasum); hvdlite lacks it",
         "handle_average_backwards_compatibility": "Horovod internal; hvdlite lacks it",
@@ -237,6 +236,33 @@ class TestGroupedInGraphs:
             assert got["dense"] == [2.0, 2.0]
             assert got["a2a_grad"] == [2.0 * (v + 10 * r) for v in range(4)]
             assert got["received"] == ["int32", [1, 1] if r == 0 else [3, 3]]
+
+
+@covers("SyncBatchNormalization")
+class TestSyncBatchNormalization:
+    """Training-mode statistics over every rank's batch: rank r's one-row output equals row
+    r of a plain BatchNormalization over the stacked rows; fused= (Keras 2) is accepted."""
+
+    @staticmethod
+    def on_rank(hvd, tf):
+        import keras
+        import numpy as np
+
+        r, n = hvd.rank(), hvd.size()
+        x = np.stack([np.array([[i, i + 1], [i * 2, i * 2 + 1]], np.float32) for i in range(n)])
+        bn = keras.layers.BatchNormalization(axis=1)
+        sync_bn = hvd.SyncBatchNormalization(axis=1, fused=False)
+        want = bn(tf.constant(x), training=True).numpy()[r]
+        got = sync_bn(tf.constant(x[r : r + 1]), training=True).numpy()[0]
+        return {
+            "out": bool(np.allclose(got, want, atol=1e-5)),
+            "moving_mean": bool(np.allclose(sync_bn.moving_mean.numpy(), bn.moving_mean.numpy())),
+            "moving_variance": bool(np.allclose(sync_bn.moving_variance.numpy(), bn.moving_variance.numpy())),
+        }
+
+    def test_matches_batch_norm_over_all_ranks(self, job):
+        for got in by_rank(job, TestSyncBatchNormalization):
+            assert got == {"out": True, "moving_mean": True, "moving_variance": True}
 
 
 @covers("vars_to_refs", "refs_to_vars")

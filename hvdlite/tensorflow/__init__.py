@@ -78,6 +78,7 @@ from hvdlite.tensorflow.queries import (
     rank_op,
     size_op,
 )
+from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hvdlite.tensorflow.util import refs_to_vars, vars_to_refs
 
 __all__ = [
@@ -101,6 +102,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",
