@@ -291,3 +291,47 @@ def test_every_name_is_covered_or_listed():
     assert not both, "covered now, delete from NOT_YET_HERE: %s" % both
     stale = sorted(set(NOT_YET_HERE) - set(HOROVOD_TF_NAMES))
     assert not stale, "NOT_YET_HERE lists names Horovod lacks: %s" % stale
+
+
+def _keras_names_job():
+    import keras
+    import tensorflow as tf
+
+    import hvdlite.tensorflow.keras as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    shared = keras.Variable([0.0])
+    local = keras.layers.Dense(1, use_bias=False)
+    local.build((None, 1))
+    local.kernel.assign([[0.0]])
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[local])
+    opt.apply_gradients([(tf.constant([float(r)]), shared), (tf.ones([1, 1]) * (r + 1), local.kernel)])
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1), keras.layers.Dense(1)])
+    for v in model.variables:
+        v.assign(tf.ones_like(v) * r)
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[model.layers[1].kernel])
+    callback.set_model(model)
+    callback.on_train_begin()
+    out = {
+        "shared": shared.numpy().tolist(),
+        "local": local.kernel.numpy().tolist(),
+        "broadcast": [v.numpy().ravel().tolist() for v in model.variables],
+    }
+    hvd.shutdown()
+    return out
+
+
+def test_keras_partial_optimizer_and_callback_local_variables():
+    """hvdlite.tensorflow.keras.PartialDistributedOptimizer: local_layers' gradients stay
+    local (divided by size, scale_local_gradients); BroadcastGlobalVariablesCallback leaves
+    local_variables alone."""
+    from helpers import run_ranks
+    from parity_tf import TF_ENV
+
+    for r, got in enumerate(run_ranks(_keras_names_job, 2, timeout=240, env=TF_ENV)):
+        assert got["shared"] == [-0.5]  # -(0 + 1) / 2
+        assert got["local"] == [[-(r + 1) / 2.0]]
+        kernel0, bias0, kernel1, bias1 = got["broadcast"]
+        assert kernel0 == [0.0] and bias0 == [0.0] and bias1 == [0.0]
+        assert kernel1 == [float(r)]

@@ -79,7 +79,9 @@ from hvdlite.tensorflow.queries import (
     size_op,
 )
 from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
-from hvdlite.tensorflow.util import refs_to_vars, vars_to_refs
+
+# _executing_eagerly: private, but Horovod's tests and user code call hvd._executing_eagerly().
+from hvdlite.tensorflow.util import _executing_eagerly, refs_to_vars, vars_to_refs
 
 __all__ = [
     "Adasum",
