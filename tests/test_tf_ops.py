@@ -95,12 +95,11 @@ def _other_checks(hvd, tf, graph):
         for root in range(n):
             want = tf.cast((np.arange(11) + root * 4) % 5, tf_dtype).numpy()
             np.testing.assert_array_equal(out["bc.%s.%d" % (dtype, root)].numpy(), want)
-        got, received = out["a2a." + dtype]
+        got = out["a2a." + dtype]  # without splits: the output only (Horovod's)
         want = np.concatenate(
             [np.arange(2 * n * 3).reshape(2 * n, 3)[2 * r : 2 * r + 2] + 100 * k for k in range(n)]
         )
         np.testing.assert_array_equal(got.numpy(), tf.cast(want, tf_dtype).numpy())
-        assert received.numpy().tolist() == [2] * n
         if dtype != "bool":
             mine = (2 * n + 1) // n + (1 if r < (2 * n + 1) % n else 0)
             want = tf.cast(np.full((mine, 2), n * (n + 1) // 2), tf_dtype)

@@ -30,10 +30,16 @@ def _differentiable(forward, backward, tensors):
 
     @tf.custom_gradient
     def fn(*xs):
-        def grad(*dys):
-            return backward([tf.convert_to_tensor(d) for d in dys])
+        outs = forward(list(xs))
 
-        return forward(list(xs)), grad
+        def grad(*dys):
+            # An output nothing depends on (alltoall's received splits) has no upstream
+            # gradient in a graph (tf.gradients): zeros, so every rank runs the same backward.
+            return backward(
+                [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d) for d, o in zip(dys, outs)]
+            )
+
+        return outs, grad
 
     out = fn(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
@@ -274,9 +280,9 @@ def _global_rank():
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Sends splits[i] rows of `tensor` to member i (an even split without
-    splits) and returns (output, received_splits). Gradient: alltoall of the
-    upstream gradient with the received splits."""
+    """Sends splits[i] rows of `tensor` to member i and returns (output, received_splits,
+    int32); without splits, an even split, and only the output (as Horovod). Gradient:
+    alltoall of the upstream gradient with the received splits."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
@@ -296,7 +302,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         return [raw_ops.alltoall(dys[0], received[0], grad_names()[0], process_set)[0]]
 
     out, got = _differentiable(forward, backward, [tensor])
-    return out, got
+    return (out, got) if splits is not None else out
 
 
 def join():
