@@ -132,6 +132,8 @@ class TestErrors:
             ),
             "sparse_max": err(lambda: hvd.allreduce(sparse, op=hvd.Max)),
             "sparse_prescale": err(lambda: hvd.allreduce(sparse, op=hvd.Sum, prescale_factor=2.0)),
+            # a scalar in a grouped reducescatter crashed the process (SIGSEGV) before the check
+            "grouped_rs_scalar": err(lambda: hvd.grouped_reducescatter([tf.zeros((2, 1)), tf.constant(1.0)])),
             "after": hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="p.after").numpy().tolist(),
         }
 
@@ -147,6 +149,7 @@ class TestErrors:
         for got in by_rank(job, TestErrors):
             assert "InvalidArgumentError" in got["splits"][1] and "OpError" in got["splits"][1]
             assert got["graph_splits"][0] == "InvalidArgumentError"
+            assert "ValueError" in got["grouped_rs_scalar"][1]
 
     def test_sparse_limits_are_not_implemented(self, job):
         for got in by_rank(job, TestErrors):

@@ -245,6 +245,8 @@ def grouped_reducescatter(
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
+    if any(t.shape.rank == 0 for t in tensors):
+        raise exceptions.InvalidArgumentError("reducescatter needs tensors with at least one dimension")
     pairs = [compression.compress(t) for t in tensors]
     outs = _scatter_many(
         [w for w, _ in pairs],
