@@ -111,6 +111,16 @@ class TestQueryOps:
             assert got["dtype"] == "int32"
 
 
+def _broadcast_grad_in_graph(hvd, tf):
+    """tf.gradients through broadcast in a TF1 graph, only the gradient fetched."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.ones([3]) * hvd.rank()
+        grad = tf.gradients(hvd.broadcast(x, 0, name="p.bgrad"), x, tf.ones([3]))[0]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            return sess.run(grad).tolist()
+
+
 @covers("allreduce", "alltoall", "broadcast")
 class TestErrors:
     """Ranks that disagree: tf.errors.FailedPreconditionError (eagerly also hvdlite's
@@ -134,6 +144,7 @@ class TestErrors:
             "sparse_prescale": err(lambda: hvd.allreduce(sparse, op=hvd.Sum, prescale_factor=2.0)),
             # a scalar in a grouped reducescatter crashed the process (SIGSEGV) before the check
             "grouped_rs_scalar": err(lambda: hvd.grouped_reducescatter([tf.zeros((2, 1)), tf.constant(1.0)])),
+            "bcast_grad": _broadcast_grad_in_graph(hvd, tf),
             "after": hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="p.after").numpy().tolist(),
         }
 
@@ -150,6 +161,11 @@ class TestErrors:
             assert "InvalidArgumentError" in got["splits"][1] and "OpError" in got["splits"][1]
             assert got["graph_splits"][0] == "InvalidArgumentError"
             assert "ValueError" in got["grouped_rs_scalar"][1]
+
+    def test_broadcast_gradient_in_a_graph(self, job):
+        # root: ones; the other rank: zeros (and its allreduce still runs: it used to be
+        # pruned from the graph there, and the root waited forever)
+        assert [got["bcast_grad"] for got in by_rank(job, TestErrors)] == [[1.0] * 3, [0.0] * 3]
 
     def test_sparse_limits_are_not_implemented(self, job):
         for got in by_rank(job, TestErrors):

@@ -268,7 +268,12 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
     def backward(dys):
         reduced = raw_ops.allreduce(dys, grad_names(), gradients.BROADCAST_GRAD_OP, 1.0, 1.0, process_set)
-        return reduced if _global_rank() == int(root_rank) else [tf.zeros_like(reduced[0])]
+        if _global_rank() == int(root_rank):
+            return reduced
+        # Zeros that still depend on the allreduce: a graph would otherwise drop it on this
+        # rank (zeros_like of a static shape is a constant) and the root would wait forever.
+        with tf.control_dependencies(reduced):
+            return [tf.identity(tf.zeros_like(dys[0]))]
 
     return _differentiable(
         lambda xs: raw_ops.broadcast(xs, [name], int(root_rank), process_set), backward, [tensor]
