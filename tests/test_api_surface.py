@@ -29,7 +29,7 @@ KNOWN_MISSING_MODULES = {
 
 # Horovod helpers that its __init__ re-exports from horovod.common.util / horovod.tensorflow.util
 # / horovod.tensorflow.mpi_ops; undocumented internals, kept here until parity decides.
-_UTIL_REEXPORTS = ["check_extension", "gpu_available", "split_list", "vars_to_refs", "refs_to_vars"]
+_UTIL_REEXPORTS = ["check_extension", "gpu_available", "split_list"]
 
 KNOWN_MISSING = {
     "hvdlite.torch": [
@@ -39,24 +39,14 @@ KNOWN_MISSING = {
     + [
         # TF1 graph-mode and session API (issue 18)
         "BroadcastGlobalVariablesHook",
-        "broadcast_global_variables",
         "LocalGradientAggregationHelper",
         # ops returning tensors instead of ints, for graphs (issue 18)
-        "rank_op",
-        "size_op",
-        "local_rank_op",
-        "local_size_op",
-        "process_set_included_op",
         "is_homogeneous",
         # collectives and helpers (issues 9, 18)
-        "broadcast_",
-        "broadcast_object_fn",
-        "SyncBatchNormalization",
         "check_num_rank_power_of_2",
         "handle_average_backwards_compatibility",
     ],
     "hvdlite.tensorflow.keras": [
-        "broadcast_global_variables",  # issue 18
         "is_version_greater_equal_than",  # horovod.common.util helper
     ],
 }

@@ -16,7 +16,7 @@ import hvdlite
 from hvdlite.common import exceptions
 
 PACKAGE = pathlib.Path(hvdlite.__file__).parent
-FACTORIES = {"error_for"}
+FACTORIES = {"error_for", "tf_error"}  # tf_error: the error itself, or a subclass of its class
 
 
 def _name(node):

@@ -19,7 +19,7 @@ def _collective_grads(hvd, tf, graph):
             hvd.allgather(v, name="g.ag") * tf.reshape(tf.range(n * (n + 1), dtype=tf.float32), [-1, 2])
         ),
         "broadcast": lambda v: tf.reduce_sum(hvd.broadcast(v[:1], 0, name="g.bc")) * 4.0,
-        "alltoall": lambda v: tf.reduce_sum(hvd.alltoall(tf.concat([v[:1]] * n, 0), name="g.a2a")[0]) * 2.0,
+        "alltoall": lambda v: tf.reduce_sum(hvd.alltoall(tf.concat([v[:1]] * n, 0), name="g.a2a")) * 2.0,
         "reducescatter_sum": lambda v: tf.reduce_sum(
             hvd.reducescatter(tf.concat([v[:1]] * n, 0), op=hvd.Sum, name="g.rs")
         ),

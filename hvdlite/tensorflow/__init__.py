@@ -49,7 +49,14 @@ from hvdlite.common.exceptions import (
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hvdlite.tensorflow import elastic
 from hvdlite.tensorflow.compression import Compression
-from hvdlite.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from hvdlite.tensorflow.functions import (
+    allgather_object,
+    broadcast_,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_object_fn,
+    broadcast_variables,
+)
 from hvdlite.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from hvdlite.tensorflow.mpi_ops import (
     allgather,
@@ -64,6 +71,17 @@ from hvdlite.tensorflow.mpi_ops import (
     reducescatter,
 )
 from hvdlite.tensorflow.optimizer import DistributedOptimizer
+from hvdlite.tensorflow.queries import (
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    size_op,
+)
+from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
+
+# _executing_eagerly: private, but Horovod's tests and user code call hvd._executing_eagerly().
+from hvdlite.tensorflow.util import _executing_eagerly, refs_to_vars, vars_to_refs
 
 __all__ = [
     "Adasum",
@@ -86,6 +104,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",
@@ -93,7 +112,10 @@ __all__ = [
     "alltoall",
     "barrier",
     "broadcast",
+    "broadcast_",
+    "broadcast_global_variables",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
     "ccl_built",
     "cross_rank",
@@ -110,17 +132,24 @@ __all__ = [
     "is_initialized",
     "join",
     "local_rank",
+    "local_rank_op",
     "local_size",
+    "local_size_op",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",
     "nccl_built",
+    "process_set_included_op",
     "rank",
+    "rank_op",
     "reducescatter",
+    "refs_to_vars",
     "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
+    "size_op",
     "start_timeline",
     "stop_timeline",
+    "vars_to_refs",
 ]

@@ -16,9 +16,15 @@
 // it once with hvdlite_tf_set_core (hvdlite/tensorflow/await_op.py).
 //
 // Contract: input 0 holds core handles (int64, any shape); input 1 passes
-// through to the output once every handle has completed (successfully or
-// not: the result's numpy_function raises the operation's error), or the
-// handle is unknown, or the runtime is gone.
+// through to the output once every handle has completed, or the handle is
+// unknown, or the runtime is gone. An operation that failed because ranks
+// disagree (shape, dtype, root: the core's Mismatch or Precondition) or on a
+// bad argument (InvalidArgument) fails this op with TensorFlow's
+// FailedPrecondition / InvalidArgument status, as Horovod's kernels report
+// them (a numpy_function can only raise UnknownError for these); the failed
+// operation's user handle then stays unsynchronized (a few bytes per failed
+// collective). Any other failure passes through: the result's numpy_function
+// raises the operation's error.
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -34,7 +40,21 @@ using WaitFn = int (*)(int64_t handle, double timeout_s, char* err, size_t err_l
 using PollFn = int (*)(int64_t handle);
 std::atomic<WaitFn> g_wait{nullptr};
 std::atomic<PollFn> g_poll{nullptr};
-constexpr int kTimeout = 4;  // StatusCode::kTimeout (csrc/common/status.h)
+// StatusCode (csrc/common/status.h).
+constexpr int kInvalidArgument = 1;
+constexpr int kMismatch = 2;
+constexpr int kTimeout = 4;
+constexpr int kPrecondition = 6;
+
+// TensorFlow's status for a completed handle's core status (OK for the codes
+// left to the result's numpy_function).
+tensorflow::Status StatusOf(WaitFn wait, int64_t handle) {
+  char err[1024] = {0};
+  int code = wait(handle, 0.0, err, sizeof(err));
+  if (code == kMismatch || code == kPrecondition) return tensorflow::errors::FailedPrecondition(err);
+  if (code == kInvalidArgument) return tensorflow::errors::InvalidArgument(err);
+  return tensorflow::Status();
+}
 
 // Blocks the calling thread until `handle` is no longer pending.
 void AwaitOne(WaitFn wait, PollFn poll, int64_t handle) {
@@ -58,9 +78,17 @@ class HvdliteAwaitOp : public tensorflow::AsyncOpKernel {
     std::vector<int64_t> handles(flat.data(), flat.data() + flat.size());
     ctx->set_output(0, ctx->input(1));
     // One thread per call: it sleeps in the core's wait (or drives the core's
-    // engine meanwhile), never in TensorFlow's pools. `done` outlives it.
-    std::thread([wait, poll, handles = std::move(handles), done = std::move(done)]() {
+    // engine meanwhile), never in TensorFlow's pools. `done` outlives it; `ctx`
+    // stays valid until done() is called.
+    std::thread([ctx, wait, poll, handles = std::move(handles), done = std::move(done)]() {
       for (int64_t h : handles) AwaitOne(wait, poll, h);
+      for (int64_t h : handles) {
+        tensorflow::Status status = StatusOf(wait, h);
+        if (!status.ok()) {
+          ctx->SetStatus(status);
+          break;
+        }
+      }
       done();
     }).detach();
   }

@@ -20,8 +20,8 @@ Contracts:
 import numpy as np
 import tensorflow as tf
 
-from hvdlite.common import ops
-from hvdlite.tensorflow import await_op
+from hvdlite.common import exceptions, ops
+from hvdlite.tensorflow import await_op, errors
 
 _ALIGNMENT = 64
 
@@ -83,8 +83,6 @@ def to_tensor(array):
 
 def check_dtype(tensor, what):
     """Raises NotSupportedError for a dtype the core does not carry, naming the tensor."""
-    from hvdlite.common import exceptions
-
     if tensor.dtype not in SUPPORTED:
         raise exceptions.NotSupportedError(
             "%s: tensor has dtype %s, which hvdlite does not support; use one of %s"
@@ -96,7 +94,10 @@ def call_numpy(fn, inputs, dtypes, shapes, name="hvdlite"):
     """fn(*arrays) -> list of arrays, as tensors of `dtypes` with static `shapes`
     (a TensorShape / list per output; None dimensions where only the job knows)."""
     if tf.executing_eagerly():
-        outs = fn(*[to_numpy(t) for t in inputs])
+        try:
+            outs = fn(*[to_numpy(t) for t in inputs])
+        except exceptions.HvdliteError as e:
+            raise errors.tf_error(e) from None
         return [to_tensor(np.asarray(o, dtype=d.as_numpy_dtype)) for o, d in zip(outs, dtypes)]
 
     def graph_fn(*arrays):
@@ -115,7 +116,8 @@ def call_collective(start, finish, inputs, dtypes, shapes, name="hvdlite"):
     executor runs a graph's ops. start(*arrays) submits and returns hvdlite handles at
     once; finish(handles) synchronizes them and returns the output arrays.
 
-    Eagerly: finish(start(...)). In a graph (tf.function or tf.compat.v1), three ops:
+    Eagerly: finish(start(...)), hvdlite's errors as errors.tf_error gives them. In a
+    graph (tf.function or tf.compat.v1), three ops:
     a stateful numpy_function that submits (automatic control dependencies keep
     submissions in program order), the HvdliteAwait kernel, which waits on a thread of
     its own, and a stateless numpy_function that takes the result (stateless, so that

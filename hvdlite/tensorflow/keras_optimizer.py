@@ -142,6 +142,21 @@ def DistributedOptimizer(
     return _attach(new, settings)
 
 
+def PartialDistributedOptimizer(optimizer, name=None, local_layers=None, **kwargs):
+    """A DistributedOptimizer (same keyword arguments) whose `local_layers`' (a layer or
+    a list of layers) trainable variables are worker-local, as if registered with
+    register_local_var() (Horovod's)."""
+    opt = DistributedOptimizer(optimizer, name=name, **kwargs)
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
+
+
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
     """keras.models.load_model, with the model's optimizer (state included)
     turned into a DistributedOptimizer in place. custom_optimizers: optimizer

@@ -7,6 +7,7 @@ tf.function: once, at trace time), numbered per kind in call order when not
 given, so ranks making the same calls agree.
 """
 
+import itertools
 from typing import Any
 
 import tensorflow as tf
@@ -29,26 +30,52 @@ def _differentiable(forward, backward, tensors):
 
     @tf.custom_gradient
     def fn(*xs):
-        def grad(*dys):
-            return backward([tf.convert_to_tensor(d) for d in dys])
+        outs = forward(list(xs))
 
-        return forward(list(xs)), grad
+        def grad(*dys):
+            # An output nothing depends on (alltoall's received splits) has no upstream
+            # gradient in a graph (tf.gradients): zeros, so every rank runs the same backward.
+            return backward(
+                [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d) for d, o in zip(dys, outs)]
+            )
+
+        return outs, grad
 
     out = fn(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _grad_names(names):
-    return [n + ".grad" for n in names]
+def _grad_namer(names):
+    """names() -> the gradient names of one backward pass: '<name>.grad', then
+    '<name>.grad.<k>' for the k-th further pass of the same forward call (a graph may hold
+    several backward passes of one collective, e.g. one tf.gradients call per output of a
+    grouped op; each needs its own names). Backward passes are built in the same order on
+    every rank, so the names agree."""
+    calls = itertools.count()
+
+    def next_names():
+        k = next(calls)
+        return [n + ".grad" + ("" if k == 0 else ".%d" % k) for n in names]
+
+    return next_names
 
 
 def _reduce_many(tensors, names, op, prescale, postscale, process_set):
     """Differentiable allreduce of a list: grad_i = the same allreduce of dy_i."""
+    grad_names = _grad_namer(names)
     return _differentiable(
         lambda xs: raw_ops.allreduce(xs, names, op, prescale, postscale, process_set),
-        lambda dys: raw_ops.allreduce(dys, _grad_names(names), op, prescale, postscale, process_set),
+        lambda dys: raw_ops.allreduce(dys, grad_names(), op, prescale, postscale, process_set),
         tensors,
     )
+
+
+def _check_sparse(op, prescale, postscale):
+    """Horovod's limits for IndexedSlices (NotImplementedError, through NotSupportedError)."""
+    if op not in (dtypes.Average, dtypes.Sum):
+        raise exceptions.NotSupportedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale != 1.0 or postscale != 1.0:
+        raise exceptions.NotSupportedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
 
 
 def _sparse_allreduce(tensor, name, op, process_set):
@@ -80,6 +107,7 @@ def allreduce(
     op = resolve_op(op, average)
     name = naming.auto_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
+        _check_sparse(op, prescale_factor, postscale_factor)
         return _sparse_allreduce(tensor, name, op, process_set)
     tensor = tf.convert_to_tensor(tensor)
     wire, ctx = compression.compress(tensor)
@@ -101,13 +129,29 @@ def grouped_allreduce(
 ):
     """allreduce of every tensor, submitted together (the core fuses them)."""
     op = resolve_op(op, average)
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    pairs = [compression.compress(t) for t in tensors]
     names = collectives_group_names("allreduce", name, len(tensors))
-    outs = _reduce_many([w for w, _ in pairs], names, op, prescale_factor, postscale_factor, process_set)
-    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+    out: list[Any] = list(tensors)
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):  # allgathered, as allreduce does
+            _check_sparse(op, prescale_factor, postscale_factor)
+            out[i] = _sparse_allreduce(t, names[i], op, process_set)
+    if dense:
+        pairs = [compression.compress(tensors[i]) for i in dense]
+        outs = _reduce_many(
+            [w for w, _ in pairs],
+            [names[i] for i in dense],
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )
+        for i, o, (_, ctx) in zip(dense, outs, pairs):
+            out[i] = compression.decompress(o, ctx)
+    return out
 
 
 def _gather_many(tensors, names, process_set):
@@ -118,11 +162,12 @@ def _gather_many(tensors, names, process_set):
         [tf.shape(t, out_type=tf.int64)[0] if t.shape.rank else tf.constant(1, tf.int64) for t in tensors]
     )
 
+    grad_names = _grad_namer(names)
+
     def backward(dys):
-        summed = raw_ops.allreduce(
-            dys, _grad_names(names), gradients.ALLGATHER_GRAD_OP, 1.0, 1.0, process_set
-        )
-        table = raw_ops.allgather([mine[None, :]], [names[0] + ".rows"], process_set)[0]
+        these = grad_names()
+        summed = raw_ops.allreduce(dys, these, gradients.ALLGATHER_GRAD_OP, 1.0, 1.0, process_set)
+        table = raw_ops.allgather([mine[None, :]], [these[0] + ".rows"], process_set)[0]
         member = process_set.rank()
         starts = tf.reduce_sum(table[:member], axis=0)
         return [s[starts[i] : starts[i] + mine[i]] for i, s in enumerate(summed)]
@@ -148,8 +193,10 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def _scatter_many(tensors, names, op, prescale, postscale, process_set):
     """Differentiable reducescatter: grad = allgather(dy) * reducescatter_grad_scale(...)."""
 
+    grad_names = _grad_namer(names)
+
     def backward(dys):
-        gathered = raw_ops.allgather(dys, _grad_names(names), process_set)
+        gathered = raw_ops.allgather(dys, grad_names(), process_set)
         scale = gradients.reducescatter_grad_scale(op, prescale, postscale, process_set.size())
         return [g * tf.cast(scale, g.dtype) for g in gathered]
 
@@ -198,6 +245,8 @@ def grouped_reducescatter(
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
+    if any(t.shape.rank == 0 for t in tensors):
+        raise exceptions.InvalidArgumentError("reducescatter needs tensors with at least one dimension")
     pairs = [compression.compress(t) for t in tensors]
     outs = _scatter_many(
         [w for w, _ in pairs],
@@ -215,10 +264,16 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     average of every member's upstream gradient on the root, zeros elsewhere."""
     tensor = tf.convert_to_tensor(tensor)
     name = naming.auto_name("broadcast", name)
+    grad_names = _grad_namer([name])
 
     def backward(dys):
-        reduced = raw_ops.allreduce(dys, [name + ".grad"], gradients.BROADCAST_GRAD_OP, 1.0, 1.0, process_set)
-        return reduced if _global_rank() == int(root_rank) else [tf.zeros_like(reduced[0])]
+        reduced = raw_ops.allreduce(dys, grad_names(), gradients.BROADCAST_GRAD_OP, 1.0, 1.0, process_set)
+        if _global_rank() == int(root_rank):
+            return reduced
+        # Zeros that still depend on the allreduce: a graph would otherwise drop it on this
+        # rank (zeros_like of a static shape is a constant) and the root would wait forever.
+        with tf.control_dependencies(reduced):
+            return [tf.identity(tf.zeros_like(dys[0]))]
 
     return _differentiable(
         lambda xs: raw_ops.broadcast(xs, [name], int(root_rank), process_set), backward, [tensor]
@@ -232,9 +287,9 @@ def _global_rank():
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Sends splits[i] rows of `tensor` to member i (an even split without
-    splits) and returns (output, received_splits). Gradient: alltoall of the
-    upstream gradient with the received splits."""
+    """Sends splits[i] rows of `tensor` to member i and returns (output, received_splits,
+    int32); without splits, an even split, and only the output (as Horovod). Gradient:
+    alltoall of the upstream gradient with the received splits."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
@@ -248,11 +303,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         received[:] = [got]
         return [out, got]
 
+    grad_names = _grad_namer([name])
+
     def backward(dys):
-        return [raw_ops.alltoall(dys[0], received[0], name + ".grad", process_set)[0]]
+        return [raw_ops.alltoall(dys[0], received[0], grad_names()[0], process_set)[0]]
 
     out, got = _differentiable(forward, backward, [tensor])
-    return out, got
+    return (out, got) if splits is not None else out
 
 
 def join():

@@ -19,6 +19,7 @@ from hvdlite.tensorflow import (
     alltoall,
     barrier,
     broadcast,
+    broadcast_global_variables,
     broadcast_object,
     ccl_built,
     cross_rank,
@@ -47,4 +48,4 @@ from hvdlite.tensorflow import (
     stop_timeline,
 )
 from hvdlite.tensorflow.keras import callbacks, elastic
-from hvdlite.tensorflow.keras_optimizer import DistributedOptimizer, load_model
+from hvdlite.tensorflow.keras_optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model

@@ -24,22 +24,28 @@ from hvdlite.tensorflow.functions import broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    def __init__(self, root_rank, device=''):
+    """local_variables (Horovod's): variables that keep this worker's values."""
+
+    def __init__(self, root_rank, device='', local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
+        self._local_ids = {id(v) for v in (local_variables or ())}
+
+    def _broadcast(self, variables):
+        broadcast_variables([v for v in variables if id(v) not in self._local_ids], self.root_rank)
 
     def on_train_begin(self, logs=None):
         if self.model.built:
-            broadcast_variables(self.model.variables, self.root_rank)
+            self._broadcast(self.model.variables)
 
     def on_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        broadcast_variables(self.model.variables, self.root_rank)
+        self._broadcast(self.model.variables)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:
-            broadcast_variables(optimizer.variables, self.root_rank)
+            self._broadcast(optimizer.variables)
         self.broadcast_done = True
 
 

@@ -1,0 +1,38 @@
+"""SyncBatchNormalization: Keras batch normalization whose training-mode batch statistics
+are taken over the whole process set (Horovod's, horovod.tensorflow.SyncBatchNormalization).
+
+Each worker's mean and mean of squares are summed across ranks (one allreduce per call,
+named at trace time in call order, so ranks agree) and divided by the number of ranks:
+Var[X] = E[X^2] - E[X]^2 over the equal-sized per-worker batches, as Horovod computes it.
+Keras 2 arguments that Keras 3 lacks (fused, virtual_batch_size, adjustment) are accepted
+and ignored: the result does not depend on them.
+"""
+
+import keras
+import tensorflow as tf
+
+from hvdlite.common import dtypes
+from hvdlite.common.process_sets import global_process_set
+from hvdlite.tensorflow import mpi_ops
+
+_KERAS2_ONLY = ("fused", "virtual_batch_size", "adjustment")
+
+
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    def __init__(self, *args, process_set=global_process_set, **kwargs):
+        for name in _KERAS2_ONLY:
+            kwargs.pop(name, None)
+        super().__init__(*args, **kwargs)
+        self._hvdlite_process_set = process_set
+
+    def _moments(self, inputs, mask):
+        mean, variance = super()._moments(inputs, mask)
+        process_set = self._hvdlite_process_set
+        if process_set.size() <= 1:
+            return mean, variance
+        mean_of_square = variance + tf.math.square(mean)
+        stacked = mpi_ops.allreduce(
+            tf.stack([mean, mean_of_square]), op=dtypes.Sum, process_set=process_set
+        ) / tf.cast(process_set.size(), mean.dtype)
+        group_mean, group_mean_of_square = tf.unstack(stacked)
+        return group_mean, group_mean_of_square - tf.math.square(group_mean)

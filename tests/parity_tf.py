@@ -1,0 +1,74 @@
+"""Shared by the test_parity_tf*.py files: horovod.tensorflow's public names, the @covers
+registry that maps each name to the Test class covering it, and the 2-rank job that runs
+every class's ``on_rank(hvd, tf)`` part of one test module (the same calls on every rank).
+Mirrors tests/parity_torch.py; on_rank returns plain Python values (lists, numbers, str)."""
+
+import importlib
+import json
+import os
+
+import pytest
+from helpers import run_ranks
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "horovod_0.28.1_api.json")
+with open(DATA) as _f:
+    HOROVOD_TF_NAMES = json.load(_f)["modules"]["horovod.tensorflow"]
+
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+COVERED: dict[str, type] = {}  # horovod.tensorflow name -> the Test class covering it
+RANK_PARTS: list[type] = []  # classes with an on_rank(hvd, tf) part, in definition order
+
+
+def covers(*names):
+    def register(cls):
+        for name in names:
+            assert name not in COVERED, "%s covered twice" % name
+            COVERED[name] = cls
+        cls.names = names
+        if hasattr(cls, "on_rank"):
+            RANK_PARTS.append(cls)
+        return cls
+
+    return register
+
+
+def err(fn):
+    """None if fn() returns, else (class name, names of its classes in MRO order, message)."""
+    try:
+        fn()
+        return None
+    except BaseException as e:  # the point is to record what was raised
+        return type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)
+
+
+def rank_main(module_name):
+    """One rank of the job of test module `module_name`."""
+    import tensorflow as tf
+
+    import hvdlite.tensorflow as hvd
+
+    tf.get_logger().setLevel("ERROR")
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    importlib.import_module(module_name)
+    parts = [cls for cls in RANK_PARTS if cls.__module__ == module_name]
+    hvd.init()
+    out = {"rank": hvd.rank(), "size": hvd.size()}
+    for cls in parts:
+        out[cls.__name__] = cls.on_rank(hvd, tf)
+        hvd.barrier()
+    hvd.shutdown()
+    return out
+
+
+def job_fixture(module_name):
+    """A module-scoped fixture: the per-rank results of `module_name`'s job on 2 ranks."""
+
+    @pytest.fixture(scope="module")
+    def job():
+        return run_ranks(rank_main, 2, args=(module_name,), timeout=240, env=TF_ENV)
+
+    return job
+
+
+def by_rank(job, cls):
+    return [r[cls.__name__] for r in job]
