@@ -1,4 +1,4 @@
-"""Allreduce across 2 simulated hosts x 2 ranks with shaped links: hvdlite two-level, hvdlite
+"""Allreduce (or allgather: --op allgather) across 2 simulated hosts x 2 ranks with shaped links: hvdlite two-level, hvdlite
 flat ring, Open MPI (mpirun -H, mpi4py) and gloo (torch.distributed), side by side.
 
     sudo python benchmarks/multihost.py                       # 4 Gbit/s links, 4 KiB..64 MiB
@@ -51,14 +51,15 @@ def _shape(cluster, rate):
 
 def _jobs(cluster, args, rate_bps):
     common = [sys.executable, WORKER]
-    tail = [args.sizes_bytes, str(args.iters), str(rate_bps)]
+    tail = [args.sizes_bytes, str(args.iters), str(rate_bps), args.op]
     run = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "4", "-H", cluster.hosts_arg(2)]
     subnet = cluster.subnet + ".0/24"
     mpirun = ["mpirun", "--allow-run-as-root", "-np", "4", "-H", cluster.hosts_arg(2)]
     mpirun += ["-mca", "plm_rsh_agent", "/usr/bin/ssh -F " + cluster.ssh_config]
     mpirun += ["-mca", "btl_tcp_if_include", subnet, "-mca", "oob_tcp_if_include", subnet, "-x", "PYTHONPATH"]
     gloo = [cluster.hosts[0].addr, "29531"]
-    two_level = {"HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}
+    two_level = {"HVDLITE_HIERARCHICAL_ALLREDUCE": "1", "HVDLITE_HIERARCHICAL_ALLGATHER": "1"}
+    flat = {"HVDLITE_HIERARCHICAL_ALLREDUCE": "0", "HVDLITE_HIERARCHICAL_ALLGATHER": "0"}
     jobs = []
     if args.baseline:  # the same two-level job on another checkout's build, run first
         jobs.append(
@@ -70,7 +71,7 @@ def _jobs(cluster, args, rate_bps):
         )
     jobs += [
         ("hvdlite two-level", two_level, run + common + ["hvdlite"] + tail),
-        ("hvdlite flat ring", {"HVDLITE_HIERARCHICAL_ALLREDUCE": "0"}, run + common + ["hvdlite"] + tail),
+        ("hvdlite flat ring", flat, run + common + ["hvdlite"] + tail),
         ("Open MPI (mpi4py)", {}, mpirun + common + ["mpi"] + tail),
         ("gloo (torch)", {}, run + common + ["gloo"] + tail + gloo),
     ]
@@ -86,6 +87,7 @@ def main():
     p.add_argument("--rate", default="4gbit")
     p.add_argument("--sizes", default="4K,64K,1M,16M,64M")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--op", default="allreduce", choices=("allreduce", "allgather"))
     p.add_argument("--only", default="", help="comma list of libraries to run: hvdlite,Open,gloo")
     p.add_argument("--baseline", default="", help="another checkout (built): adds its two-level job")
     args = p.parse_args()
@@ -114,8 +116,8 @@ def main():
                 print("%s exited %d: %s" % (label, res.returncode, res.stderr[-600:]), file=sys.stderr)
             rows[label] = {r["bytes"]: r for r in got}
     print(
-        "\n2 simulated hosts x 2 ranks, links shaped to %s; allreduce float32, %d iterations\n"
-        % (args.rate, args.iters)
+        "\n2 simulated hosts x 2 ranks, links shaped to %s; %s float32, %d iterations\n"
+        % (args.rate, args.op, args.iters)
     )
     print(
         "| size | "

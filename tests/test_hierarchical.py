@@ -1,4 +1,4 @@
-"""Two-level allreduce across hosts (HVDLITE_HIERARCHICAL_ALLREDUCE), on one machine: ranks
+"""Two-level allreduce and allgather across hosts (HVDLITE_HIERARCHICAL_ALLREDUCE / _ALLGATHER), on one machine: ranks
 claim hosts through HVDLITE_HOSTNAME, so ranks of one "host" share memory and hosts talk TCP.
 The simulated-hosts version runs in tests/test_multihost.py."""
 
@@ -108,3 +108,91 @@ def test_pipelined_two_level_allreduce_on_odd_sizes(hosts, shm):
             np.testing.assert_allclose(value, _reference(name, n), rtol=2e-3)
         else:
             np.testing.assert_array_equal(value, _reference(name, n))
+
+
+# Allgather(v) in two levels (HVDLITE_HIERARCHICAL_ALLGATHER): first dims differ per rank,
+# small ones and ones large enough that every host's bytes split unevenly into pieces.
+_AG_DTYPES = (np.float32, np.float64, np.int32, np.float16, np.uint8)
+
+
+def _ag_rows(rank, big):
+    return (rank * 7 + 1) + (100_003 + 1_001 * rank if big else 0)
+
+
+def _ag_input(rank, dt, big):
+    rows = _ag_rows(rank, big)
+    return ((np.arange(rows * 3).reshape(rows, 3) * (rank + 3)) % 251).astype(dt)
+
+
+def _allgather_suite():
+    """Returns (results, this rank's log): the core's debug log goes to fd 2, read back here."""
+    import os
+    import tempfile
+
+    import hvdlite as hvd
+
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            hvd.init()
+            r = hvd.rank()
+            out = {}
+            for dt in _AG_DTYPES:
+                for big in (False, True):
+                    name = "ag_%s_%d" % (np.dtype(dt).name, big)
+                    out[name] = hvd.allgather(_ag_input(r, dt, big), name=name)
+            out["ag_empty_on_rank0"] = hvd.allgather(np.arange(5 * r, dtype=np.float32), name="ag_empty")
+            out["ag_1d_odd"] = hvd.allgather(np.full(1_000_003 + r, r, np.int32), name="ag_1d_odd")
+        finally:
+            os.dup2(saved, 2)
+        log.seek(0)
+        return out, log.read().decode(errors="replace")
+
+
+def _ag_reference(name, n):
+    if name == "ag_empty_on_rank0":
+        return np.concatenate([np.arange(5 * q, dtype=np.float32) for q in range(n)])
+    if name == "ag_1d_odd":
+        return np.concatenate([np.full(1_000_003 + q, q, np.int32) for q in range(n)])
+    _, dtname, big = name.split("_")
+    return np.concatenate([_ag_input(q, np.dtype(dtname), big == "1") for q in range(n)])
+
+
+@pytest.mark.parametrize(
+    "hosts,shm,two_level",
+    [
+        (["a", "a", "b", "b"], "0", "2 hosts x 2 ranks"),
+        (["a", "a", "b", "b", "c", "c"], "0", "3 hosts x 2 ranks"),
+        (["a", "a", "b", "b"], "1", "2 hosts x 2 ranks"),
+        (["a", "b", "a", "b"], "0", None),
+        (["a", "a", "a", "b"], "0", None),
+    ],
+    ids=["2x2", "3x2", "2x2-tcp-only", "interleaved-falls-back-to-flat", "uneven-falls-back-to-flat"],
+)
+def test_two_level_allgatherv_matches_numpy_and_the_flat_ring_bitwise(hosts, shm, two_level):
+    n = len(hosts)
+
+    def env(level):
+        return lambda rank: {
+            "HVDLITE_HOSTNAME": hosts[rank],
+            "HVDLITE_HIERARCHICAL_ALLGATHER": level,
+            "HVDLITE_SHM_DISABLE": shm,
+            "HVDLITE_LOG_LEVEL": "debug",
+        }
+
+    hier = run_ranks(_allgather_suite, n, env=env("1"), timeout=240)
+    flat = run_ranks(_allgather_suite, n, env=env("0"), timeout=240)
+    for _, log in flat:
+        assert "allgather in two levels" not in log
+    for _, log in hier:
+        if two_level:
+            assert "allgather in two levels: " + two_level in log
+        else:
+            assert "allgather in two levels" not in log
+    first = hier[0][0]
+    for name, value in first.items():
+        for other, _ in hier[1:] + flat:
+            assert other[name].dtype == value.dtype and other[name].shape == value.shape, name
+            assert other[name].tobytes() == value.tobytes(), name
+        np.testing.assert_array_equal(value, _ag_reference(name, n))

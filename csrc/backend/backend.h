@@ -108,7 +108,8 @@ Status ParseCpuOperations(const std::string& text, CpuOperations* out);
 // Picks the CPU backend named by HVDLITE_CPU_OPERATIONS. NotSupported for a
 // backend this build lacks, naming the ones it has.
 // host_of[r] is global rank r's host index (Topology::host_of): the ring
-// backend runs allreduce in two levels across hosts (HVDLITE_HIERARCHICAL_ALLREDUCE).
+// backend runs allreduce and allgather in two levels across hosts
+// (HVDLITE_HIERARCHICAL_ALLREDUCE, HVDLITE_HIERARCHICAL_ALLGATHER).
 Status CreateCpuBackend(const Config& cfg, Transport* transport, const std::vector<int>& host_of,
                         std::unique_ptr<Backend>* out);
 

@@ -2,6 +2,7 @@
 #include "backend/hierarchical.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,43 @@ Status PipelinedHierarchicalAllreduce(const Group& local, const Group& cross, vo
       if (!st.ok()) return st.WithContext("two-level allreduce, tick " + std::to_string(t));
     }
     if (own.count > 0) HVD_RETURN_IF_ERROR(ScaleBuffer(data + own.offset * es, own.count, dtype, postscale));
+  }
+  return Status::OK();
+}
+
+Status HierarchicalAllgatherv(const Group& local, const Group& cross, const void* send, void* recv,
+                              const std::vector<int64_t>& bytes) {
+  const int L = local.size(), H = cross.size();
+  if (static_cast<int>(bytes.size()) != L * H) {
+    return Status::InvalidArgument("two-level allgatherv: " + std::to_string(bytes.size()) +
+                                   " block sizes for " + std::to_string(H) + " hosts x " + std::to_string(L));
+  }
+  for (int64_t b : bytes) {
+    if (b < 0) return Status::InvalidArgument("two-level allgatherv: negative block size");
+  }
+  const std::vector<Range> blocks = alg::PrefixBlocks(bytes);
+  char* out = static_cast<char*>(recv);
+  const Range mine = blocks[cross.me * L + local.me];
+  if (mine.count > 0 && send != out + mine.offset) {
+    std::memmove(out + mine.offset, send, static_cast<size_t>(mine.count));
+  }
+  std::vector<Range> host(H);  // every host's bytes, contiguous in `out`
+  for (int k = 0; k < H; ++k) {
+    host[k].offset = blocks[k * L].offset;
+    for (int j = 0; j < L; ++j) host[k].count += blocks[k * L + j].count;
+  }
+  std::vector<Range> lb(L), xb(H);
+  for (int j = 0; j < L; ++j) lb[j] = blocks[cross.me * L + j];
+  HVD_RETURN_IF_ERROR(
+      alg::RingAllgather(local, out, lb, 0, local.tag).WithContext("two-level allgatherv, host"));
+  for (int k = 0; k < H; ++k) xb[k] = LocalBlocks(host[k], L)[local.me];
+  const uint32_t xtag = local.tag + static_cast<uint32_t>(L);
+  HVD_RETURN_IF_ERROR(alg::RingAllgather(cross, out, xb, 0, xtag).WithContext("two-level allgatherv, cross"));
+  for (int k = 0; k < H; ++k) {
+    if (k == cross.me) continue;
+    const uint32_t tag = xtag + static_cast<uint32_t>(H + k * L);
+    HVD_RETURN_IF_ERROR(alg::RingAllgather(local, out, LocalBlocks(host[k], L), 0, tag)
+                            .WithContext("two-level allgatherv, pieces of host " + std::to_string(k)));
   }
   return Status::OK();
 }

@@ -8,7 +8,8 @@
 
 namespace hvdlite {
 
-std::unique_ptr<Backend> NewRingBackend(Transport* transport, std::vector<int> host_of, int hierarchical);
+std::unique_ptr<Backend> NewRingBackend(Transport* transport, std::vector<int> host_of, int hierarchical,
+                                        int hierarchical_allgather);
 
 #if HAVE_MPI
 Status CreateMpiBackendImpl(Transport* transport, std::unique_ptr<Backend>* out);
@@ -41,7 +42,8 @@ Status ParseCpuOperations(const std::string& text, CpuOperations* out) {
 Status CreateCpuBackend(const Config& cfg, Transport* transport, const std::vector<int>& host_of,
                         std::unique_ptr<Backend>* out) {
   auto ring = [&] {
-    return NewRingBackend(transport, host_of, static_cast<int>(cfg.HIERARCHICAL_ALLREDUCE));
+    return NewRingBackend(transport, host_of, static_cast<int>(cfg.HIERARCHICAL_ALLREDUCE),
+                          static_cast<int>(cfg.HIERARCHICAL_ALLGATHER));
   };
   CpuOperations want;
   HVD_RETURN_IF_ERROR(ParseCpuOperations(cfg.CPU_OPERATIONS, &want));

@@ -6,7 +6,9 @@
 // cross-host ring per local rank, in parallel, each with 1/local_size of the
 // bytes), and every host allgathers its blocks; the three phases are pipelined
 // over chunks of the buffer. Each block is computed once, by its cross group,
-// so every member ends with the same bits.
+// so every member ends with the same bits. Allgatherv across hosts may run in
+// two levels too (HierarchicalAllgatherv) when every host holds consecutive
+// members; otherwise, and for a layout SplitByHost rejects, one flat ring.
 #include <algorithm>
 
 #include "algorithms/algorithms.h"
@@ -19,7 +21,7 @@
 namespace hvdlite {
 namespace {
 
-constexpr int64_t kHierarchicalMinBytes = 1 << 20;  // HIERARCHICAL_ALLREDUCE=-1: from here on
+constexpr int64_t kHierarchicalMinBytes = 1 << 20;  // HIERARCHICAL_ALLREDUCE/ALLGATHER=-1: from here on
 
 // Splits g into this member's host group and its cross group (the members with
 // the same index inside their hosts, one per host). False when g is on one host,
@@ -56,10 +58,23 @@ bool SplitByHost(const Group& g, const std::vector<int>& host_of, Group* local, 
   return true;
 }
 
+// True when `local` (from SplitByHost) sits at members [h * L, h * L + L) of g
+// for every host h: the flat member order is host-major, as
+// HierarchicalAllgatherv needs.
+bool HostsContiguous(const Group& g, const std::vector<int>& host_of, int L) {
+  for (int i = 0; i < g.size(); ++i) {
+    if (host_of[g.peer(i)] != host_of[g.peer(i - i % L)]) return false;
+  }
+  return true;
+}
+
 class RingBackend : public Backend {
  public:
-  RingBackend(Transport* t, std::vector<int> host_of, int hierarchical)
-      : transport_(t), host_of_(std::move(host_of)), hierarchical_(hierarchical) {}
+  RingBackend(Transport* t, std::vector<int> host_of, int hierarchical, int hierarchical_allgather)
+      : transport_(t),
+        host_of_(std::move(host_of)),
+        hierarchical_(hierarchical),
+        hierarchical_allgather_(hierarchical_allgather) {}
   const char* name() const override { return "ring"; }
 
   std::string Describe(Collective c, int64_t bytes, int members) const override {
@@ -83,7 +98,21 @@ class RingBackend : public Backend {
     return hvdlite::Allreduce(g, o.buf, o.count, o.dtype, o.op, o.postscale);
   }
   Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) override {
-    return hvdlite::Allgatherv(Group(ctx, transport_), o.send, o.recv, o.bytes);
+    const Group g(ctx, transport_);
+    int64_t total = 0;
+    for (int64_t b : o.bytes) total += b;
+    Group local, cross;
+    if (static_cast<int>(o.bytes.size()) == g.size() &&
+        (hierarchical_allgather_ > 0 || (hierarchical_allgather_ < 0 && total >= kHierarchicalMinBytes)) &&
+        SplitByHost(g, host_of_, &local, &cross) && HostsContiguous(g, host_of_, local.size())) {
+      if (!logged_two_level_allgather_) {
+        logged_two_level_allgather_ = true;
+        HVD_LOG(kDebug, "allgather in two levels: " << cross.size() << " hosts x " << local.size()
+                                                    << " ranks (first: " << total << " bytes)");
+      }
+      return HierarchicalAllgatherv(local, cross, o.send, o.recv, o.bytes);
+    }
+    return hvdlite::Allgatherv(g, o.send, o.recv, o.bytes);
   }
   Status Broadcast(const CollectiveContext& ctx, const BroadcastOptions& o) override {
     return hvdlite::Broadcast(Group(ctx, transport_), o.buf, o.bytes, o.root_member);
@@ -116,16 +145,20 @@ class RingBackend : public Backend {
   }
 
   Transport* transport_;
-  std::vector<int> host_of_;  // Topology::host_of
-  int hierarchical_;          // HVDLITE_HIERARCHICAL_ALLREDUCE: 1 on, 0 off, -1 by size
+  std::vector<int> host_of_;    // Topology::host_of
+  int hierarchical_;            // HVDLITE_HIERARCHICAL_ALLREDUCE: 1 on, 0 off, -1 by size
+  int hierarchical_allgather_;  // HVDLITE_HIERARCHICAL_ALLGATHER: the same
   bool logged_two_level_ = false;
+  bool logged_two_level_allgather_ = false;
   std::vector<char> scratch_;  // a prescaled reducescatter input
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewRingBackend(Transport* transport, std::vector<int> host_of, int hierarchical) {
-  return std::unique_ptr<Backend>(new RingBackend(transport, std::move(host_of), hierarchical));
+std::unique_ptr<Backend> NewRingBackend(Transport* transport, std::vector<int> host_of, int hierarchical,
+                                        int hierarchical_allgather) {
+  return std::unique_ptr<Backend>(
+      new RingBackend(transport, std::move(host_of), hierarchical, hierarchical_allgather));
 }
 
 }  // namespace hvdlite

@@ -107,6 +107,15 @@ SETTINGS = (
         " cross-host ring per local rank, allgather inside the host); 0: one flat ring; -1: two levels"
         " from 1 MiB on. Both need every host to hold the same number (2+) of the ranks",
     ),
+    Setting(
+        "HIERARCHICAL_ALLGATHER",
+        "int",
+        -1,
+        "1: allgather in two levels when the ranks span hosts (allgather inside each host, one"
+        " cross-host ring per local rank carrying 1/local_size of each host's bytes, allgather inside"
+        " the host); 0: one flat ring; -1: two levels from 1 MiB gathered on. Both need every host to"
+        " hold the same number (2+) of consecutive ranks",
+    ),
     Setting("SHM_DISABLE", "bool", False, "use TCP even between ranks on the same host (no shared memory)"),
     Setting(
         "SHM_CHANNEL_BYTES",
