@@ -89,6 +89,15 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
     return Report(Status::InvalidArgument("unknown op type " + std::to_string(op->type)), err, err_len);
   if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS)
     return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
+  // reducescatter and alltoall split their first dimension across ranks: a 0-d tensor has none.
+  // Every adapter checks this too; this guard keeps a direct caller from crashing the core.
+  const bool splits_first_dim = op->type == static_cast<int32_t>(OpType::kReducescatter) ||
+                                op->type == static_cast<int32_t>(OpType::kAlltoall);
+  if (splits_first_dim && op->ndim == 0)
+    return Report(Status::InvalidArgument(std::string(OpTypeName(static_cast<OpType>(op->type))) +
+                                          " of tensor '" + (op->name ? op->name : "") +
+                                          "' needs at least one dimension; reshape a scalar to [1]"),
+                  err, err_len);
   Request r;
   r.type = static_cast<OpType>(op->type);
   r.name = op->name ? op->name : "";

@@ -165,3 +165,28 @@ def test_join_lets_ranks_with_fewer_batches_finish():
         assert gathered == [3, 3]
         if r == 2:
             assert maxes == [-5.0, -5.0, 7, True, True, True]
+
+
+def _scalar_split_ops_straight_to_the_core():
+    """The adapters refuse 0-d reducescatter/alltoall; a direct caller of the core must get an
+    InvalidArgumentError too, never a crash of the process."""
+    import hvdlite as hvd
+    from hvdlite.common import dtypes, exceptions, ops
+
+    hvd.init()
+    errors = []
+    for op_type, op_name in ((4, "reducescatter"), (3, "alltoall")):
+        scalar = np.ones((), np.float32)
+        try:
+            ops.submit(op_type, "scalar." + op_name, scalar, dtypes.FLOAT32, ())
+            errors.append(None)
+        except exceptions.InvalidArgumentError as e:
+            errors.append(str(e))
+    hvd.shutdown()
+    return errors
+
+
+def test_zero_dim_reducescatter_and_alltoall_are_refused_by_the_core():
+    for errors in run_ranks(_scalar_split_ops_straight_to_the_core, 2, timeout=60):
+        assert "reducescatter of tensor 'scalar.reducescatter' needs at least one dimension" in errors[0]
+        assert "alltoall of tensor 'scalar.alltoall' needs at least one dimension" in errors[1]
