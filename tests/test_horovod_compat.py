@@ -271,7 +271,8 @@ print(json.dumps([translate(a) for a in json.loads(sys.argv[1])]))
         ["--mpi", "-np", "4", "-H", "a:2,b:2", "--mpi-args=--bind-to core", "python", "t.py", "--lr", "1"],
         ["--mpi", "-np", "4", "--hostfile", str(hostfile), "python", "t.py"],
         ["-np", "2", "--disable-cache", "--cycle-time-ms", "2.5", "--log-level", "DEBUG", "--no-stall-check"]
-        + ["--stall-check-shutdown-time-seconds", "30", "--timeline-filename", "t.json", "--verbose", "x"],
+        + ["--stall-check-shutdown-time-seconds", "30", "--timeline-filename", "t.json", "--verbose"]
+        + ["--hierarchical-allreduce", "--no-hierarchical-allgather", "x"],
         ["-np", "3", "--min-np", "2", "--max-np", "4", "--blacklist-cooldown-range", "10", "20"]
         + ["--reset-limit", "3", "-H", "localhost:1,127.0.0.2:2", "python", "t.py"],
         ["-np", "2", "-H", "node7:1,node8", "-p", "2222", "-i", "k", "--network-interface", "eth0"]
@@ -326,6 +327,8 @@ print(json.dumps([translate(a) for a in json.loads(sys.argv[1])]))
     assert tunables[1] == {
         "HVDLITE_CACHE_CAPACITY": "0",
         "HVDLITE_CYCLE_TIME": "2.5",
+        "HVDLITE_HIERARCHICAL_ALLREDUCE": "1",
+        "HVDLITE_HIERARCHICAL_ALLGATHER": "0",
         "HVDLITE_LOG_LEVEL": "debug",
         "HVDLITE_STALL_CHECK_DISABLE": "1",
         "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "30",

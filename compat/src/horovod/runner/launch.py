@@ -9,7 +9,7 @@ the HVDLITE_* settings Horovod's HOROVOD_* variables stand for; hosts, ssh and N
 hvdliterun (which starts remote ranks over ssh), or with --mpi the hosts go to mpirun; the
 elastic flags (--min-np, --host-discovery-script, ...) go to hvdliterun's elastic driver with -H;
 flags for features hvdlite does not have in its launcher (jsrun, a config file) are refused with
-a message, and flags without effect here (hierarchical and torus modes, thread affinity,
+a message, and flags without effect here (torus mode, thread affinity,
 timestamps) are accepted with a note on stderr. run_commandline() is the console script's entry point.
 """
 
@@ -27,10 +27,6 @@ _NO_EFFECT = {
     "--autotune-bayes-opt-max-samples": True,
     "--autotune-gaussian-process-noise": True,
     "--tcp": False,
-    "--hierarchical-allreduce": False,
-    "--no-hierarchical-allreduce": False,
-    "--hierarchical-allgather": False,
-    "--no-hierarchical-allgather": False,
     "--torus-allreduce": False,
     "--no-torus-allreduce": False,
     "--mpi-threads-disable": False,
@@ -99,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--ssh-identity-file")
     p.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces")
     p.add_argument("--output-filename")
+    for op in ("allreduce", "allgather"):  # on / off; neither: hvdlite's default (two levels from 1 MiB)
+        p.add_argument("--hierarchical-" + op, dest="hierarchical_" + op, action="store_const", const=1)
+        p.add_argument("--no-hierarchical-" + op, dest="hierarchical_" + op, action="store_const", const=0)
     p.add_argument("--gloo", action="store_true")
     p.add_argument("--mpi", action="store_true")
     p.add_argument("--mpi-args", default="")
@@ -217,6 +216,8 @@ def translate(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]
         "STALL_CHECK_TIME_SECONDS": args.stall_check_warning_time_seconds,
         "STALL_SHUTDOWN_TIME_SECONDS": args.stall_check_shutdown_time_seconds,
         "LOG_LEVEL": args.log_level.lower() if args.log_level else None,
+        "HIERARCHICAL_ALLREDUCE": args.hierarchical_allreduce,
+        "HIERARCHICAL_ALLGATHER": args.hierarchical_allgather,
     }
     env.update({"HVDLITE_" + k: str(v) for k, v in settings.items() if v is not None})
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
