@@ -12,36 +12,17 @@ import os
 import pytest
 import torch
 from helpers import run_ranks
+from parity_registry import CoverageRegistry, err
 from torch_wire import from_wire, to_wire
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "horovod_0.28.1_api.json")
 with open(DATA) as _f:
     HOROVOD_TORCH_NAMES = json.load(_f)["modules"]["horovod.torch"]
 
-COVERED: dict[str, type] = {}  # horovod.torch name -> the Test class covering it
-RANK_PARTS: list[type] = []  # classes with an on_rank(hvd) part, in definition order
-
-
-def covers(*names):
-    def register(cls):
-        for name in names:
-            assert name not in COVERED, "%s covered twice" % name
-            COVERED[name] = cls
-        cls.names = names
-        if hasattr(cls, "on_rank") or hasattr(cls, "before_init"):
-            RANK_PARTS.append(cls)
-        return cls
-
-    return register
-
-
-def err(fn):
-    """None if fn() returns, else (class name, names of its classes in MRO order, message)."""
-    try:
-        fn()
-        return None
-    except BaseException as e:  # the point is to record what was raised
-        return type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)
+_REGISTRY = CoverageRegistry(("on_rank", "before_init"))
+COVERED = _REGISTRY.covered  # horovod.torch name -> the Test class covering it
+RANK_PARTS = _REGISTRY.rank_parts  # classes with a part run on the ranks, in definition order
+covers = _REGISTRY.covers
 
 
 def rank_main(module_name):
