@@ -57,6 +57,30 @@ def _follow(proc, on_step, timeout=60):
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), proc.stderr.read())
 
 
+def _popen_with_discovery(cluster, tmp_path, first_hosts, steps):
+    """An elastic job of 2..4 workers whose discovery script prints the file it returns (first
+    holding `first_hosts`), so a test adds hosts by rewriting that file."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(first_hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
+    script.chmod(0o755)
+    proc = _popen(
+        cluster,
+        "-np",
+        2,
+        "--min-np",
+        2,
+        "--max-np",
+        4,
+        "--host-discovery-script",
+        script,
+        ELASTIC_STEPS=str(steps),
+        ELASTIC_SLEEP="0.03",
+    )
+    return proc, hosts
+
+
 def _changes(log):
     sizes = [size for _, size in log]
     return [sizes[0]] + [b for a, b in itertools.pairwise(sizes) if a != b]
@@ -137,24 +161,7 @@ def test_crashed_host_survivors_on_the_other_host_continue(simhosts):
 def test_host_added_by_discovery_script_joins(simhosts, tmp_path):
     cluster = simhosts(2)
     a, b = cluster.hosts
-    hosts = tmp_path / "hosts"
-    hosts.write_text("%s:2\n" % a.addr)
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
-    script.chmod(0o755)
-    proc = _popen(
-        cluster,
-        "-np",
-        2,
-        "--min-np",
-        2,
-        "--max-np",
-        4,
-        "--host-discovery-script",
-        script,
-        ELASTIC_STEPS="150",
-        ELASTIC_SLEEP="0.03",
-    )
+    proc, hosts = _popen_with_discovery(cluster, tmp_path, "%s:2\n" % a.addr, steps=150)
     added = []
 
     def on_step(worker, step, size):
@@ -210,24 +217,8 @@ def test_secrets_are_on_no_command_line(simhosts):
 
 def test_remote_host_discovered_while_stores_are_on_loopback_is_ignored(simhosts, tmp_path):
     cluster = simhosts(1)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.2:1\n")  # every host local: the stores listen on loopback
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
-    script.chmod(0o755)
-    proc = _popen(
-        cluster,
-        "-np",
-        2,
-        "--min-np",
-        2,
-        "--max-np",
-        4,
-        "--host-discovery-script",
-        script,
-        ELASTIC_STEPS="100",
-        ELASTIC_SLEEP="0.03",
-    )
+    # every host local at first: the stores listen on loopback
+    proc, hosts = _popen_with_discovery(cluster, tmp_path, "localhost:1\n127.0.0.2:1\n", steps=100)
     added = []
 
     def on_step(worker, step, size):
