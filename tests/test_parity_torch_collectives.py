@@ -3,25 +3,11 @@ dtype Horovod carries, return types, in-place forms, handles, errors and gradien
 
 import torch
 from parity_torch import by_rank, covers, err, job_fixture
+from torch_wire import NUMERIC_DTYPES
 
 job = job_fixture(__name__)
 
 # ---- allreduce ----------------------------------------------------------------------
-
-# Horovod 0.28.1's dtypes (its test_torch.py's lists): every collective carries all of them;
-# bool only moves (allgather, broadcast, alltoall), arithmetic needs the others.
-NUMERIC_DTYPES = [
-    torch.uint8,
-    torch.int8,
-    torch.uint16,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-]
 
 
 def _ramp(dtype, rank, n=6):

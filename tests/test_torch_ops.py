@@ -6,20 +6,9 @@ import numpy as np
 import pytest
 import torch
 from helpers import run_ranks
-from torch_wire import from_wire, to_wire
+from torch_wire import NUMERIC_DTYPES, from_wire, to_wire
 
-DTYPES = [
-    torch.uint8,
-    torch.int8,
-    torch.uint16,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-]
+DTYPES = NUMERIC_DTYPES
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
 SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4)]
 

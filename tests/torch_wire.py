@@ -4,6 +4,21 @@ functions return ``to_wire(result)`` and tests read ``from_wire(value)``."""
 
 import torch
 
+# Horovod 0.28.1's numeric dtypes (its test_torch.py's lists): every collective carries all of
+# them; bool only moves (allgather, broadcast, alltoall). Shared by the torch op and parity tests.
+NUMERIC_DTYPES = [
+    torch.uint8,
+    torch.int8,
+    torch.uint16,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
+
 
 class WireTensor:
     """A tensor as plain bytes: dtype name, shape, raw contents."""
