@@ -6,6 +6,7 @@ rank-dependent data) is 0 for every collective; it never looks at a time.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -77,6 +78,18 @@ def test_allreduce_busbw_helper_reports_no_wrong_elements():
 def test_allreduce_latency_and_fusion_helpers_run():
     assert "median" in _run_helper("_allreduce_latency.py", "--calls", "20", "--reps", "2")
     assert "161 tensors" in _run_helper("_fusion_resnet50.py", "--reps", "1")
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+def test_mpi_path_helper_runs_hvdlite_under_mpirun():
+    """_mpi_path.py's ring and mpi paths through the shared launcher and worker: one row, no
+    wrong elements."""
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "_mpi_path.py"), "--paths", "ring,mpi"]
+    cmd += ["--ops", "allreduce", "--sizes", "4096", "--reps", "2", "--idle-wait", "0"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("allreduce ")]
+    assert len(rows) == 1 and rows[0][:3] == ["allreduce", "4", "KiB"] and rows[0][-1] == "0", run.stdout
 
 
 def test_suite_report_has_each_ratio_against_its_peer(tmp_path):
