@@ -1,7 +1,7 @@
 """Driver side: starts one job of benchmark ranks for a library and collects their results.
 
     reason = unavailable("horovod")          # None, or why this library cannot run here
-    docs, error = run_job("mpi", 4, WORKER, ["--ops", ...], timeout_s=3600)
+    docs, error = run_job("mpi", 4, WORKER, ["--ops", ...], timeout_s=3600, env=None, launcher=None)
 
 Launchers, one per library (each rank runs `script --lib LIB --out DIR ...args`):
   hvdlite  python -m hvdlite.runner.launch -np N (hvdliterun, this interpreter)
@@ -189,16 +189,19 @@ def _wait(procs, timeout_s):
     return error or ("exit code %d" % bad[0] if bad else None)
 
 
-def run_job(lib, n, script, args, timeout_s):
-    """Runs `script` on n ranks of `lib`; see the module contract."""
+def run_job(lib, n, script, args, timeout_s, env=None, launcher=None):
+    """Runs `script` on n ranks of `lib`; see the module contract. `env`: variables set on top
+    of the benchmark environment for this job (e.g. PYTHONPATH to another hvdlite tree).
+    `launcher`: another library's launcher starts the ranks (e.g. "mpi": hvdlite ranks under
+    mpirun, which then form their job through MPI)."""
     out = tempfile.mkdtemp(prefix="hvdlite-bench-")
     try:
         os.mkdir(os.path.join(out, "gate"))
         rank_cmd = [script, "--lib", lib, "--out", out] + list(args)
-        base = _env()
+        base = dict(_env(), **(env or {}))
         procs = [
             subprocess.Popen(argv, env=dict(base, **extra), start_new_session=True)
-            for argv, extra in _commands(lib, n, rank_cmd)
+            for argv, extra in _commands(launcher or lib, n, rank_cmd)
         ]
         try:
             error = _wait(procs, timeout_s)

@@ -50,16 +50,17 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def run_row(row, model, steps, idle_wait, rows=None, worker=WORKER):
+def run_row(row, model, steps, idle_wait, rows=None, worker=WORKER, env=None):
     """One row: {'row', 'model', and 'median_s', 'min_s', 'others', 'version' | 'skipped' | 'error'}.
-    `rows` / `worker`: another framework's table and worker with the same contract (e2e_tf.py)."""
+    `rows` / `worker`: another framework's table and worker with the same contract (e2e_tf.py);
+    `env`: extra variables for the job (run_job's)."""
     lib, ranks, mode = (rows or ROWS)[row]
     out = {"row": row, "model": model}
     reason = unavailable(lib)
     if reason:
         return dict(out, skipped=reason)
     args = ["--mode", mode, "--model", model, "--steps", str(steps), "--idle-wait", str(idle_wait)]
-    docs, error = run_job(lib, ranks, worker, args, timeout_s=600)
+    docs, error = run_job(lib, ranks, worker, args, timeout_s=600, env=env)
     if error or len(docs) != ranks:
         return dict(out, error=error or "%d of %d ranks wrote results" % (len(docs), ranks))
     per_step = sorted(max(d["times"][i] for d in docs) for i in range(steps))

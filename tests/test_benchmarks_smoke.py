@@ -6,6 +6,7 @@ rank-dependent data) is 0 for every collective; it never looks at a time.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -79,6 +80,18 @@ def test_allreduce_latency_and_fusion_helpers_run():
     assert "161 tensors" in _run_helper("_fusion_resnet50.py", "--reps", "1")
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+def test_mpi_path_helper_runs_hvdlite_under_mpirun():
+    """_mpi_path.py's ring and mpi paths through the shared launcher and worker: one row, no
+    wrong elements."""
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "_mpi_path.py"), "--paths", "ring,mpi"]
+    cmd += ["--ops", "allreduce", "--sizes", "4096", "--reps", "2", "--idle-wait", "0"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("allreduce ")]
+    assert len(rows) == 1 and rows[0][:3] == ["allreduce", "4", "KiB"] and rows[0][-1] == "0", run.stdout
+
+
 def test_suite_report_has_each_ratio_against_its_peer(tmp_path):
     """collectives.py against gloo (allreduce, two sizes), then the suite's report of it: one
     ratio row per size, the script's table and its plot embedded."""
@@ -98,3 +111,91 @@ def test_suite_report_has_each_ratio_against_its_peer(tmp_path):
     assert len(ratios) == 2 and all(line.endswith("× |") for line in ratios), text
     assert "![collectives](collectives.png)" in text and (tmp_path / "collectives.png").exists()
     assert "### allreduce, 2 ranks" in text, text  # the script's own table, one level down
+
+
+COMPARE = os.path.join(ROOT, "benchmarks", "compare_builds.py")
+
+
+def _compare_builds():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import compare_builds
+    finally:
+        sys.path.pop(0)
+    return compare_builds
+
+
+def test_compare_builds_refuses_a_tree_that_is_not_built(tmp_path):
+    run = subprocess.run(
+        [sys.executable, COMPARE, "--before", str(tmp_path), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and "no hvdlite/_core*.so" in run.stderr, run.stderr
+
+
+def test_compare_builds_table_takes_medians_over_rounds_and_checks_the_goals():
+    """The report from given per-round values (no job runs): a median over rounds per tree, the
+    end-to-end ratio against each round's no-communication step, the peer and the goal."""
+    cb = _compare_builds()
+    args = cb.parse_args(["--before", ROOT, "--quick", "--only", "latency", "torch", "tf"])
+    assert args.trees == {"before": ROOT, "after": ROOT} and args.mode["rounds"] == 2
+    assert [j[:3] for j in cb.round_jobs(args, 1)][:3] == [
+        ("latency", "shm", "after"),
+        ("latency", "shm", "before"),
+        ("latency", "shm", "peer"),
+    ]  # the trees' order alternates from round to round
+    torch_jobs = [j[2] for j in cb.round_jobs(args, 0) if j[0] == "torch"]
+    assert torch_jobs == ["before", "nocomm", "after", "peer"]  # the floor next to both trees
+
+    def result(group, variant, who, rnd, **values):
+        return {"group": group, "variant": variant, "who": who, "round": rnd, "values": values, "error": None}
+
+    results = [
+        result("latency", "shm", "before", 0, **{"time.4096": 10e-6, "busbw.1048576": 6.0}),
+        result("latency", "shm", "before", 1, **{"time.4096": 12e-6, "busbw.1048576": 6.0}),
+        result("latency", "shm", "after", 0, **{"time.4096": 4e-6, "busbw.1048576": 6.0}),
+        result("latency", "shm", "after", 1, **{"time.4096": 6e-6, "busbw.1048576": 6.0}),
+        result("latency", "shm", "peer", 0, **{"time.4096": 2e-6, "busbw.1048576": 4.0}),
+        result("torch", "mlp", "nocomm", 0, step=0.2),
+        result("torch", "mlp", "before", 0, step=0.3),
+        result("torch", "mlp", "after", 0, step=0.21),
+        result("torch", "mlp", "peer", 0, step=0.42),
+    ]
+    rows = {line.split(" | ")[0][2:]: line.strip("| ").split(" | ") for line in cb.table(results, args)[2:]}
+    assert rows["4 KiB allreduce latency (shared memory)"][1:] == [
+        "11.0 µs",
+        "5.0 µs",
+        "Open MPI 2.0 µs",
+        "2.50×",
+        "after/peer ≤ 2×: missed",
+    ]
+    assert rows["1 MiB allreduce busbw (shared memory)"][4:] == ["1.50×", "after/peer ≥ 1.2×: met"]
+    assert rows["4 KiB allreduce latency (TCP)"][1:4] == ["", "", ""]  # no TCP job ran
+    assert rows["torch 25M MLP step ÷ no-communication step"][1:] == [
+        "1.50×",
+        "1.05×",
+        "DDP 2.10×",
+        "0.50×",
+        "after ≤ 1.08×: met",
+    ]
+    assert rows["TensorFlow 25M MLP step ÷ no-communication step"][1:3] == ["", ""]
+    assert not any(r[0].startswith("ResNet") for r in rows.values())  # not in --only
+
+
+@pytest.mark.slow
+def test_compare_builds_one_round_writes_the_table(tmp_path):
+    """A real round of the fusion measure, this tree against itself: every cell of its row is
+    filled (the peer's where Open MPI runs here) and the report says what ran."""
+    cmd = [sys.executable, COMPARE, "--before", ROOT, "--quick", "--only", "fusion", "--rounds", "1"]
+    cmd += ["--idle-wait", "0", "--out-dir", str(tmp_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = (tmp_path / "compare_builds.md").read_text()
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ResNet")]
+    assert len(rows) == 1 and rows[0][1].endswith("ms") and rows[0][2].endswith("ms"), text
+    if "skipping the mpi peer" not in run.stdout:
+        assert rows[0][3].startswith("Open MPI per tensor") and rows[0][4].endswith("×"), text
+    assert "- before: %s" % ROOT in text and "1 rounds of latency/fusion" in text, text
+    assert (tmp_path / "compare_builds.json").exists()

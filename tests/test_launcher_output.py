@@ -2,7 +2,7 @@
 
 Each rank draws two bars on stderr the way tqdm does ('\\r' + state, no newline between
 updates): one kept at its end ('\\n', tqdm's leave=True) and one erased at its end (blanks,
-then '\\r': leave=False), then prints a line on stdout. A third test runs real tqdm.
+then '\\r': leave=False), then prints a line on stdout. A third test runs real tqdm. The first two run under hvdliterun and under hvdliterun --mpi.
 """
 
 import errno
@@ -10,12 +10,14 @@ import fcntl
 import os
 import re
 import select
+import shutil
 import struct
 import subprocess
 import termios
 import time
 from pathlib import Path
 
+import pytest
 from test_launcher import HVDLITERUN, LINE, python
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +25,7 @@ TOTAL = 23
 
 BARS = r"""
 import os, sys, time
-r = os.environ["HVDLITE_RANK"]
+r = os.environ.get("HVDLITE_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]  # hvdliterun's or --mpi's
 def bar(name, total, leave):
     width = 0
     for i in range(total + 1):
@@ -43,7 +45,7 @@ BAR_STATE = re.compile(r"^(kept|erased) +\d+%\|#*\s*\| (\d+)/23$")
 
 
 def _env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_", "OMPI_"))}
     env["PYTHONPATH"] = str(REPO)
     return env
 
@@ -119,8 +121,22 @@ def _by_rank(rows):
     return out
 
 
-def test_bars_on_a_terminal_update_in_place_with_the_rank_prefix():
-    code, data = _run_in_pty(HVDLITERUN + ["-np", "2"] + python(BARS))
+# hvdliterun's own ranks, and ranks started by mpirun (--mpi): the same output policy.
+LAUNCHERS = pytest.mark.parametrize(
+    "launcher",
+    [
+        [],
+        pytest.param(
+            ["--mpi"], marks=pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+        ),
+    ],
+    ids=["local", "mpi"],
+)
+
+
+@LAUNCHERS
+def test_bars_on_a_terminal_update_in_place_with_the_rank_prefix(launcher):
+    code, data = _run_in_pty(HVDLITERUN + launcher + ["-np", "2"] + python(BARS))
     rows = _screen(data)
     assert code == 0, rows
     lines = _by_rank(rows)
@@ -134,9 +150,14 @@ def test_bars_on_a_terminal_update_in_place_with_the_rank_prefix():
     assert all(len(row) < 200 for row in rows)
 
 
-def test_bars_through_a_pipe_print_whole_lines_with_the_final_state():
+@LAUNCHERS
+def test_bars_through_a_pipe_print_whole_lines_with_the_final_state(launcher):
     res = subprocess.run(
-        HVDLITERUN + ["-np", "2"] + python(BARS), cwd=REPO, env=_env(), capture_output=True, timeout=60
+        HVDLITERUN + launcher + ["-np", "2"] + python(BARS),
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        timeout=60,
     )
     assert res.returncode == 0, res.stderr
     assert b"\r" not in res.stdout + res.stderr and b"\x1b" not in res.stdout + res.stderr

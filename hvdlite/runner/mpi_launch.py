@@ -6,8 +6,10 @@ no HVDLITE_RANK): no store is hosted here. Contract of run():
     (Open MPI; as root it also sets OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1). --oversubscribe
     lets N exceed the cores (ranks then yield instead of spinning); --bind-to none leaves
     each rank's background thread free to run on another core;
-  - rewrites mpirun's "[job,rank]<stdout>:" tags to hvdliterun's "[rank]<stdout>:", one
-    whole line per rank at a time (see _Lines);
+  - forwards each rank's output as hvdliterun does without --mpi: mpirun's "[job,rank]<stdout>:"
+    tags are split into per-rank streams (_Demux) that output.py renders, so lines are
+    prefixed "[rank]<stdout>:" and never interleaved, and '\\r' progress bars are drawn live
+    on a terminal and collapsed to whole lines on a pipe;
   - forwards SIGINT/SIGTERM to mpirun (which stops the ranks) and returns its exit code.
 """
 
@@ -20,8 +22,12 @@ import subprocess
 import sys
 import threading
 
+from hvdlite.runner.output import Console
+
 _IDENTITY = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "STORE_ADDR", "SECRET")
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
+_PARTIAL_TAG = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]{0,7}>?)?)?)?\Z")  # a tag cut by a read
+_READ_BYTES = 65536
 
 
 def mpirun_command(np, command, mpi_args="", mpirun="mpirun"):
@@ -53,51 +59,61 @@ def _is_open_mpi(mpirun):
     return "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout + out.stderr
 
 
-class _Lines:
-    """Rebuilds whole lines per rank from mpirun's tagged stream. mpirun tags every write
-    of a rank, so a print() that writes in pieces shows up as segments of several ranks
-    interleaved on one physical line ("[1,0]<stdout>:a[1,1]<stdout>:b[1,0]<stdout>:c\n");
-    each segment is appended to its rank's pending line, which is emitted, with one
-    hvdliterun-style tag, when a newline ends it. Untagged text passes through."""
+class _Demux:
+    """Splits one of mpirun's tagged pipes into per-rank sources of output.py, which render
+    them exactly as hvdliterun renders its own ranks ('\\r' progress bars included).
 
-    def __init__(self, sink):
-        self._out = getattr(sink, "buffer", sink)
-        self._pending = {}  # (rank, stream) -> bytes of the unfinished line
+    Open MPI's --tag-output puts "[job,rank]<stdout>:" before every piece it read from a rank
+    and after every '\\n' inside one, so the text between two tags belongs to the first tag's
+    rank, even when a piece is a bar state without a newline or several ranks' pieces share a
+    physical line ("[1,0]<stdout>:a[1,1]<stdout>:b[1,0]<stdout>:c\\n"). Text that follows a
+    completed line without a tag is mpirun's own and passes through unprefixed (text that
+    follows an unfinished rank line is taken as that rank's continuation). A tag cut by a
+    read is held back until the next read. Used by one reader thread only."""
 
-    def feed(self, line):
-        matches = list(_TAG.finditer(line))
-        if not matches:
-            return self._write(line)
-        if matches[0].start() > 0:
-            self._write(line[: matches[0].start()] + b"\n")
-        for i, m in enumerate(matches):
-            key = (m.group(1), m.group(2))
-            end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-            text = self._pending.pop(key, b"") + line[m.end() : end]
+    def __init__(self, stream):
+        self._stream = stream  # an output.Console stream
+        self._sources = {}  # (rank, name) -> output.Source
+        self._own = stream.source(b"")  # mpirun's own messages
+        self._current = self._own
+        self._held = b""  # the start of a tag cut off at the end of the last read
+
+    def pump(self, pipe):
+        """Copies the binary pipe `pipe` until EOF, then closes it."""
+        with pipe:
+            while True:
+                data = pipe.read1(_READ_BYTES)
+                if not data:
+                    break
+                self.feed(data)
+        self.feed(b"", final=True)
+
+    def feed(self, data, final=False):
+        data, self._held = self._held + data, b""
+        cut = data.rfind(b"[")
+        if not final and cut >= 0 and _PARTIAL_TAG.match(data, cut):
+            data, self._held = data[:cut], data[cut:]
+        pos = 0
+        for m in _TAG.finditer(data):
+            self._text(data[pos : m.start()])
+            self._current = self._source(m.group(1), m.group(2))
+            pos = m.end()
+        self._text(data[pos:])
+        if final:
+            for src in [self._own, *self._sources.values()]:
+                src.feed(b"", final=True)
+
+    def _text(self, text):
+        if text:
+            self._current.feed(text)
             if text.endswith(b"\n"):
-                self._write(b"[" + key[0] + b"]<" + key[1] + b">:" + text)
-            else:
-                self._pending[key] = text
+                self._current = self._own
 
-    def close(self):
-        for (rank, stream), text in sorted(self._pending.items()):
-            self._write(b"[" + rank + b"]<" + stream + b">:" + text + b"\n")
-        self._pending.clear()
-
-    def _write(self, data):
-        try:
-            self._out.write(data)
-            self._out.flush()
-        except (OSError, ValueError):
-            pass  # our own output is gone: keep draining mpirun anyway
-
-
-def _pump(pipe, sink):
-    lines = _Lines(sink)
-    with pipe:
-        for line in iter(pipe.readline, b""):
-            lines.feed(line)
-    lines.close()
+    def _source(self, rank, name):
+        key = (rank, name)
+        if key not in self._sources:
+            self._sources[key] = self._stream.source(b"[" + rank + b"]<" + name + b">:")
+        return self._sources[key]
 
 
 def run(np, command, mpi_args="", verbose=False):
@@ -114,9 +130,10 @@ def run(np, command, mpi_args="", verbose=False):
     proc = subprocess.Popen(
         argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    console = Console(sys.stdout, sys.stderr)
     threads = [
-        threading.Thread(target=_pump, args=(p, s), daemon=True)
-        for p, s in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+        threading.Thread(target=_Demux(s).pump, args=(p,), daemon=True)
+        for p, s in ((proc.stdout, console.stdout), (proc.stderr, console.stderr))
     ]
     for t in threads:
         t.start()
