@@ -5,9 +5,9 @@ Each worker's mean and mean of squares are summed across ranks (one allreduce pe
 named at trace time in call order, so ranks agree) and divided by the number of ranks:
 Var[X] = E[X^2] - E[X]^2 over the equal-sized per-worker batches, as Horovod computes it.
 
-One class for the Keras that tf.keras is (hvdlite/tensorflow/_keras.py). The only version
-difference is the hook each Keras calls for the batch moments: Keras 3's _moments(), Keras 2's
-_calculate_mean_and_var() (reached only with fused=False, which is forced, as Horovod does).
+One class for the Keras that tf.keras is (hvdlite/tensorflow/_keras.py): both call _moments()
+for the batch moments (with different arguments); Keras 2 only with fused=False, which is
+forced, as Horovod does.
 Keras 2 arguments that Keras 3 lacks (fused, virtual_batch_size, adjustment) are accepted and,
 under Keras 3, ignored: the result does not depend on them.
 """
@@ -36,12 +36,10 @@ class SyncBatchNormalization(_BatchNormalization):
         super().__init__(*args, **kwargs)
         self._hvdlite_process_set = process_set
 
-    def _moments(self, inputs, mask):  # Keras 3
-        mean, variance = super()._moments(inputs, mask)
-        return self._group_moments(mean, variance)
-
-    def _calculate_mean_and_var(self, inputs, reduction_axes, keep_dims, mask=None):  # Keras 2
-        mean, variance = super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
+    def _moments(self, inputs, *args, **kwargs):
+        # Keras 3 calls _moments(inputs, mask); Keras 2 _moments(inputs, reduction_axes,
+        # keep_dims=, mask=). Both return this worker's (mean, variance).
+        mean, variance = super()._moments(inputs, *args, **kwargs)
         return self._group_moments(mean, variance)
 
     def _group_moments(self, mean, variance):
