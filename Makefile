@@ -71,12 +71,20 @@ $(VENV)/.pip-stamp: requirements-dev.txt | $(VPY) apt
 	$(VPY) -m pip install -r requirements-dev.txt
 	touch $@
 
+# tf-keras: Keras 2 for TensorFlow 2.16+, what tf.keras is under TF_USE_LEGACY_KERAS=1 (README,
+# "Keras 2 scripts"), at TensorFlow's version. --no-deps: tf-keras declares a dependency on the
+# `tensorflow` package while this project installs `tensorflow-cpu`; with its dependencies pip
+# would install a second TensorFlow over the first.
+$(VENV)/.tf-keras-stamp: requirements-dev.txt | $(VENV)/.pip-stamp
+	$(VPY) -m pip install --no-deps "tf-keras==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')"
+	touch $@
+
 $(CUDA_STAMP): requirements-cuda.txt | $(VENV)/.pip-stamp
 	$(if $(NVCC),$(VPY) -m pip install -r requirements-cuda.txt,@echo "no nvcc: hvdlite builds without its NCCL module")
 	touch $@
 
 # First build of the core and registration of the package (console script hvdliterun included).
-$(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp $(CUDA_STAMP) | apt
+$(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp $(VENV)/.tf-keras-stamp $(CUDA_STAMP) | apt
 	env -u MAKEFLAGS -u MAKELEVEL $(VPY) -m pip install --no-build-isolation --no-deps -e .
 	touch $@
 

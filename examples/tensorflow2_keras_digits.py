@@ -1,4 +1,5 @@
-"""Data-parallel Keras 3 training with hvdlite: model.fit on the digits data set.
+"""Data-parallel Keras training with hvdlite: model.fit on the digits data set (Keras 3, or
+Keras 2 with TF_USE_LEGACY_KERAS=1: tf.keras is either).
 
     hvdliterun -np 2 python examples/tensorflow2_keras_digits.py [--epochs 8]
     python examples/tensorflow2_keras_digits.py          # also runs as a 1-process job
@@ -17,10 +18,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
+from tensorflow import keras
 
 import hvdlite.tensorflow.keras as hvd
 

@@ -39,3 +39,20 @@ def simhosts(tmp_path):
     yield make
     for cluster in clusters:
         cluster.close()
+
+
+# The two Keras that tf.keras can be on TensorFlow 2.16+ (hvdlite/tensorflow/_keras.py): the
+# environment that selects each. TensorFlow reads the variable when it is imported, so it goes
+# into the environment of the processes a test starts (run_ranks(env=...), subprocess env).
+KERAS_ENVS = {"keras3": {"TF_USE_LEGACY_KERAS": "0"}, "keras2": {"TF_USE_LEGACY_KERAS": "1"}}
+
+
+@pytest.fixture(scope="module", params=sorted(KERAS_ENVS, reverse=True))
+def keras_env(request):
+    """A test (or module-scoped fixture) taking this runs once per Keras: the value is the
+    environment its ranks / subprocesses need. Keras 2 skips where tf_keras is not installed."""
+    import importlib.util
+
+    if request.param == "keras2" and importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf_keras (Keras 2) is not installed; `make install` installs it")
+    return dict(KERAS_ENVS[request.param])

@@ -8,9 +8,9 @@ import signal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow import keras
 
 import hvdlite.tensorflow.keras as hvd
 

@@ -13,10 +13,13 @@
 
 Contract:
   - Each call starts a fresh TcpStoreServer with a fresh secret and `size` processes from the
-    multiprocessing "spawn" context. Before calling fn(*args), child `rank` sets os.environ:
+    multiprocessing "spawn" context. Child `rank` starts with this environment (in os.environ
+    from its first instruction, before the test module is imported again to find fn: what
+    TensorFlow reads at import, like TF_USE_LEGACY_KERAS, takes effect): the parent's, plus
     HVDLITE_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, HVDLITE_CROSS_RANK=0, HVDLITE_CROSS_SIZE=1,
     HVDLITE_STORE_ADDR, HVDLITE_SECRET (hex), OMP_NUM_THREADS=1 (and MKL/OpenBLAS), then the
     `env` overrides: a dict, or a callable rank -> dict; a value of None unsets the variable.
+    (The parent's os.environ holds them only while the child process is being started.)
   - fn's return value (picklable) or its formatted traceback comes back over a pipe; a rank
     whose fn raised exits with code 1.
   - spawn_ranks returns [RankResult(rank, exitcode, value, traceback)] without judging them;
@@ -28,6 +31,7 @@ Contract:
 """
 
 import collections
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -44,13 +48,29 @@ _CTX = multiprocessing.get_context("spawn")
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def _child(fn, args, env, conn):
-    """Body of one rank: set the environment, run fn, send ('ok', value) or ('error', tb)."""
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = str(value)
+@contextlib.contextmanager
+def _environ(env):
+    """os.environ with `env` applied (None unsets) inside the block, restored after. The caller
+    is the test's main thread; a spawned child inherits the environment of that moment."""
+    saved = {key: os.environ.get(key) for key in env}
+    try:
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = str(value)
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _child(fn, args, conn):
+    """Body of one rank (its environment is set at its start): run fn, send ('ok', value) or
+    ('error', tb)."""
     try:
         result = ("ok", fn(*args))
     except BaseException:
@@ -132,9 +152,10 @@ def _run(fn, size, args, timeout, env, failure_grace):
             p = _CTX.Process(
                 target=_child,
                 name="rank-%d" % rank,
-                args=(fn, tuple(args), _rank_env(rank, size, addr, secret.hex(), env), writer),
+                args=(fn, tuple(args), writer),
             )
-            p.start()
+            with _environ(_rank_env(rank, size, addr, secret.hex(), env)):
+                p.start()
             writer.close()  # only the child holds the write end: its death means EOF for us
             procs.append(p)
             readers[reader] = rank

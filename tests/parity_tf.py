@@ -42,11 +42,12 @@ def rank_main(module_name):
 
 
 def job_fixture(module_name):
-    """A module-scoped fixture: the per-rank results of `module_name`'s job on 2 ranks."""
+    """A module-scoped fixture: the per-rank results of `module_name`'s job on 2 ranks, under
+    each Keras (the tests using it run twice)."""
 
     @pytest.fixture(scope="module")
-    def job():
-        return run_ranks(rank_main, 2, args=(module_name,), timeout=240, env=TF_ENV)
+    def job(keras_env):  # once per Keras (tests/conftest.py)
+        return run_ranks(rank_main, 2, args=(module_name,), timeout=240, env=dict(TF_ENV, **keras_env))
 
     return job
 

@@ -343,10 +343,10 @@ def test_generation_superseded_while_forming_is_skipped_by_its_workers(tmp_path)
 
 
 @pytest.mark.slow
-def test_keras_fit_with_the_elastic_callbacks_recovers_a_killed_worker():
+def test_keras_fit_with_the_elastic_callbacks_recovers_a_killed_worker(keras_env):
     pytest.importorskip("tensorflow")
     script = str(REPO / "tests" / "elastic_keras_train.py")
-    env = {"ELASTIC_KILL": "127.0.0.2[0]:1:3"}
+    env = dict(keras_env, ELASTIC_KILL="127.0.0.2[0]:1:3")
     res = hvdliterun("-np", 3, "--min-np", 2, "-H", HOSTS3, sys.executable, script, env=env, timeout=170)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "generation 2: 2 worker(s): localhost[0], 127.0.0.1[0]" in res.stderr

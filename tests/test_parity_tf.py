@@ -264,9 +264,9 @@ class TestSyncBatchNormalization:
 
     @staticmethod
     def on_rank(hvd, tf):
-        import keras
         import numpy as np
 
+        keras = tf.keras
         r, n = hvd.rank(), hvd.size()
         x = np.stack([np.array([[i, i + 1], [i * 2, i * 2 + 1]], np.float32) for i in range(n)])
         bn = keras.layers.BatchNormalization(axis=1)
@@ -313,14 +313,14 @@ def test_every_name_is_covered_or_listed():
 
 
 def _keras_names_job():
-    import keras
     import tensorflow as tf
+    from tensorflow import keras
 
     import hvdlite.tensorflow.keras as hvd
 
     hvd.init()
     r = hvd.rank()
-    shared = keras.Variable([0.0])
+    shared = tf.Variable([0.0])
     local = keras.layers.Dense(1, use_bias=False)
     local.build((None, 1))
     local.kernel.assign([[0.0]])
@@ -341,14 +341,14 @@ def _keras_names_job():
     return out
 
 
-def test_keras_partial_optimizer_and_callback_local_variables():
+def test_keras_partial_optimizer_and_callback_local_variables(keras_env):
     """hvdlite.tensorflow.keras.PartialDistributedOptimizer: local_layers' gradients stay
     local (divided by size, scale_local_gradients); BroadcastGlobalVariablesCallback leaves
     local_variables alone."""
     from helpers import run_ranks
     from parity_tf import TF_ENV
 
-    for r, got in enumerate(run_ranks(_keras_names_job, 2, timeout=240, env=TF_ENV)):
+    for r, got in enumerate(run_ranks(_keras_names_job, 2, timeout=240, env=dict(TF_ENV, **keras_env))):
         assert got["shared"] == [-0.5]  # -(0 + 1) / 2
         assert got["local"] == [[-(r + 1) / 2.0]]
         kernel0, bias0, kernel1, bias1 = got["broadcast"]

@@ -1,4 +1,6 @@
-"""The TensorFlow examples run end to end under hvdliterun (short settings)."""
+"""The TensorFlow examples run end to end under hvdliterun (short settings); the Keras ones and
+the README tour under each Keras (the keras_env fixture: Keras 3, and Keras 2 with
+TF_USE_LEGACY_KERAS=1), which the launched processes inherit."""
 
 import os
 import re
@@ -8,8 +10,14 @@ import pytest
 from test_torch_examples import REPO, _launch, run_readme_tour
 
 
+@pytest.fixture
+def keras_environ(keras_env, monkeypatch):
+    for key, value in keras_env.items():
+        monkeypatch.setenv(key, value)
+
+
 @pytest.mark.parametrize("script", ["tensorflow2_keras_digits.py", "tensorflow2_digits.py"])
-def test_tensorflow_digits_learns(script):
+def test_tensorflow_digits_learns(script, keras_environ):
     out = _launch(REPO / "examples" / script, "--epochs", "3")
     accuracy = float(re.search(r"\[0\]<stdout>:test accuracy ([0-9.]+) on 2 ranks", out).group(1))
     assert accuracy > 0.8, out
@@ -27,7 +35,7 @@ def test_e2e_tf_benchmark_row_runs():
     assert result["median_s"] > 0 and result["params"] > 25_000_000, result
 
 
-def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path):
+def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path, keras_environ):
     run_readme_tour("## API tour (TensorFlow)", tmp_path)
 
 

@@ -1,8 +1,15 @@
 """hvdlite.tensorflow.keras on 2 real processes: model.fit with the
 DistributedOptimizer and every callback, load_model, and the learning-rate
-schedules (one job runs every check)."""
+schedules (one job runs every check), under each Keras tf.keras can be
+(Keras 3, and Keras 2 = tf_keras with TF_USE_LEGACY_KERAS=1: the keras_env
+fixture); then the Keras-2-only paths and the errors for a wrong combination."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 from helpers import run_ranks
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -73,8 +80,8 @@ def _schedule_checks(hvd, keras):
 
 
 def _job(tmp):
-    import keras
     import tensorflow as tf
+    from tensorflow import keras
 
     import hvdlite.tensorflow.keras as hvd
 
@@ -88,11 +95,129 @@ def _job(tmp):
     return out
 
 
-def test_fit_with_callbacks_and_load_model(tmp_path):
-    results = run_ranks(_job, 2, args=(str(tmp_path),), timeout=240, env=TF_ENV)
+def test_fit_with_callbacks_and_load_model(tmp_path, keras_env):
+    results = run_ranks(_job, 2, args=(str(tmp_path),), timeout=240, env=dict(TF_ENV, **keras_env))
     assert results[0]["weights"] == results[1]["weights"]  # broadcast + averaged gradients keep ranks equal
     assert results[0]["loaded"] == results[1]["loaded"]
     assert results[0]["loss"] == results[1]["loss"]  # MetricAverageCallback: the same averaged loss
     lr = results[0]["lr"]
     # warmup from 0.1 / size over 2 epochs (set per batch; left at its last value afterwards, as Horovod's)
     assert 0.05 < lr[0] < lr[1] <= 0.1 and lr[2] == lr[1]
+
+
+def _keras2_job(tmp):
+    """Keras 2 only: a legacy OptimizerV2 made with lr=, its get_gradients / _compute_gradients
+    (reduced), backward_passes_per_step, and an .h5 model with a custom optimizer class."""
+    import tensorflow as tf
+    from tensorflow import keras
+
+    import hvdlite.tensorflow.keras as hvd
+
+    tf.get_logger().setLevel("ERROR")
+    hvd.init()
+    r = hvd.rank()
+    out = {}
+    v = tf.Variable([1.0])
+    opt = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(lr=0.5))
+    grads = tf.function(lambda: opt.get_gradients(v * (r + 1.0), [v]))()
+    out["get_gradients"] = [g.numpy().tolist() for g in grads]  # (1 + 2) / 2 on every rank
+    pairs = opt._compute_gradients(lambda: v * (r + 1.0), var_list=[v])
+    out["compute"] = pairs[0][0].numpy().tolist()
+    opt.apply_gradients(pairs)  # applied as computed (already reduced): 1 - 0.5 * 1.5
+    out["applied"] = v.numpy().tolist()
+
+    class MySGD(keras.optimizers.legacy.SGD):
+        pass
+
+    keras.utils.set_random_seed(r)
+    model = keras.Sequential([keras.layers.Dense(4, input_shape=(3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(MySGD(lr=0.1), backward_passes_per_step=2), loss="mse")
+    x = tf.random.stateless_normal((16, 3), seed=(r, 0))
+    model.fit(
+        x,
+        tf.reduce_sum(x, 1),
+        batch_size=4,
+        epochs=2,
+        verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )
+    out["passes"] = [
+        int(model.optimizer.iterations.numpy()),
+        int(model.optimizer._agg_helper.counter.numpy()),
+    ]
+    path = "%s/model.%d.h5" % (tmp, r)
+    model.save(path)
+    loaded = hvd.load_model(path, custom_optimizers=[MySGD])
+    out["loaded"] = [
+        type(loaded.optimizer).__name__,
+        isinstance(loaded.optimizer, MySGD),
+        getattr(loaded.optimizer, "_hvdlite_distributed", False),
+    ]
+    loaded.fit(x, tf.reduce_sum(x, 1), batch_size=4, epochs=1, verbose=0)
+    out["weights"] = [w.tolist() for w in loaded.get_weights()]
+    hvd.shutdown()
+    return out
+
+
+def test_keras2_legacy_optimizer_gradients_and_h5(tmp_path, keras_env):
+    if keras_env["TF_USE_LEGACY_KERAS"] != "1":
+        pytest.skip("Keras 2 only: Keras 3 has no legacy optimizers, lr= or get_gradients")
+    results = run_ranks(_keras2_job, 2, args=(str(tmp_path),), timeout=240, env=dict(TF_ENV, **keras_env))
+    for got in results:
+        assert got["get_gradients"] == [[1.5]] and got["compute"] == [1.5]
+        assert got["applied"] == [0.25]
+        assert got["passes"] == [8, 0]  # 4 batches x 2 epochs, one update every 2 passes
+        assert got["loaded"] == ["MySGD", True, True]
+    assert results[0]["weights"] == results[1]["weights"]
+
+
+def _wrong_keras_job():
+    """Objects of the Keras that tf.keras is not: refused, naming the active Keras and the fix."""
+    import importlib
+
+    import tensorflow as tf
+
+    import hvdlite.tensorflow.keras as hvd
+    from hvdlite.common.exceptions import HvdliteError
+
+    other = importlib.import_module("keras" if tf.keras.__name__.startswith("tf_keras") else "tf_keras")
+    model = other.Sequential([other.layers.Dense(1)])
+    errors = []
+    for call in (
+        lambda: hvd.DistributedOptimizer(other.optimizers.SGD(0.1)),
+        lambda: hvd.callbacks.BroadcastGlobalVariablesCallback(0).set_model(model),
+    ):
+        try:
+            call()
+            errors.append(None)
+        except HvdliteError as e:
+            errors.append([type(e).__name__, str(e)])
+    return errors
+
+
+def test_wrong_keras_objects_are_refused_with_the_fix(keras_env):
+    keras2 = keras_env["TF_USE_LEGACY_KERAS"] == "1"
+    errors = run_ranks(_wrong_keras_job, 1, timeout=120, env=dict(TF_ENV, **keras_env))[0]
+    for error in errors:
+        assert error is not None and error[0] == "InvalidArgumentError", errors
+        active = "Keras 2 (tf_keras" if keras2 else "Keras 3 (keras"
+        fix = "unset TF_USE_LEGACY_KERAS" if keras2 else "set TF_USE_LEGACY_KERAS=1"
+        assert active in error[1] and fix in error[1], error[1]
+
+
+def test_legacy_keras_requested_without_tf_keras_says_how_to_fix():
+    """TF_USE_LEGACY_KERAS=1 where tf_keras cannot be imported (hidden here by a None entry in
+    sys.modules, as if not installed): the error names the variable and the install command."""
+    code = (
+        "import sys\n"
+        "sys.modules['tf_keras'] = None\n"
+        "from hvdlite.common.exceptions import PreconditionError\n"
+        "try:\n"
+        "    import hvdlite.tensorflow.keras\n"
+        "except PreconditionError as e:\n"
+        "    print('ERROR', e)\n"
+    )
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", **TF_ENV)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0 and "ERROR TF_USE_LEGACY_KERAS=1" in res.stdout, res.stdout + res.stderr
+    assert "pip install --no-deps tf-keras==" in res.stdout and "unset TF_USE_LEGACY_KERAS" in res.stdout

@@ -14,6 +14,7 @@ from hvdlite.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.topology import rank
 from hvdlite.elastic.state import ObjectState, State, run_fn
+from hvdlite.tensorflow import _keras
 from hvdlite.tensorflow.functions import broadcast_variables
 
 # What a collective failure looks like once TensorFlow has wrapped it (numpy_function).
@@ -33,13 +34,6 @@ def run(func):
             raise
 
     return run_fn(unwrap_op_errors)
-
-
-def _optimizer_variables(optimizer):
-    if optimizer is None:
-        return []
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
 
 
 class _VariablesState(ObjectState):
@@ -79,12 +73,12 @@ class TensorFlowKerasState(_VariablesState):
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
 
     def _variables(self):
-        # A Keras 3 optimizer creates its variables at its first step; build it first so a new
+        # A Keras optimizer creates its variables at its first step; build it first so a new
         # worker broadcasts the same variables as the ranks that have trained.
         opt = self.optimizer
-        if opt is not None and hasattr(opt, "build") and not getattr(opt, "built", True):
-            opt.build(self.model.trainable_variables)
-        return list(self.model.variables) + _optimizer_variables(opt)
+        if opt is not None:
+            _keras.build_optimizer(opt, self.model.trainable_variables)
+        return list(self.model.variables) + _keras.optimizer_variables(opt)
 
 
 class TensorFlowState(_VariablesState):

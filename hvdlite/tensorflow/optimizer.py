@@ -1,7 +1,7 @@
 """hvdlite.tensorflow.DistributedOptimizer (Horovod's): averages gradients
 across ranks before they are applied.
 
-A Keras 3 optimizer (tf.keras.optimizers.* in TF 2.16+) is wrapped by
+A Keras optimizer (tf.keras.optimizers.*: Keras 3, or Keras 2 under TF_USE_LEGACY_KERAS) is wrapped by
 hvdlite.tensorflow.keras's DistributedOptimizer; a TF1-style
 tf.compat.v1.train.Optimizer gets compute_gradients() overridden. Both go
 through hvdlite.tensorflow.gradient_allreduce (one policy).
@@ -9,11 +9,11 @@ through hvdlite.tensorflow.gradient_allreduce (one policy).
 
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
+from hvdlite.tensorflow import _keras
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.gradient_allreduce import (
     check_options,
@@ -76,7 +76,7 @@ def DistributedOptimizer(
     scale_local_gradients: gradients of variables registered with
     register_local_var() are not reduced and, when True, divided by the
     process set's size (Horovod's semantics)."""
-    if isinstance(optimizer, keras.optimizers.Optimizer):
+    if _keras.is_keras_optimizer(optimizer):
         return keras_distributed(
             optimizer,
             name=name,

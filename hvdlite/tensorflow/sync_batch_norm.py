@@ -4,29 +4,45 @@ are taken over the whole process set (Horovod's, horovod.tensorflow.SyncBatchNor
 Each worker's mean and mean of squares are summed across ranks (one allreduce per call,
 named at trace time in call order, so ranks agree) and divided by the number of ranks:
 Var[X] = E[X^2] - E[X]^2 over the equal-sized per-worker batches, as Horovod computes it.
-Keras 2 arguments that Keras 3 lacks (fused, virtual_batch_size, adjustment) are accepted
-and ignored: the result does not depend on them.
+
+One class for the Keras that tf.keras is (hvdlite/tensorflow/_keras.py): both call _moments()
+for the batch moments (with different arguments); Keras 2 only with fused=False, which is
+forced, as Horovod does.
+Keras 2 arguments that Keras 3 lacks (fused, virtual_batch_size, adjustment) are accepted and,
+under Keras 3, ignored: the result does not depend on them.
 """
 
-import keras
+from typing import Any
+
 import tensorflow as tf
 
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.tensorflow import mpi_ops
+from hvdlite.tensorflow import _keras, mpi_ops
 
 _KERAS2_ONLY = ("fused", "virtual_batch_size", "adjustment")
+_BatchNormalization: Any = _keras.get().layers.BatchNormalization
 
 
-class SyncBatchNormalization(keras.layers.BatchNormalization):
+class SyncBatchNormalization(_BatchNormalization):
     def __init__(self, *args, process_set=global_process_set, **kwargs):
-        for name in _KERAS2_ONLY:
-            kwargs.pop(name, None)
+        if _keras.is_keras3():
+            for name in _KERAS2_ONLY:
+                kwargs.pop(name, None)
+        else:
+            if kwargs.get("fused"):
+                raise exceptions.InvalidArgumentError("SyncBatchNormalization does not support fused=True")
+            kwargs["fused"] = False
         super().__init__(*args, **kwargs)
         self._hvdlite_process_set = process_set
 
-    def _moments(self, inputs, mask):
-        mean, variance = super()._moments(inputs, mask)
+    def _moments(self, inputs, *args, **kwargs):
+        # Keras 3 calls _moments(inputs, mask); Keras 2 _moments(inputs, reduction_axes,
+        # keep_dims=, mask=). Both return this worker's (mean, variance).
+        mean, variance = super()._moments(inputs, *args, **kwargs)
+        return self._group_moments(mean, variance)
+
+    def _group_moments(self, mean, variance):
         process_set = self._hvdlite_process_set
         if process_set.size() <= 1:
             return mean, variance

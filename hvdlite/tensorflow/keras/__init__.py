@@ -1,7 +1,9 @@
-"""hvdlite.tensorflow.keras: Horovod's Keras API for Keras 3 on TensorFlow
+"""hvdlite.tensorflow.keras: Horovod's Keras API on TensorFlow
 (``import hvdlite.tensorflow.keras as hvd``): the hvdlite.tensorflow names,
-plus DistributedOptimizer for Keras 3 optimizers, the callbacks and
-load_model."""
+plus DistributedOptimizer for Keras optimizers, the callbacks, elastic and
+load_model. It works with the Keras that tf.keras is: Keras 3, or Keras 2
+(tf_keras) when TF_USE_LEGACY_KERAS=1 is set before TensorFlow is imported
+(hvdlite/tensorflow/_keras.py chooses)."""
 
 from hvdlite.tensorflow import (
     Adasum,

@@ -1,4 +1,5 @@
-"""Horovod's Keras callbacks, for Keras 3 on TensorFlow.
+"""Horovod's Keras callbacks, for the Keras that tf.keras is (Keras 3, or Keras 2 as tf_keras
+under TF_USE_LEGACY_KERAS: hvdlite/tensorflow/_keras.py chooses).
 
   BroadcastGlobalVariablesCallback(root_rank)  model (at train begin) and
       model + optimizer variables (after the first batch, once the optimizer
@@ -11,19 +12,35 @@
   LearningRateWarmupCallback(initial_lr, warmup_epochs, ...)  lr ramps from
       initial_lr / size to initial_lr over warmup_epochs (Goyal et al.).
 
-momentum_correction is accepted for Horovod compatibility and has no effect:
-Keras 3 optimizers read momentum as a constant when the train step is traced.
+Every callback refuses (in set_model, before training starts) a model of the other Keras
+package, with the fix. momentum_correction is accepted for Horovod compatibility and has no
+effect: Keras 3 and Keras 2's Optimizer read momentum as a constant when the train step is
+traced.
 """
 
-import keras
+from typing import Any
+
 import numpy as np
 
 from hvdlite import numpy_ops
 from hvdlite.common import basics, exceptions
+from hvdlite.tensorflow import _keras
 from hvdlite.tensorflow.functions import broadcast_variables
 
+keras: Any = _keras.get()
+_KerasCallback: Any = keras.callbacks.Callback
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+
+class Callback(_KerasCallback):
+    """Base of hvdlite's Keras callbacks: the active Keras's Callback, refusing a model of the
+    other Keras (whose fit() would fail later in Keras's own code with an unrelated message)."""
+
+    def set_model(self, model):
+        _keras.check_same_keras(model, "the model")
+        super().set_model(model)
+
+
+class BroadcastGlobalVariablesCallback(Callback):
     """local_variables (Horovod's): variables that keep this worker's values."""
 
     def __init__(self, root_rank, device='', local_variables=None):
@@ -43,13 +60,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if self.broadcast_done:
             return
         self._broadcast(self.model.variables)
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:
-            self._broadcast(optimizer.variables)
+        self._broadcast(_keras.optimizer_variables(getattr(self.model, "optimizer", None)))
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(Callback):
     def __init__(self, device=''):
         super().__init__()
 
@@ -64,19 +79,27 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 def _get_lr(optimizer):
-    return float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
+    return float(np.asarray(optimizer.learning_rate))
 
 
 def _set_lr(optimizer, value):
-    variable = getattr(optimizer, "_learning_rate", None)
-    if variable is None or not hasattr(variable, "assign"):
+    """Keras 3 and Keras 2's Optimizer hold the rate in a variable; Keras 2's OptimizerV2 in a
+    hyperparameter (a float until its first step, a variable after)."""
+    schedule = keras.optimizers.schedules.LearningRateSchedule
+    if any(
+        isinstance(x, schedule) for x in (optimizer.learning_rate, getattr(optimizer, "_learning_rate", None))
+    ):
         raise exceptions.InvalidArgumentError(
             "the optimizer's learning rate is a schedule, which these callbacks cannot set"
         )
-    variable.assign(value)
+    current = optimizer.learning_rate
+    if hasattr(current, "assign"):
+        current.assign(value)
+    else:
+        optimizer.learning_rate = value
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(Callback):
     def __init__(
         self,
         initial_lr,

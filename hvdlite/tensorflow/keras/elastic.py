@@ -1,4 +1,5 @@
-"""hvdlite.tensorflow.keras.elastic: Horovod's horovod.tensorflow.keras.elastic for Keras 3.
+"""hvdlite.tensorflow.keras.elastic: Horovod's horovod.tensorflow.keras.elastic, for the Keras
+that tf.keras is (Keras 3, or Keras 2 under TF_USE_LEGACY_KERAS).
 
 state = hvd.elastic.KerasState(model, batch=0, epoch=0)
 
@@ -12,19 +13,20 @@ def train(state):
 train(state)
 """
 
-import keras
-
+from hvdlite.tensorflow import _keras
 from hvdlite.tensorflow.elastic import TensorFlowKerasState, run
+from hvdlite.tensorflow.keras.callbacks import Callback
 
 
 class KerasState(TensorFlowKerasState):
     """State of a built Keras model and its optimizer (default: the compiled one)."""
 
     def __init__(self, model, optimizer=None, **kwargs):
-        super().__init__(model, optimizer=optimizer, backend=keras.backend, **kwargs)
+        _keras.check_same_keras(model, "the model")
+        super().__init__(model, optimizer=optimizer, backend=_keras.get().backend, **kwargs)
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateCallback(Callback):
     """Commits `state` every `batches_per_commit` batches and at the end of every epoch."""
 
     def __init__(self, state, batches_per_commit=1):
@@ -46,7 +48,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.state.commit()
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateCallback(Callback):
     """Keeps state.batch = the last finished batch of the epoch (0 after each epoch); with
     steps_per_epoch, the first epoch after a reset is shortened by the batches already done."""
 
@@ -72,7 +74,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateCallback(Callback):
     """Keeps state.epoch = epochs finished in the whole job (Keras counts from 0 at every fit)."""
 
     def __init__(self, state):
