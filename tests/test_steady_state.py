@@ -1,0 +1,201 @@
+"""Steady state (HVDLITE_STEADY_STATE, coordinator/steady_state.h): once every rank has
+submitted the same named tensors in the same order twice, they run without the round trip
+to rank 0 (ranks vote ready/exit to each other), and any change falls back to negotiation.
+The runtime's ``scheduled_responses`` counter proves the fast path ran; the fallbacks must
+give the same results and errors as negotiation. Real processes (helpers.run_ranks)."""
+
+import numpy as np
+import pytest
+from helpers import run_ranks
+
+NAMES = ["w0", "w1", "w2", "w3"]
+STEPS = 40
+
+
+def _step(hvd, it, names=NAMES, order=None, shapes=None, dtypes=None):
+    """One training step: every tensor of `names` submitted (in `order`), then waited for;
+    returns the results by name."""
+    r = hvd.rank()
+    order = order or names
+    handles = {}
+    for name in order:
+        n = (shapes or {}).get(name, 3 + names.index(name) if name in names else 5)
+        dtype = (dtypes or {}).get(name, np.float32)
+        handles[name] = hvd.allreduce_async(np.full(n, r + it, dtype), name=name, op=hvd.Sum)
+    return {name: hvd.synchronize(handles[name]) for name in order}
+
+
+def _expect(hvd, it):
+    return sum(k + it for k in range(hvd.size()))
+
+
+def _loop(fused):
+    import hvdlite as hvd
+    from hvdlite.common.basics import runtime_stats
+
+    hvd.init()
+    for it in range(STEPS):
+        if fused:
+            out = _step(hvd, it)
+        else:  # one tensor at a time: every response carries one tensor
+            out = {n: hvd.allreduce(np.full(3, float(hvd.rank() + it), np.float32), name=n, op=hvd.Sum) for n in NAMES}
+        for name, value in out.items():
+            assert (value == _expect(hvd, it)).all(), (it, name, value)
+    stats = runtime_stats()
+    hvd.shutdown()
+    return stats
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("fused", [True, False])
+def test_loop_runs_scheduled(size, fused):
+    for stats in run_ranks(_loop, size, args=(fused,), timeout=120):
+        responses = stats["allreduce_responses"]
+        assert stats["allreduce_tensors"] == STEPS * len(NAMES), stats
+        # Learning takes two steps (and the announcement a third, at most); the rest ran
+        # without the coordinator.
+        assert stats["scheduled_responses"] >= responses * (STEPS - 4) // STEPS, stats
+
+
+def test_loop_with_setting_off_never_schedules():
+    runs = run_ranks(_loop, 2, args=(True,), env={"HVDLITE_STEADY_STATE": "0"}, timeout=120)
+    for stats in runs:
+        assert stats["scheduled_responses"] == 0, stats
+
+
+# Dtypes that make three responses per step (float32 tensors fuse; the others do not).
+DTYPES = {"w0": np.float32, "w1": np.float64, "w2": np.int32, "w3": np.float32}
+
+
+def _orders(changing):
+    import hvdlite as hvd
+    from hvdlite.common.basics import runtime_stats
+
+    hvd.init()
+    for it in range(STEPS):
+        if changing:  # every rank in its own order, changing every step
+            shift = (hvd.rank() + it) % len(NAMES)
+        else:  # one order while the schedule is learned, then each rank its own
+            shift = 0 if it < 10 else hvd.rank() + 1
+        order = NAMES[shift:] + NAMES[:shift]
+        for name, value in _step(hvd, it, order=order, dtypes=DTYPES).items():
+            assert (value == _expect(hvd, it)).all(), (it, name, value)
+    stats = runtime_stats()
+    hvd.shutdown()
+    return stats
+
+
+@pytest.mark.parametrize("changing", [False, True])
+def test_different_submission_orders_complete(changing):
+    for stats in run_ranks(_orders, 3, args=(changing,), timeout=120):
+        assert stats["allreduce_tensors"] == STEPS * len(NAMES), stats
+        if not changing:
+            # Out of order within a step waits for the rest of the group: no fallback.
+            assert stats["scheduled_responses"] >= 3 * (STEPS - 4), stats
+
+
+def _changed_shape(k):
+    import hvdlite as hvd
+
+    hvd.init()
+    error = None
+    for it in range(k + 1):
+        shapes = {"w1": 9} if it == k and hvd.rank() == 1 else None
+        try:
+            _step(hvd, it, shapes=shapes)
+        except hvd.MismatchError as e:  # hvdlite's Mismatch family
+            error = str(e)
+    hvd.shutdown()
+    return error
+
+
+def test_changed_shape_gives_the_negotiation_error():
+    on = run_ranks(_changed_shape, 2, args=(12,), timeout=120)
+    off = run_ranks(_changed_shape, 2, args=(12,), env={"HVDLITE_STEADY_STATE": "0"}, timeout=120)
+    assert on[0] is not None and "w1" in on[0], on
+    assert on == off
+
+
+def _new_and_skipped():
+    import hvdlite as hvd
+    from hvdlite.common.basics import runtime_stats
+
+    hvd.init()
+    for it in range(STEPS):
+        names = list(NAMES)
+        if it == 10:
+            names.append("extra")  # a new tensor mid-loop
+        if it in (20, 21):
+            names.remove("w2")  # a skipped tensor
+        for name, value in _step(hvd, it, names=names).items():
+            assert (value == _expect(hvd, it)).all(), (it, name, value)
+    stats = runtime_stats()
+    hvd.shutdown()
+    return stats
+
+
+def test_new_and_skipped_tensors_fall_back_and_finish():
+    for stats in run_ranks(_new_and_skipped, 2, timeout=120):
+        assert stats["scheduled_responses"] > 0, stats  # it re-learned after each change
+        assert stats["allreduce_tensors"] == STEPS * len(NAMES) + 1 - 2, stats
+
+
+def _mixed():
+    import hvdlite as hvd
+    from hvdlite.common.basics import runtime_stats
+
+    hvd.init()
+    r, size = hvd.rank(), hvd.size()
+    pair = hvd.add_process_set([0, 1])
+    for it in range(STEPS):
+        for name, value in _step(hvd, it).items():
+            assert (value == _expect(hvd, it)).all(), (it, name, value)
+        if it % 7 == 3:
+            hvd.barrier()
+        if it % 5 == 0:
+            b = hvd.broadcast(np.full(2, float(r + it)), root_rank=1, name="bc")
+            assert (b == 1 + it).all(), b
+            g = hvd.allgather(np.full((1, 2), float(r)), name="ag")
+            assert g[:, 0].tolist() == [float(k) for k in range(size)], g
+        if it % 9 == 4 and r in (0, 1):
+            p = hvd.allreduce(np.ones(3), name="pair", op=hvd.Sum, process_set=pair)
+            assert (p == 2).all(), p
+    # Uneven data: rank 0 runs two more steps while the others have joined.
+    if r == 0:
+        for it in range(2):
+            out = hvd.allreduce(np.full(3, 1.0), name=NAMES[0], op=hvd.Sum)
+            assert (out == 1).all(), out
+    last = hvd.join()
+    stats = runtime_stats()
+    hvd.shutdown()
+    return last, stats
+
+
+def test_join_barrier_process_sets_and_other_collectives_mixed_in():
+    runs = run_ranks(_mixed, 3, timeout=180)
+    assert all(last == 0 for last, _ in runs), runs
+    for _, stats in runs:
+        assert stats["scheduled_responses"] > 0, stats
+
+
+def _idle_cpu():
+    import time
+
+    import hvdlite as hvd
+
+    hvd.init()
+    for it in range(STEPS):
+        _step(hvd, it)
+    # Idle in schedule mode: the engine sleeps in the transport.
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    time.sleep(2.0)
+    cpu = time.process_time() - cpu0
+    wall = time.monotonic() - wall0
+    _step(hvd, STEPS)
+    hvd.shutdown()
+    return cpu / wall
+
+
+def test_idle_rank_uses_under_one_percent_cpu():
+    for ratio in run_ranks(_idle_cpu, 2, timeout=120):
+        assert ratio < 0.01, ratio
