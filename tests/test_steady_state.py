@@ -38,7 +38,10 @@ def _loop(fused):
         if fused:
             out = _step(hvd, it)
         else:  # one tensor at a time: every response carries one tensor
-            out = {n: hvd.allreduce(np.full(3, float(hvd.rank() + it), np.float32), name=n, op=hvd.Sum) for n in NAMES}
+            out = {
+                n: hvd.allreduce(np.full(3, float(hvd.rank() + it), np.float32), name=n, op=hvd.Sum)
+                for n in NAMES
+            }
         for name, value in out.items():
             assert (value == _expect(hvd, it)).all(), (it, name, value)
     stats = runtime_stats()
@@ -162,7 +165,7 @@ def _mixed():
             assert (p == 2).all(), p
     # Uneven data: rank 0 runs two more steps while the others have joined.
     if r == 0:
-        for it in range(2):
+        for _ in range(2):
             out = hvd.allreduce(np.full(3, 1.0), name=NAMES[0], op=hvd.Sum)
             assert (out == 1).all(), out
     last = hvd.join()
@@ -199,3 +202,35 @@ def _idle_cpu():
 def test_idle_rank_uses_under_one_percent_cpu():
     for ratio in run_ranks(_idle_cpu, 2, timeout=120):
         assert ratio < 0.01, ratio
+
+
+def _stalled():
+    import re
+    import time
+
+    import hvdlite as hvd
+    from hvdlite.common.basics import runtime_stats
+
+    hvd.init()
+    for it in range(STEPS):
+        _step(hvd, it)
+    scheduled = runtime_stats()["scheduled_responses"]
+    error = None
+    if hvd.rank() == 1:
+        time.sleep(4)  # never submits the next step: rank 0's wait must end in the stall error
+    else:
+        try:
+            _step(hvd, STEPS)
+        except hvd.HvdliteTimeoutError as e:
+            error = re.sub(r"\d+ s", "N s", str(e))
+    hvd.shutdown()
+    return error, scheduled
+
+
+def test_rank_that_never_votes_gets_the_stall_error():
+    env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "2.5"}
+    on = run_ranks(_stalled, 2, env=env, timeout=120)
+    off = run_ranks(_stalled, 2, env=dict(env, HVDLITE_STEADY_STATE="0"), timeout=120)
+    assert on[0][1] > 0 and off[0][1] == 0, (on, off)  # the stall began in schedule mode
+    assert on[0][0] is not None and "stalled" in on[0][0] and "ranks 1" in on[0][0], on
+    assert on[0][0] == off[0][0], (on, off)

@@ -383,7 +383,8 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
 // are the only ones it knows of), so no schedule runs next to a negotiation.
 void Coordinator::MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ResponseList>* per_rank) {
   if (!cfg_.STEADY_STATE || world_size_ < 2) return;
-  for (const auto& d : fused) learner_.Observe(d.response, static_cast<int>(d.recipients.size()) == world_size_);
+  for (const auto& d : fused)
+    learner_.Observe(d.response, static_cast<int>(d.recipients.size()) == world_size_);
   if (schedule_active_ || !schedule_allowed_ || !pending_.empty() || !decided_.empty() ||
       !joined_ranks_.empty() || !shutdown_ranks_.empty())
     return;

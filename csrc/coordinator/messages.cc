@@ -255,7 +255,6 @@ std::string Serialize(const ResponseList& list) {
   return w.Take();
 }
 
-
 Status Deserialize(const std::string& bytes, RequestList* out) {
   if (PeekControlKind(bytes) != ControlKind::kRequests) return Status::Internal("not a request list");
   Reader rd(bytes);
@@ -303,7 +302,6 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
   if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt response list");
   return Status::OK();
 }
-
 
 std::string Serialize(const Vote& vote) {
   Writer w(ControlKind::kVote);

@@ -107,7 +107,7 @@ class SteadySchedule {
   int64_t position_ = 0;
   std::vector<Response> groups_;
   std::unordered_map<std::string, std::pair<int32_t, size_t>> ids_;  // name -> (cache id, group)
-  std::map<Slot, std::vector<int8_t>> votes_;     // per rank: -1 none, 0 exit, 1 ready
+  std::map<Slot, std::vector<int8_t>> votes_;                        // per rank: -1 none, 0 exit, 1 ready
 };
 
 }  // namespace hvdlite

@@ -153,7 +153,8 @@ Status Runtime::RunScheduledGroup() {
 // Every rank leaves at the same position; each sends the coordinator what it
 // holds (in submission order), and the coordinator, on rank 0, learns anew.
 Status Runtime::LeaveSchedule() {
-  HVD_LOG(kDebug, "steady state: leaving schedule " << steady_.epoch() << " at position " << steady_.position());
+  HVD_LOG(kDebug,
+          "steady state: leaving schedule " << steady_.epoch() << " at position " << steady_.position());
   steady_.Leave();
   patience_started_ = false;
   unexpected_held_ = false;
@@ -168,8 +169,8 @@ Status Runtime::EnterAnnouncedSchedule() {
   announced_.clear();
   patience_started_ = false;
   unexpected_held_ = false;
-  HVD_LOG(kDebug, "steady state: entering schedule " << steady_.epoch() << " of " << steady_.group().names.size()
-                                                     << "+ tensors");
+  HVD_LOG(kDebug, "steady state: entering schedule " << steady_.epoch() << " of "
+                                                     << steady_.group().names.size() << "+ tensors");
   // Requests of this rank are at the coordinator, undecided: hand them over
   // by falling back at once (coordinator/steady_state.h).
   if (queue_.TakenWaiting() > 0) return SendVote(false);
