@@ -118,6 +118,11 @@ Status Runtime::SendNewRequests() {
   } else {
     queue_.TakeNew(&fresh, &list.waits, &list.has_waits);
   }
+  if (held_has_waits_ && !list.has_waits) {  // reported while in schedule mode (and not changed since)
+    list.waits = std::move(held_waits_);
+    list.has_waits = true;
+  }
+  held_has_waits_ = false;
   if (!held_.empty()) {  // held in schedule mode, which this rank just left: they go first
     fresh.insert(fresh.begin(), std::make_move_iterator(held_.begin()), std::make_move_iterator(held_.end()));
     held_.clear();

@@ -134,8 +134,10 @@ class Runtime {
   SpinBudget engine_spin_;      // how long the engine holder polls for work before sleeping
   // Steady state (guarded by engine_mu_ too).
   SteadySchedule steady_;
-  std::vector<Request> held_;      // schedule mode: submitted, not sent to the coordinator
-  bool unexpected_held_ = false;   // held_ has something the schedule does not expect
+  std::vector<Request> held_;     // schedule mode: submitted, not sent to the coordinator
+  bool unexpected_held_ = false;  // held_ has something the schedule does not expect
+  RankWaits held_waits_;          // the blocked callers' report, when it changed in schedule mode
+  bool held_has_waits_ = false;
   bool patience_started_ = false;  // this rank waits at the current position since patience_since_
   Clock::time_point patience_since_;
   int64_t announced_epoch_ = 0;      // a schedule announced in this turn's responses,

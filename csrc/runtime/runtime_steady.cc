@@ -30,10 +30,22 @@ double Runtime::SchedulePatienceSeconds() const {
 
 // Schedule mode: takes new submissions without sending them; notes whether
 // any of them is something the schedule does not expect (then this rank
-// votes exit at its current position).
+// votes exit at its current position). A changed report of blocked callers is
+// held too (sent on leaving), so the queue counts it as reported and the
+// engine does not wake for it again and again.
 void Runtime::HoldNewRequests() {
   std::vector<Request> fresh;
-  queue_.TakeNew(&fresh);
+  if (cfg_.DEADLOCK_CHECK_DISABLE) {
+    queue_.TakeNew(&fresh);
+  } else {
+    RankWaits waits;
+    bool changed = false;
+    queue_.TakeNew(&fresh, &waits, &changed);
+    if (changed) {
+      held_waits_ = std::move(waits);
+      held_has_waits_ = true;
+    }
+  }
   for (auto& r : fresh) {
     int32_t id = -1;
     size_t group = 0;
