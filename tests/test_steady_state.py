@@ -60,6 +60,12 @@ def test_loop_runs_scheduled(size, fused):
         assert stats["scheduled_responses"] >= responses * (STEPS - 4) // STEPS, stats
 
 
+def test_loop_runs_scheduled_over_tcp():
+    # The votes travel on the TCP control plane instead of shared memory.
+    for stats in run_ranks(_loop, 2, args=(True,), env={"HVDLITE_SHM_DISABLE": "1"}, timeout=120):
+        assert stats["scheduled_responses"] >= stats["allreduce_responses"] * (STEPS - 4) // STEPS, stats
+
+
 def test_loop_with_setting_off_never_schedules():
     runs = run_ranks(_loop, 2, args=(True,), env={"HVDLITE_STEADY_STATE": "0"}, timeout=120)
     for stats in runs:

@@ -81,8 +81,10 @@ bool Runtime::ChooseVote(bool* ready) {
     return false;
   }
   // Part of the group (or of later ones) is here but the caller is blocked:
-  // it will not submit the rest (a changed order, a skipped tensor).
-  if (!held_.empty() && queue_.CallerBlocked()) return true;
+  // it will not submit the rest (a changed order, a skipped tensor). Unless
+  // it submitted more since this turn took the queue's new requests: a caller
+  // submits before it blocks, so those are visible once its wait is (next turn).
+  if (!held_.empty() && queue_.CallerBlocked() && !queue_.HasNew()) return true;
   const Clock::time_point now = Clock::now();
   if (!patience_started_) {
     patience_started_ = true;
