@@ -240,3 +240,41 @@ def test_rank_that_never_votes_gets_the_stall_error():
     assert on[0][1] > 0 and off[0][1] == 0, (on, off)  # the stall began in schedule mode
     assert on[0][0] is not None and "stalled" in on[0][0] and "ranks 1" in on[0][0], on
     assert on[0][0] == off[0][0], (on, off)
+
+
+def _hung_peer():
+    import os
+    import signal
+
+    import hvdlite as hvd
+
+    hvd.init()
+    pids = hvd.allgather(np.array([os.getpid()], np.int64), name="pids")
+    for it in range(STEPS):
+        _step(hvd, it)
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a hung process: rank 0 sends SIGCONT once it failed
+        error = None
+        try:
+            _step(hvd, STEPS)
+        except hvd.HvdliteError as e:
+            error = str(e)
+        return error
+    error = None
+    try:
+        _step(hvd, STEPS)
+    except hvd.HvdliteTimeoutError as e:
+        error = str(e)
+    finally:
+        os.kill(int(pids[1]), signal.SIGCONT)
+    hvd.shutdown()
+    return error
+
+
+def test_hung_peer_in_schedule_mode_fails_after_the_timeout():
+    env = {"HVDLITE_TIMEOUT_SECONDS": "2"}
+    errors = run_ranks(_hung_peer, 2, env=env, timeout=120)
+    assert errors[0] is not None and "sent no steady-state vote" in errors[0] and "ranks 1" in errors[0], (
+        errors
+    )
+    assert errors[1] is not None, errors  # the job is over for rank 1 too

@@ -99,6 +99,7 @@ class Runtime {
   bool ChooseVote(bool* ready);
   Status SendVote(bool ready);
   Status CountDepartedAsExit();
+  Status CheckVoteWait();
   Status RunSchedule();
   Status RunScheduledGroup();
   Status LeaveSchedule();
@@ -140,8 +141,9 @@ class Runtime {
   bool held_has_waits_ = false;
   bool patience_started_ = false;  // this rank waits at the current position since patience_since_
   Clock::time_point patience_since_;
-  int64_t announced_epoch_ = 0;      // a schedule announced in this turn's responses,
-  std::vector<Response> announced_;  // entered once they have run
+  Clock::time_point voted_at_, last_vote_warning_;  // this rank's vote at the current position
+  int64_t announced_epoch_ = 0;                     // a schedule announced in this turn's responses,
+  std::vector<Response> announced_;                 // entered once they have run
   // Hand-over between a driving caller and the background thread.
   std::atomic<int> drive_requests_{0};  // callers in Wait() that want or hold the engine
   std::mutex standby_mu_;

@@ -14,6 +14,7 @@
 // (stall warnings, stall timeouts, mismatch errors) is the coordinator's, as
 // without a schedule.
 #include <algorithm>
+#include <sstream>
 
 #include "common/logging.h"
 #include "runtime/runtime.h"
@@ -100,6 +101,7 @@ Status Runtime::SendVote(bool ready) {
   v.position = steady_.position();
   v.ready = ready;
   const std::string payload = Serialize(v);
+  voted_at_ = last_vote_warning_ = Clock::now();
   for (int peer = 0; peer < topo_.size; ++peer) {
     if (peer == topo_.rank || transport_->PeerDeparted(peer)) continue;
     HVD_RETURN_IF_ERROR(transport_->SendControl(peer, payload));
@@ -125,6 +127,38 @@ Status Runtime::CountDepartedAsExit() {
   return Status::OK();
 }
 
+// This rank voted and waits for the others. A live peer votes within its
+// patience of seeing a vote (ChooseVote), so a vote missing much longer means
+// a hung process: warn as the stall inspector would, and after
+// HVDLITE_TIMEOUT_SECONDS (plus the patience) fail as a hung transfer does.
+Status Runtime::CheckVoteWait() {
+  if (!steady_.Voted(topo_.rank)) return Status::OK();
+  const Clock::time_point now = Clock::now();
+  const double waited = std::chrono::duration<double>(now - voted_at_).count();
+  const bool fail = waited >= cfg_.TIMEOUT_SECONDS + SchedulePatienceSeconds();
+  const bool warn =
+      !cfg_.STALL_CHECK_DISABLE &&
+      std::chrono::duration<double>(now - last_vote_warning_).count() >= cfg_.STALL_CHECK_TIME_SECONDS;
+  if (!fail && !warn) return Status::OK();
+  std::string missing;
+  for (int r = 0; r < topo_.size; ++r) {
+    if (!steady_.Voted(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  const Response& g = steady_.group();
+  std::ostringstream os;
+  os << "ranks " << missing << " sent no steady-state vote for " << static_cast<int>(waited)
+     << " s while rank " << topo_.rank << " waits to run tensor '" << g.names[0] << "'";
+  if (g.names.size() > 1) os << " (and " << g.names.size() - 1 << " more)";
+  if (fail) {
+    return Status::Timeout(os.str() +
+                           ": their hvdlite engine does not run (a stopped or hung process). "
+                           "Raise HVDLITE_TIMEOUT_SECONDS if it is only slow");
+  }
+  last_vote_warning_ = now;
+  HVD_LOG(kWarning, os.str() << "; a live rank votes within a second, so it may be stopped or hung.");
+  return Status::OK();
+}
+
 // Votes when it can, then runs every position all ranks voted ready for, or
 // leaves schedule mode at the first one some rank voted exit for.
 Status Runtime::RunSchedule() {
@@ -134,7 +168,7 @@ Status Runtime::RunSchedule() {
     HVD_RETURN_IF_ERROR(CountDepartedAsExit());
     switch (steady_.Decide()) {
       case SteadySchedule::Outcome::kWait:
-        return Status::OK();
+        return CheckVoteWait();
       case SteadySchedule::Outcome::kExit:
         return LeaveSchedule();
       case SteadySchedule::Outcome::kRun:
@@ -191,10 +225,23 @@ Status Runtime::EnterAnnouncedSchedule() {
   return Status::OK();
 }
 
+// Milliseconds until this rank's patience runs out, or (once it voted) its
+// next check of a missing vote (CheckVoteWait).
 int Runtime::ScheduleBudgetMs() const {
-  if (!steady_.active() || !patience_started_ || steady_.Voted(topo_.rank)) return 1000;
-  const auto due = patience_since_ + std::chrono::duration_cast<Clock::duration>(
-                                         std::chrono::duration<double>(SchedulePatienceSeconds()));
+  if (!steady_.active()) return 1000;
+  auto after = [](Clock::time_point from, double seconds) {
+    return from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  };
+  Clock::time_point due;
+  if (steady_.Voted(topo_.rank)) {
+    due = after(voted_at_, cfg_.TIMEOUT_SECONDS + SchedulePatienceSeconds());
+    if (!cfg_.STALL_CHECK_DISABLE)
+      due = std::min(due, after(last_vote_warning_, cfg_.STALL_CHECK_TIME_SECONDS));
+  } else if (patience_started_) {
+    due = after(patience_since_, SchedulePatienceSeconds());
+  } else {
+    return 1000;
+  }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count();
   return static_cast<int>(std::max<long long>(0, std::min<long long>(left + 1, 1000)));
 }
