@@ -49,21 +49,29 @@ def _loop(fused):
     return stats
 
 
+# Learning needs two steps decided alike (three at best: the first sighting is not cached);
+# how submissions fuse while it learns depends on timing, so allow it a few more.
+LEARN_STEPS = 10
+
+
+def _assert_mostly_scheduled(stats, responses_per_step, steps=STEPS - LEARN_STEPS):
+    """Every step after learning ran without the coordinator (a step is at least
+    `responses_per_step` responses)."""
+    assert stats["scheduled_responses"] >= responses_per_step * steps, stats
+
+
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("fused", [True, False])
 def test_loop_runs_scheduled(size, fused):
     for stats in run_ranks(_loop, size, args=(fused,), timeout=120):
-        responses = stats["allreduce_responses"]
         assert stats["allreduce_tensors"] == STEPS * len(NAMES), stats
-        # Learning takes two steps (and the announcement a third, at most); the rest ran
-        # without the coordinator.
-        assert stats["scheduled_responses"] >= responses * (STEPS - 4) // STEPS, stats
+        _assert_mostly_scheduled(stats, 1 if fused else len(NAMES))
 
 
 def test_loop_runs_scheduled_over_tcp():
     # The votes travel on the TCP control plane instead of shared memory.
     for stats in run_ranks(_loop, 2, args=(True,), env={"HVDLITE_SHM_DISABLE": "1"}, timeout=120):
-        assert stats["scheduled_responses"] >= stats["allreduce_responses"] * (STEPS - 4) // STEPS, stats
+        _assert_mostly_scheduled(stats, 1)
 
 
 def test_loop_with_setting_off_never_schedules():
@@ -85,7 +93,7 @@ def _orders(changing):
         if changing:  # every rank in its own order, changing every step
             shift = (hvd.rank() + it) % len(NAMES)
         else:  # one order while the schedule is learned, then each rank its own
-            shift = 0 if it < 10 else hvd.rank() + 1
+            shift = 0 if it < 2 * LEARN_STEPS else hvd.rank() + 1
         order = NAMES[shift:] + NAMES[:shift]
         for name, value in _step(hvd, it, order=order, dtypes=DTYPES).items():
             assert (value == _expect(hvd, it)).all(), (it, name, value)
@@ -100,7 +108,7 @@ def test_different_submission_orders_complete(changing):
         assert stats["allreduce_tensors"] == STEPS * len(NAMES), stats
         if not changing:
             # Out of order within a step waits for the rest of the group: no fallback.
-            assert stats["scheduled_responses"] >= 3 * (STEPS - 4), stats
+            _assert_mostly_scheduled(stats, 3, steps=STEPS - 2 * LEARN_STEPS)
 
 
 def _changed_shape(k):

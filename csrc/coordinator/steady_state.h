@@ -30,6 +30,19 @@
 //  Hand-over: a rank that has requests at the coordinator when the schedule
 //  arrives (sent before it, undecided) votes exit(0), so a schedule runs only
 //  when nothing was in flight to the coordinator from any rank.
+//  Epochs: votes carry the schedule's epoch, so a late vote of a schedule
+//  that is over is dropped, and one of a schedule a rank has not received yet
+//  is kept for it.
+//  Bounded waits (runtime_steady.cc): a live rank's engine votes within its
+//  patience (at most 1 s) of seeing a peer's vote, so a rank that voted ready
+//  waits at most that long for a live peer; it warns as the stall inspector
+//  does after HVDLITE_STALL_CHECK_TIME_SECONDS and fails, as a hung transfer
+//  does, after HVDLITE_TIMEOUT_SECONDS. A departed peer counts as exit.
+//  Why replay whole fused responses rather than agree per cache hit: the
+//  schedule fixes the fusion groups and their order too, so every rank runs
+//  the same collectives in the same order with one vote per group, without
+//  anyone deciding anything. Cost: votes go all-to-all, (n-1) small messages
+//  per rank and group (rank 0 handles 2(n-1) per tensor group today).
 //
 // Pure logic: no I/O, no clock (the runtime moves the votes and keeps time),
 // so tests drive it without sockets (tests/cpp/test_steady_state.cc).
