@@ -372,8 +372,31 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
   if (announce) {
     shutdown_announced_ = true;
     for (auto& l : *per_rank) l.shutdown = true;
+  } else {
+    MaybeAnnounce(fused, per_rank);
   }
   return true;
+}
+
+// Only when nothing is undecided here: a request that a rank sent before it
+// receives the schedule then makes that rank vote exit(0) (its own requests
+// are the only ones it knows of), so no schedule runs next to a negotiation.
+void Coordinator::MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ResponseList>* per_rank) {
+  if (!cfg_.STEADY_STATE || world_size_ < 2) return;
+  for (const auto& d : fused)
+    learner_.Observe(d.response, static_cast<int>(d.recipients.size()) == world_size_);
+  if (schedule_active_ || !schedule_allowed_ || !pending_.empty() || !decided_.empty() ||
+      !joined_ranks_.empty() || !shutdown_ranks_.empty())
+    return;
+  std::vector<Response> groups;
+  if (!learner_.Period(&groups)) return;
+  schedule_active_ = true;
+  learner_.Reset();
+  ++schedule_epoch_;
+  for (auto& l : *per_rank) {
+    l.schedule_epoch = schedule_epoch_;
+    l.schedule = groups;
+  }
 }
 
 // What each of `ranks` waits in: its oldest undecided submission, or nothing.

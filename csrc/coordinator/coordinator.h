@@ -31,6 +31,7 @@
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/steady_state.h"
 #include "coordinator/timeline.h"
 
 namespace hvdlite {
@@ -50,8 +51,17 @@ class Coordinator {
   // (coordinator/deadlock.h); HVDLITE_DEADLOCK_CHECK_DISABLE turns that off.
   void Add(int rank, const RequestList& list);
   // Moves the decided responses into per-rank lists (index = global rank).
-  // Returns false when there is nothing to send.
+  // Returns false when there is nothing to send. With HVDLITE_STEADY_STATE,
+  // it may end the lists with a learned schedule (coordinator/steady_state.h);
+  // it announces no other until EndSchedule().
   bool Drain(std::vector<ResponseList>* per_rank);
+  // Rank 0 left schedule mode: learn from scratch again.
+  void EndSchedule() {
+    schedule_active_ = false;
+    learner_.Reset();
+  }
+  // Whether a schedule may be announced (not while the autotuner moves the fusion knobs).
+  void AllowSchedule(bool allow) { schedule_allowed_ = allow; }
   // Warns about tensors some ranks have not submitted; once one has waited
   // the stall shutdown time, fails it and every tensor stalled past the
   // warning time. Returns milliseconds until the next check is due.
@@ -97,6 +107,8 @@ class Coordinator {
   // Joined members take part with identity values: refuse what they cannot.
   Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const;
   void FuseInto(std::vector<Decided>* out);
+  // Feeds the learner; ends the lists with a schedule when it found one.
+  void MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ResponseList>* per_rank);
   void CheckDeadlock();
   // For the stall warning: "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'".
   std::string DescribeWaits(const std::vector<int>& ranks) const;
@@ -118,6 +130,10 @@ class Coordinator {
   bool shutdown_announced_ = false;
   int32_t next_set_id_ = 1;
   std::atomic<int64_t> cache_entries_{0}, cache_evictions_{0};
+  ScheduleLearner learner_;
+  bool schedule_active_ = false;  // announced, and rank 0 has not left it yet
+  bool schedule_allowed_ = true;
+  int64_t schedule_epoch_ = 0;
 };
 
 }  // namespace hvdlite

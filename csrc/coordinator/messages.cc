@@ -137,6 +137,59 @@ Request ReadRequest(Reader& rd) {
   return r;
 }
 
+void WriteResponses(Writer& w, const std::vector<Response>& responses) {
+  w.I32(static_cast<int32_t>(responses.size()));
+  for (const auto& r : responses) {
+    w.I32(static_cast<int32_t>(r.type));
+    w.I32(r.process_set);
+    w.I32(static_cast<int32_t>(r.names.size()));
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      w.Str(r.names[i]);
+      w.I32(i < r.cache_ids.size() ? r.cache_ids[i] : -1);
+    }
+    w.I64s(r.first_dims);
+    w.I64s(r.split_matrix);
+    w.I32(r.new_set_id);
+    w.I32(r.last_joined_rank);
+    w.I32(static_cast<int32_t>(r.error_code));
+    w.Str(r.error);
+    w.I32(static_cast<int32_t>(r.specs.size()));
+    for (const auto& spec : r.specs) {
+      Request full = spec;
+      full.cache_id = -1;
+      WriteRequest(w, full);
+    }
+  }
+}
+
+Status ReadResponses(Reader& rd, size_t total, std::vector<Response>* out) {
+  int32_t n = rd.I32();
+  if (n < 0 || static_cast<size_t>(n) > total) return Status::Internal("corrupt response list");
+  out->clear();
+  for (int32_t i = 0; i < n && rd.ok(); ++i) {
+    Response r;
+    r.type = static_cast<OpType>(rd.I32());
+    r.process_set = rd.I32();
+    int32_t names = rd.I32();
+    if (names < 0 || static_cast<size_t>(names) > total) return Status::Internal("corrupt response");
+    for (int32_t j = 0; j < names && rd.ok(); ++j) {
+      r.names.push_back(rd.Str());
+      r.cache_ids.push_back(rd.I32());
+    }
+    r.first_dims = rd.I64s();
+    r.split_matrix = rd.I64s();
+    r.new_set_id = rd.I32();
+    r.last_joined_rank = rd.I32();
+    r.error_code = static_cast<StatusCode>(rd.I32());
+    r.error = rd.Str();
+    int32_t specs = rd.I32();
+    if (specs < 0 || static_cast<size_t>(specs) > total) return Status::Internal("corrupt response");
+    for (int32_t j = 0; j < specs && rd.ok(); ++j) r.specs.push_back(ReadRequest(rd));
+    out->push_back(std::move(r));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 const char* OpTypeName(OpType t) {
@@ -196,28 +249,9 @@ std::string Serialize(const ResponseList& list) {
   w.I64(list.eviction_seq);
   w.I32(static_cast<int32_t>(list.evicted_cache_ids.size()));
   for (int32_t id : list.evicted_cache_ids) w.I32(id);
-  w.I32(static_cast<int32_t>(list.responses.size()));
-  for (const auto& r : list.responses) {
-    w.I32(static_cast<int32_t>(r.type));
-    w.I32(r.process_set);
-    w.I32(static_cast<int32_t>(r.names.size()));
-    for (size_t i = 0; i < r.names.size(); ++i) {
-      w.Str(r.names[i]);
-      w.I32(i < r.cache_ids.size() ? r.cache_ids[i] : -1);
-    }
-    w.I64s(r.first_dims);
-    w.I64s(r.split_matrix);
-    w.I32(r.new_set_id);
-    w.I32(r.last_joined_rank);
-    w.I32(static_cast<int32_t>(r.error_code));
-    w.Str(r.error);
-    w.I32(static_cast<int32_t>(r.specs.size()));
-    for (const auto& spec : r.specs) {
-      Request full = spec;
-      full.cache_id = -1;
-      WriteRequest(w, full);
-    }
-  }
+  WriteResponses(w, list.responses);
+  w.I64(list.schedule_epoch);
+  WriteResponses(w, list.schedule);
   return w.Take();
 }
 
@@ -262,31 +296,28 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
     return Status::Internal("corrupt response list");
   out->evicted_cache_ids.clear();
   for (int32_t i = 0; i < evicted && rd.ok(); ++i) out->evicted_cache_ids.push_back(rd.I32());
-  int32_t n = rd.I32();
-  if (n < 0 || static_cast<size_t>(n) > bytes.size()) return Status::Internal("corrupt response list");
-  out->responses.clear();
-  for (int32_t i = 0; i < n && rd.ok(); ++i) {
-    Response r;
-    r.type = static_cast<OpType>(rd.I32());
-    r.process_set = rd.I32();
-    int32_t names = rd.I32();
-    if (names < 0 || static_cast<size_t>(names) > bytes.size()) return Status::Internal("corrupt response");
-    for (int32_t j = 0; j < names && rd.ok(); ++j) {
-      r.names.push_back(rd.Str());
-      r.cache_ids.push_back(rd.I32());
-    }
-    r.first_dims = rd.I64s();
-    r.split_matrix = rd.I64s();
-    r.new_set_id = rd.I32();
-    r.last_joined_rank = rd.I32();
-    r.error_code = static_cast<StatusCode>(rd.I32());
-    r.error = rd.Str();
-    int32_t specs = rd.I32();
-    if (specs < 0 || static_cast<size_t>(specs) > bytes.size()) return Status::Internal("corrupt response");
-    for (int32_t j = 0; j < specs && rd.ok(); ++j) r.specs.push_back(ReadRequest(rd));
-    out->responses.push_back(std::move(r));
-  }
+  HVD_RETURN_IF_ERROR(ReadResponses(rd, bytes.size(), &out->responses));
+  out->schedule_epoch = rd.I64();
+  HVD_RETURN_IF_ERROR(ReadResponses(rd, bytes.size(), &out->schedule));
   if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt response list");
+  return Status::OK();
+}
+
+std::string Serialize(const Vote& vote) {
+  Writer w(ControlKind::kVote);
+  w.I64(vote.epoch);
+  w.I64(vote.position);
+  w.U8(vote.ready ? 1 : 0);
+  return w.Take();
+}
+
+Status Deserialize(const std::string& bytes, Vote* out) {
+  if (PeekControlKind(bytes) != ControlKind::kVote) return Status::Internal("not a vote");
+  Reader rd(bytes);
+  out->epoch = rd.I64();
+  out->position = rd.I64();
+  out->ready = rd.U8() != 0;
+  if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt vote");
   return Status::OK();
 }
 

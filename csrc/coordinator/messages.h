@@ -101,6 +101,21 @@ struct ResponseList {
   // executed `responses`, and acknowledges `eviction_seq` (RequestList::cache_ack).
   std::vector<int32_t> evicted_cache_ids;
   int64_t eviction_seq = 0;
+  // Steady state (coordinator/steady_state.h): when not empty, the coordinator
+  // announces a learned schedule, numbered `schedule_epoch`: the groups every
+  // rank runs, in this order and repeating, without asking it, from the end of
+  // this list on. Sent to every rank in the same Drain, after the same responses.
+  int64_t schedule_epoch = 0;
+  std::vector<Response> schedule;
+};
+
+// A rank's vote at one position of a steady-state schedule (sent to every
+// other rank): ready (its caller submitted the position's group, unchanged)
+// or exit (it submitted something else: every rank falls back to negotiation).
+struct Vote {
+  int64_t epoch = 0;
+  int64_t position = 0;
+  bool ready = false;
 };
 
 std::string Serialize(const RequestList& list);
@@ -108,9 +123,11 @@ std::string Serialize(const ResponseList& list);
 // Parse failures are Internal errors (a peer speaking another protocol version).
 Status Deserialize(const std::string& bytes, RequestList* out);
 Status Deserialize(const std::string& bytes, ResponseList* out);
+std::string Serialize(const Vote& vote);
+Status Deserialize(const std::string& bytes, Vote* out);
 
-// First byte of every control payload says which of the two it is.
-enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2 };
+// First byte of every control payload says which kind it is.
+enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3 };
 ControlKind PeekControlKind(const std::string& bytes);
 
 }  // namespace hvdlite

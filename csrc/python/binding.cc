@@ -244,6 +244,7 @@ PYBIND11_MODULE(_core, m) {
     d["fused_responses"] = s.fused_responses;
     d["cache_entries"] = s.cache_entries;
     d["cache_evictions"] = s.cache_evictions;
+    d["scheduled_responses"] = s.scheduled_responses;
     return py::make_tuple(code, std::string(code ? err : ""), d);
   });
 }

@@ -161,14 +161,14 @@ TensorEntry Executor::StandIn(const Request& spec) {
   return e;
 }
 
-Status Executor::Execute(const Response& response) {
+Status Executor::Execute(const Response& response, bool remember) {
   std::vector<TensorEntry> entries;
   stand_in_buffers_.clear();
   for (size_t i = 0; i < response.names.size(); ++i) {
     TensorEntry e;
     if (queue_->Pop(response.process_set, response.names[i], &e)) {
       entries.push_back(std::move(e));
-      if (response.error_code == StatusCode::kOk && i < response.cache_ids.size()) {
+      if (remember && response.error_code == StatusCode::kOk && i < response.cache_ids.size()) {
         cache_->Remember(entries.back().request, response.cache_ids[i]);
       }
     } else if (response.error_code == StatusCode::kOk && i < response.specs.size()) {

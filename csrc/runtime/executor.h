@@ -28,7 +28,15 @@ class Executor {
   // Runs one response. A non-OK return means the data plane failed (a peer
   // died or hung): the runtime must stop. Validation errors from the
   // coordinator only fail the named entries and return OK.
-  Status Execute(const Response& response);
+  Status Execute(const Response& response) { return Execute(response, /*remember=*/true); }
+  // Execute, for a response of the steady-state schedule (run without the
+  // coordinator): counted in Stats::scheduled_responses. Its cache ids are not
+  // remembered again: this rank's requests matched them already, and one the
+  // coordinator evicted since must stay forgotten (ids are never reused).
+  Status ExecuteScheduled(const Response& response) {
+    stats_.scheduled_responses.fetch_add(1, std::memory_order_relaxed);
+    return Execute(response, /*remember=*/false);
+  }
   // Hands over the loaded NCCL module (any thread; once). Until then, CUDA
   // operations fail.
   void SetGpuBackend(GpuBackend* gpu) { gpu_.store(gpu); }
@@ -37,13 +45,16 @@ class Executor {
   int allreduce_responses() const { return allreduce_responses_; }
   // Counters any thread may read (hvdlite_get_stats): allreduce responses
   // executed (CPU and CUDA), the tensors they carried, and how many of them
-  // carried more than one tensor (fused).
+  // carried more than one tensor (fused); responses of any kind run from the
+  // steady-state schedule, without the coordinator.
   struct Stats {
     std::atomic<int64_t> allreduce_responses{0}, allreduce_tensors{0}, fused_responses{0};
+    std::atomic<int64_t> scheduled_responses{0};
   };
   const Stats& stats() const { return stats_; }
 
  private:
+  Status Execute(const Response& response, bool remember);
   Status Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result);
   Status RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries);
   Status ReduceInPlace(const CollectiveContext& ctx, const Request& q, void* data, int64_t count);

@@ -19,6 +19,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   if (rt->cfg_.PIN_CORES) PinToCoreIfHostIsFull(rt->topo_);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), rt->topo_.host_of, &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
+  rt->steady_ = SteadySchedule(rt->topo_.rank, rt->topo_.size);
   rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);
   Timeline* timeline = rt->topo_.rank == 0 ? &rt->timeline_ : nullptr;
   if (timeline && !rt->cfg_.TIMELINE.empty()) {
@@ -117,6 +118,15 @@ Status Runtime::SendNewRequests() {
   } else {
     queue_.TakeNew(&fresh, &list.waits, &list.has_waits);
   }
+  if (held_has_waits_ && !list.has_waits) {  // reported while in schedule mode (and not changed since)
+    list.waits = std::move(held_waits_);
+    list.has_waits = true;
+  }
+  held_has_waits_ = false;
+  if (!held_.empty()) {  // held in schedule mode, which this rank just left: they go first
+    fresh.insert(fresh.begin(), std::make_move_iterator(held_.begin()), std::make_move_iterator(held_.end()));
+    held_.clear();
+  }
   if (fresh.empty() && !list.has_waits) return Status::OK();
   list.cache_ack = local_cache_.acked();
   if (timeline_.Active() && timeline_.MarkCycles()) timeline_.Mark("", "CYCLE_START");
@@ -145,6 +155,14 @@ Status Runtime::HandleIncoming() {
       for (auto& r : list.responses) todo_.push_back(std::move(r));
       local_cache_.QueueEvictions(list.evicted_cache_ids, list.eviction_seq);
       finished_ |= list.shutdown;
+      if (!list.schedule.empty()) {
+        announced_epoch_ = list.schedule_epoch;
+        announced_ = std::move(list.schedule);
+      }
+    } else if (PeekControlKind(msg.payload) == ControlKind::kVote) {
+      Vote v;
+      HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &v).WithContext("from rank " + std::to_string(msg.peer)));
+      steady_.OnVote(msg.peer, v);
     } else {
       return Status::Internal("unexpected control message from rank " + std::to_string(msg.peer));
     }
@@ -160,13 +178,18 @@ Status Runtime::Coordinate() {
   coordinator_->CheckStalls();
   if (!coordinator_->Drain(&per_rank)) return Status::OK();
   for (int r = 1; r < topo_.size; ++r) {
-    if (per_rank[r].responses.empty() && !per_rank[r].shutdown && per_rank[r].evicted_cache_ids.empty())
+    if (per_rank[r].responses.empty() && !per_rank[r].shutdown && per_rank[r].evicted_cache_ids.empty() &&
+        per_rank[r].schedule.empty())
       continue;
     if (transport_->PeerDeparted(r)) continue;
     HVD_RETURN_IF_ERROR(transport_->SendControl(r, Serialize(per_rank[r])));
   }
   for (auto& resp : per_rank[0].responses) todo_.push_back(std::move(resp));
   local_cache_.QueueEvictions(per_rank[0].evicted_cache_ids, per_rank[0].eviction_seq);
+  if (!per_rank[0].schedule.empty()) {
+    announced_epoch_ = per_rank[0].schedule_epoch;
+    announced_ = std::move(per_rank[0].schedule);
+  }
   return Status::OK();
 }
 
@@ -202,6 +225,7 @@ int Runtime::WaitBudgetMs(bool shutting_down) {
   int budget = 1000;  // idle: wake once a second at most (stall checks)
   if (!cfg_.DEADLOCK_CHECK_DISABLE) budget = std::min(budget, queue_.MsUntilWaitReport());
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
+  budget = std::min(budget, ScheduleBudgetMs());
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
                                                                       std::chrono::steady_clock::now())

@@ -29,6 +29,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/steady_state.h"
 #include "runtime/bootstrap.h"
 #include "runtime/executor.h"
 #include "runtime/handles.h"
@@ -93,6 +94,18 @@ class Runtime {
   void Break(const Status& st);
   Status AdmitCudaTensor(const Request& request);
   void Leave();
+  // Steady state (runtime_steady.cc; coordinator/steady_state.h).
+  void HoldNewRequests();
+  bool ChooseVote(bool* ready);
+  Status SendVote(bool ready);
+  Status CountDepartedAsExit();
+  Status CheckVoteWait();
+  Status RunSchedule();
+  Status RunScheduledGroup();
+  Status LeaveSchedule();
+  Status EnterAnnouncedSchedule();
+  int ScheduleBudgetMs() const;
+  double SchedulePatienceSeconds() const;
 
   Config cfg_;
   Topology topo_;
@@ -120,6 +133,17 @@ class Runtime {
   bool finished_ = false;       // every rank shut down: the background thread leaves
   bool engine_broken_ = false;  // Break() ran: nobody may run the engine again
   SpinBudget engine_spin_;      // how long the engine holder polls for work before sleeping
+  // Steady state (guarded by engine_mu_ too).
+  SteadySchedule steady_;
+  std::vector<Request> held_;     // schedule mode: submitted, not sent to the coordinator
+  bool unexpected_held_ = false;  // held_ has something the schedule does not expect
+  RankWaits held_waits_;          // the blocked callers' report, when it changed in schedule mode
+  bool held_has_waits_ = false;
+  bool patience_started_ = false;  // this rank waits at the current position since patience_since_
+  Clock::time_point patience_since_;
+  Clock::time_point voted_at_, last_vote_warning_;  // this rank's vote at the current position
+  int64_t announced_epoch_ = 0;                     // a schedule announced in this turn's responses,
+  std::vector<Response> announced_;                 // entered once they have run
   // Hand-over between a driving caller and the background thread.
   std::atomic<int> drive_requests_{0};  // callers in Wait() that want or hold the engine
   std::mutex standby_mu_;

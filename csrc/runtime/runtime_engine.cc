@@ -61,10 +61,19 @@ void Runtime::Loop() {
 
 // One pass: send new requests, take in control messages, coordinate (rank
 // 0), and execute every response decided so far.
+// In steady-state schedule mode, new submissions are held instead of sent, and
+// the schedule's positions run as the votes allow (runtime_steady.cc); a
+// schedule announced with this turn's responses starts once they have run.
 Status Runtime::Turn() {
-  HVD_RETURN_IF_ERROR(SendNewRequests());
+  if (steady_.active()) {
+    HoldNewRequests();
+  } else {
+    HVD_RETURN_IF_ERROR(SendNewRequests());
+  }
   HVD_RETURN_IF_ERROR(HandleIncoming());
+  if (steady_.active()) HVD_RETURN_IF_ERROR(RunSchedule());
   if (coordinator_) {
+    coordinator_->AllowSchedule(!(autotuner_ && autotuner_->tuning()));
     HVD_RETURN_IF_ERROR(Coordinate());
     finished_ |= coordinator_->AllRanksShutDown();
   }
@@ -80,6 +89,7 @@ Status Runtime::Turn() {
     coordinator_->SetFusionThreshold(autotuner_->fusion_threshold());
     coordinator_->SetCycleTimeMs(autotuner_->cycle_time_ms());
   }
+  if (st.ok()) st = EnterAnnouncedSchedule();
   return st.ok() ? CheckCoordinatorStays() : st;
 }
 

@@ -107,6 +107,25 @@ void TensorQueue::SetSleeping(bool sleeping) {
   std::atomic_thread_fence(std::memory_order_seq_cst);  // before the caller's HasNew() re-check
 }
 
+size_t TensorQueue::TakenWaiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t waiting = 0, fresh = 0;
+  for (const auto& kv : in_flight_) waiting += kv.second.executing ? 0 : 1;
+  for (const Request& r : fresh_) fresh += r.type == OpType::kShutdown ? 0 : 1;
+  return waiting - std::min(waiting, fresh);
+}
+
+bool TensorQueue::CallerBlocked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& kv : waiters_) {
+    for (const WaitKey& k : kv.second.keys) {
+      auto it = in_flight_.find({k.process_set, k.name});
+      if (it != in_flight_.end() && !it->second.executing) return true;
+    }
+  }
+  return false;
+}
+
 bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = in_flight_.find({process_set, name});

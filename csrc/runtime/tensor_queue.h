@@ -54,6 +54,11 @@ class TensorQueue {
   void EndWait(int64_t token);
   // Engine: milliseconds until an unreported wait is due for report (1000 when none).
   int MsUntilWaitReport() const;
+  // Engine: entries taken by TakeNew and not executing yet (requests sent to
+  // the coordinator, or held in steady state, and not run).
+  size_t TakenWaiting() const;
+  // Any thread: some caller is blocked waiting for an entry that is not executing.
+  bool CallerBlocked() const;
   // Moves the entry out for execution; the name stays in flight until Finish.
   bool Pop(int32_t process_set, const std::string& name, TensorEntry* out);
   void Finish(int32_t process_set, const std::string& name);

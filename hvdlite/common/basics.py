@@ -103,7 +103,9 @@ def is_initialized():
 def runtime_stats():
     """Counters of the current job since init(), as a dict: ``allreduce_responses``
     (allreduce responses this rank executed), ``allreduce_tensors`` (the tensors they
-    carried), ``fused_responses`` (those carrying more than one tensor), and on rank 0
+    carried), ``fused_responses`` (those carrying more than one tensor),
+    ``scheduled_responses`` (responses of any kind run from the steady-state schedule,
+    without the round trip to the coordinator: HVDLITE_STEADY_STATE), and on rank 0
     ``cache_entries`` and ``cache_evictions`` of the response cache (0 elsewhere).
     An hvdlite extension (Horovod has no such call); raises when not initialized."""
     code, message, stats = _core.stats()

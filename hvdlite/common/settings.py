@@ -72,6 +72,14 @@ SETTINGS = (
         "tensor signatures remembered (LRU, admitted when seen twice) so steady-state requests are"
         " a few bytes; 0 = no cache",
     ),
+    Setting(
+        "STEADY_STATE",
+        "bool",
+        True,
+        "once every rank has submitted the same named tensors in the same order twice, run them"
+        " without the round trip to the coordinator (each rank tells the others it is ready); any"
+        " change falls back to full negotiation. 0 = always negotiate",
+    ),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
     Setting(
         "DEADLOCK_CHECK_DISABLE",

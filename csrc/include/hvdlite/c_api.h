@@ -111,6 +111,7 @@ typedef struct hvdlite_stats {
   int64_t fused_responses;     /* responses that carried more than one tensor */
   int64_t cache_entries;       /* rank 0: tensors in the response cache; 0 elsewhere */
   int64_t cache_evictions;     /* rank 0: response cache evictions so far; 0 elsewhere */
+  int64_t scheduled_responses; /* responses run from the steady-state schedule (no coordinator) */
 } hvdlite_stats;
 /* Fills *out; a Precondition status (and zeros) when not initialized. */
 int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len);
