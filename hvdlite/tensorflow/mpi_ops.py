@@ -281,8 +281,6 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 
 def _global_rank():
-    from hvdlite.common.basics import rank
-
     return rank()
 
 
@@ -322,3 +320,49 @@ def join():
 def barrier(process_set=global_process_set):
     """Returns once every member of the process set has called barrier()."""
     collectives.barrier(process_set)
+
+
+# horovod.tensorflow.mpi_ops also carries the topology, capability, process-set and query names
+# (scripts import them from there); they are the very objects hvdlite.tensorflow exports.
+from hvdlite.common.basics import (  # noqa: E402, F401
+    cross_rank,
+    cross_size,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from hvdlite.common.capabilities import (  # noqa: E402, F401
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
+from hvdlite.common.dtypes import Adasum, Average, Max, Min, Product, Sum  # noqa: E402, F401
+from hvdlite.common.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: E402, F401
+from hvdlite.common.util import (  # noqa: E402, F401
+    check_num_rank_power_of_2,
+    get_average_backwards_compatibility_fun,
+    gpu_available,
+    handle_average_backwards_compatibility,
+    num_rank_is_power_2,
+)
+from hvdlite.tensorflow.queries import (  # noqa: E402, F401
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    size_op,
+)
