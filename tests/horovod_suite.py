@@ -74,8 +74,8 @@ class SuiteResult:
 
 def source(src=None):
     """(kind, path) of the Horovod sources: kind "git" for a git directory, "tree" for a checkout
-    work tree; None when there are none."""
-    for cand in (src, os.environ.get("HOROVOD_SRC"), str(MIRROR)):
+    work tree; None when there are none. src: this path only; else HOROVOD_SRC, then MIRROR."""
+    for cand in [src] if src else [os.environ.get("HOROVOD_SRC"), str(MIRROR)]:
         if not cand:
             continue
         p = Path(cand)
@@ -162,7 +162,11 @@ def _launch(test_path, np, env, select, wall_limit):
     """One hvdliterun job of pytest; returns its combined output (the end of it)."""
     cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np), sys.executable, "-m", "pytest"]
     cmd += ["-v", "-p", "horovod_suite_plugin", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
-    cmd += ["-rs", test_path.name] + list(select or [])
+    # select: node ids ("each" mode) replace the file argument; other pytest arguments follow it.
+    if select and all("::" in a for a in select):
+        cmd += ["-rs"] + list(select)
+    else:
+        cmd += ["-rs", test_path.name] + list(select or [])
     try:
         out = subprocess.run(
             cmd, cwd=test_path.parent, env=env, capture_output=True, text=True, timeout=wall_limit
@@ -171,6 +175,20 @@ def _launch(test_path, np, env, select, wall_limit):
     except subprocess.TimeoutExpired as e:
         text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         return text[-20000:] + "\n[horovod_suite: the job ran past %ss and was stopped]" % wall_limit
+
+
+def _join(records):
+    """One rank's outcome of one test from its reports: failed if any failed; skipped if the test
+    skipped, or every subtest of it did (Horovod's GPU tests skip in each execution mode); else
+    passed."""
+    failed = [r for r in records if r["outcome"] == "failed"]
+    if failed:
+        return Outcome("failed", failed[0]["reason"])
+    skipped = [r for r in records if r["outcome"] == "skipped"]
+    subs = [r for r in records if r.get("sub")]
+    if skipped and all(r["outcome"] == "skipped" for r in subs):
+        return Outcome("skipped", skipped[0]["reason"])
+    return Outcome("passed")
 
 
 def _merge(log_dir, np, tests):
@@ -188,8 +206,7 @@ def _merge(log_dir, np, tests):
             done = [rec for rec in recs if rec.get("nodeid") == nodeid]
             ran = any(rec.get("start") == nodeid for rec in recs)
             if done:
-                worst = max(done, key=lambda rec: RANK_OF[rec["outcome"]])
-                outs.append(Outcome(worst["outcome"], worst["reason"]))
+                outs.append(_join(done))
             elif ran:
                 outs.append(
                     Outcome(

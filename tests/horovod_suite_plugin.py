@@ -5,7 +5,8 @@ leaves a record of what it was running.
 Contract (environment set by the runner):
 - HVDLITE_SUITE_LOG: directory; this rank appends one JSON line per event to
   rank.<HVDLITE_RANK>.jsonl, flushed at once: {"start": nodeid} when a test starts, then
-  {"nodeid", "outcome" (passed|failed|skipped), "reason"} when it ends.
+  {"nodeid", "outcome" (passed|failed|skipped), "when", "sub", "reason"} for each report of it
+  (one per failing or skipping phase, one per subtest, one for the call).
 - HVDLITE_SUITE_TIMEOUT: seconds one test may take (setup, call and teardown together). Past it the
   rank dumps every thread's stack to stderr and exits (faulthandler, exit code 1): a hang in a C call
   cannot be interrupted from Python, and the runner then records the test as hung.
@@ -66,18 +67,20 @@ def _reason(report):
 
 
 def pytest_runtest_logreport(report):
-    # One record per test: the first failing or skipping phase, else the call phase's pass.
+    # A record for each failing or skipping phase and for the call phase. "sub": a subtest's
+    # report (tf.test.TestCase runs a test once per execution mode as subtests; a test whose every
+    # subtest skipped counts as skipped, see horovod_suite._join).
     if report.when == "call" or report.outcome != "passed":
         if report.when == "teardown" and report.outcome == "skipped":
             return
-        _log(
-            {
-                "nodeid": report.nodeid,
-                "outcome": report.outcome,
-                "when": report.when,
-                "reason": _reason(report),
-            }
-        )
+        sub = hasattr(report, "context")
+        record = {"nodeid": report.nodeid, "outcome": report.outcome, "when": report.when, "sub": sub}
+        _log(dict(record, reason=_reason(report)))
+
+
+def pytest_unconfigure(config):
+    if _LOG is not None:
+        _LOG.close()
 
 
 def pytest_collectreport(report):
