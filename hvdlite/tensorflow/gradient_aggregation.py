@@ -11,6 +11,8 @@ iterations / global_step. Graph construction only (TF1 sessions, or a tf.functio
 variables once); nothing here blocks outside the reduction it calls.
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 from hvdlite.common.process_sets import global_process_set
@@ -50,7 +52,7 @@ class LocalGradientAggregationHelper:
         self.backward_passes_per_step = backward_passes_per_step
         self.average_aggregated_gradients = average_aggregated_gradients
         self.locally_aggregated_grads = []
-        self.counter = None
+        self.counter: Any = None  # a tf.compat.v1 variable once compute_gradients() built it
         self.sparse_as_dense = sparse_as_dense
         self.rank = rank
         self.optimizer_type = optimizer_type

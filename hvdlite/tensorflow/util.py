@@ -1,6 +1,7 @@
 """Horovod's horovod.tensorflow.util helpers that user code and Horovod's own tests import."""
 
 import threading
+from typing import Any
 
 import tensorflow as tf
 
@@ -32,7 +33,7 @@ def _make_subgraph(f):
 def _cache(f):
     """Horovod's memoizer: f(*args) computed once per (args, executing eagerly or not); args must
     be hashable. Thread-safe: concurrent first calls may compute twice, one result is kept."""
-    cache = {}
+    cache: dict[Any, Any] = {}
     lock = threading.Lock()
 
     def wrapper(*args):
