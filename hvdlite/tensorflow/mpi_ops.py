@@ -12,7 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvdlite.common import collectives, dtypes, exceptions, gradients, naming, ops
+from hvdlite.common import collectives, dtypes, exceptions, gradients, naming, ops, topology
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.common.reduction import resolve_op
 from hvdlite.tensorflow import raw_ops
@@ -281,7 +281,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 
 def _global_rank():
-    return rank()
+    return topology.rank()
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -324,32 +324,8 @@ def barrier(process_set=global_process_set):
 
 # horovod.tensorflow.mpi_ops also carries the topology, capability, process-set and query names
 # (scripts import them from there); they are the very objects hvdlite.tensorflow exports.
-from hvdlite.common.basics import (  # noqa: E402, F401
-    cross_rank,
-    cross_size,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdlite.common.capabilities import (  # noqa: E402, F401
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-)
+from hvdlite.common import capabilities as _capabilities  # noqa: E402
+from hvdlite.common.basics import *  # noqa: E402, F403 (init, rank, ..., is_homogeneous: basics.__all__)
 from hvdlite.common.dtypes import Adasum, Average, Max, Min, Product, Sum  # noqa: E402, F401
 from hvdlite.common.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: E402, F401
 from hvdlite.common.util import (  # noqa: E402, F401
@@ -365,4 +341,9 @@ from hvdlite.tensorflow.queries import (  # noqa: E402, F401
     process_set_included_op,
     rank_op,
     size_op,
+)
+
+# mpi_built, nccl_built, ...: every public function of hvdlite.common.capabilities.
+globals().update(
+    {k: v for k, v in vars(_capabilities).items() if k.endswith(("_built", "_enabled", "_supported"))}
 )
