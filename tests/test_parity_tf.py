@@ -30,7 +30,6 @@ NOT_YET_HERE = {
         "Max",
         "Min",
         "PartialDistributedGradientTape",
-        "ProcessSet",
         "Product",
         "Sum",
         "add_process_set",
@@ -394,6 +393,38 @@ class TestHorovodUtilNames:
             "handle_average_backwards_compatibility",
         ):
             assert getattr(mpi_ops, name) is getattr(hvd, name), name
+
+
+@covers("ProcessSet")
+class TestProcessSetsInTensorFlow:
+    """A set id the core does not know fails when the op is built with a ValueError (Horovod's);
+    a rank outside a tape's or v1 optimizer's process set keeps its own gradient (Horovod's
+    _allreduce_cond); the v1 optimizer exposes the wrapped one as _optimizer."""
+
+    @staticmethod
+    def on_rank(hvd, tf):
+        only0 = hvd.add_process_set(hvd.ProcessSet([0]))
+        fake = hvd.ProcessSet([0])
+        fake.process_set_id = 10  # what Horovod's test does to get an unknown id
+        x = tf.constant(float(hvd.rank() + 1))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = x * x
+        (grad,) = hvd.DistributedGradientTape(tape, process_set=only0).gradient(y, [x])
+        inner = tf.compat.v1.train.GradientDescentOptimizer(1.0)
+        opt = hvd.DistributedOptimizer(inner, process_set=only0)
+        out = {
+            "unknown": err(lambda: hvd.allreduce(tf.ones(2), process_set=fake)),
+            "grad": float(grad),
+            "inner": opt._optimizer is inner,
+        }
+        hvd.remove_process_set(only0)
+        return out
+
+    def test_values(self, job):
+        for r, got in enumerate(by_rank(job, TestProcessSetsInTensorFlow)):
+            assert "ValueError" in got["unknown"][1] and "process set 10" in got["unknown"][2]
+            assert got["grad"] == 2.0 * (r + 1) and got["inner"]
 
 
 def test_util_executing_eagerly():

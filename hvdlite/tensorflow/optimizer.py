@@ -135,6 +135,7 @@ def DistributedOptimizer(
     cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
     wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._optimizer = optimizer  # Horovod's attribute: the optimizer it wraps
     wrapped._hvdlite = make_settings(
         compression,
         sparse_as_dense,
