@@ -261,7 +261,12 @@ def collect(test_path, env=None):
         text=True,
         timeout=600,
     )
-    return [line for line in out.stdout.splitlines() if "::" in line]
+    ids = [line for line in out.stdout.splitlines() if line.startswith(test_path.name + "::")]
+    if not ids:
+        raise RuntimeError(
+            "no test collected from %s:\n%s" % (test_path.name, (out.stdout + out.stderr)[-3000:])
+        )
+    return ids
 
 
 def main(argv=None):

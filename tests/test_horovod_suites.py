@@ -26,6 +26,12 @@ EXPECTED_FAILURES = {
         "test_horovod_syncbn_cpu": "SyncBatchNormalization is a Keras 3 layer under TF_USE_LEGACY_KERAS=1",
     },
 }
+# Written for NumPy 1: it compares a float16 error with 1e-08, which NumPy 2 rounds to float16 0.
+_NUMPY1 = {
+    "test_horovod_reducescatter_grad_cpu_process_sets": "float16 error < 1e-08 is never true in NumPy 2"
+}
+EXPECTED_FAILURES["test_tensorflow_process_sets.py", "keras3"] = _NUMPY1
+EXPECTED_FAILURES["test_tensorflow_process_sets.py", "legacy"] = _NUMPY1
 
 
 def _judge(result, expected):
@@ -38,8 +44,8 @@ def _judge(result, expected):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("keras", ["keras3", "legacy"])
-def test_horovod_tensorflow_suite(keras):
+@pytest.mark.parametrize("test_file,keras", sorted(EXPECTED_FAILURES))
+def test_horovod_tensorflow_suite(test_file, keras):
     pytest.importorskip("tensorflow")
     reason = horovod_suite.available()
     if reason:
@@ -47,8 +53,8 @@ def test_horovod_tensorflow_suite(keras):
     if keras == "legacy" and not HAVE_TF_KERAS:
         pytest.skip("TF_USE_LEGACY_KERAS=1 needs the tf_keras package")
     env = {"TF_USE_LEGACY_KERAS": "1"} if keras == "legacy" else {}
-    result = horovod_suite.run_suite("test_tensorflow.py", np=2, env=env, timeout=300)
-    _judge(result, EXPECTED_FAILURES["test_tensorflow.py", keras])
+    result = horovod_suite.run_suite(test_file, np=2, env=env, timeout=300)
+    _judge(result, EXPECTED_FAILURES[test_file, keras])
 
 
 def test_without_sources_the_reason_names_horovod_src(tmp_path):
