@@ -9,6 +9,9 @@
 #   make bench     install, then every benchmark and benchmarks/results/report.md (after `make horovod`):
 #                  under 15 minutes; BENCH_FULL=1 for the long sweep (benchmarks/_suite.py)
 #   make horovod   Horovod 0.28.1 (gloo + PyTorch) in .venv-horovod/, the benchmarks' Horovod peer
+#   make horovod-suite   install, then Horovod 0.28.1's own test file SUITE (default test_tensorflow.py),
+#                  unchanged, on 2 ranks (tests/horovod_suite.py; Horovod's sources from HOROVOD_SRC;
+#                  HOROVOD_SUITE_ARGS="--legacy-keras" etc.); says so and passes where there are none
 #   make install-horovod-compat   opt-in: the `horovod` package and `horovodrun` over hvdlite
 #                  (distribution hvdlite-horovod-compat from compat/; refuses over a real Horovod)
 #   make lint      ruff check + ruff format --check (Python), mypy (hvdlite/), clang-format (csrc/)
@@ -47,7 +50,7 @@ ifneq ($(NVCC),)
 export CUDACXX ?= $(NVCC)
 endif
 
-.PHONY: install apt build demo test test-all lint format bench horovod clean distclean install-horovod-compat \
+.PHONY: install apt build demo test test-all lint format bench horovod horovod-suite clean distclean install-horovod-compat \
 	uninstall-horovod-compat
 
 install: build
@@ -114,6 +117,11 @@ test: install
 
 test-all: install
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
+
+# Horovod's own test files run unchanged against hvdlite (tests/horovod_suite.py --help).
+SUITE ?= test_tensorflow.py
+horovod-suite: install
+	$(VPY) tests/horovod_suite.py $(SUITE) $(HOROVOD_SUITE_ARGS)
 
 # Static checks; the tools are pinned in requirements-dev.txt, configured in pyproject.toml (ruff),
 # mypy.ini and .clang-format. Needs only the venv, not a build of the core.

@@ -27,24 +27,9 @@ KNOWN_MISSING_MODULES = {
     "hvdlite.keras": "standalone Keras (horovod.keras) is not adapted yet (issue 18)",
 }
 
-# Horovod helpers that its __init__ re-exports from horovod.common.util / horovod.tensorflow.util
-# / horovod.tensorflow.mpi_ops; undocumented internals, kept here until parity decides.
-_UTIL_REEXPORTS = ["check_extension", "gpu_available", "split_list"]
-
 KNOWN_MISSING = {
     "hvdlite.torch": [
         "check_extension",  # horovod.common.util helper re-exported by horovod.torch
-    ],
-    "hvdlite.tensorflow": _UTIL_REEXPORTS
-    + [
-        # TF1 graph-mode and session API (issue 18)
-        "BroadcastGlobalVariablesHook",
-        "LocalGradientAggregationHelper",
-        # ops returning tensors instead of ints, for graphs (issue 18)
-        "is_homogeneous",
-        # collectives and helpers (issues 9, 18)
-        "check_num_rank_power_of_2",
-        "handle_average_backwards_compatibility",
     ],
     "hvdlite.tensorflow.keras": [
         "is_version_greater_equal_than",  # horovod.common.util helper

@@ -234,6 +234,31 @@ def test_horovod_run_returns_every_ranks_result_in_rank_order(installed, tmp_pat
     assert "results [30.0, 31.0]" in out.stdout
 
 
+_TEST_UTILS = """
+import json, os, threading
+from horovod.runner.util.threads import in_thread, on_event
+from horovod.runner.common.util.env import get_env_rank_and_size
+got = []
+in_thread(got.append, args=(1,)).join(10)
+event = threading.Event()
+thread = on_event(event, got.append, args=(2,), check_stop_interval_s=0.05)
+event.set()
+thread.join(10)
+try:
+    in_thread(got.append, args=3)
+except ValueError:
+    got.append("ValueError")
+os.environ.update(HOROVOD_RANK="1", HOROVOD_SIZE="2")
+print(json.dumps([got, get_env_rank_and_size()]))
+"""
+
+
+def test_horovods_runner_helpers_for_its_tests(installed):
+    """horovod.runner.util.threads and horovod.runner.common.util.env: what Horovod's own test
+    utilities import (tests/horovod_suite.py runs those tests)."""
+    assert _json(_TEST_UTILS, installed) == [[1, 2, "ValueError"], [1, 2]]
+
+
 def test_horovodrun_version_and_check_build(installed):
     run = str(installed / "bin" / "horovodrun")
     out = subprocess.run([run, "--version"], env=_env(installed), capture_output=True, text=True, timeout=60)

@@ -30,7 +30,6 @@ NOT_YET_HERE = {
         "Max",
         "Min",
         "PartialDistributedGradientTape",
-        "ProcessSet",
         "Product",
         "Sum",
         "add_process_set",
@@ -67,18 +66,6 @@ NOT_YET_HERE = {
         "elastic",
     ]
 }
-NOT_YET_HERE.update(
-    {
-        "BroadcastGlobalVariablesHook": "TF1 SessionRunHook; hvdlite lacks it (issue 18)",
-        "LocalGradientAggregationHelper": "Horovod internal of its TF1 optimizer; hvdlite lacks it",
-        "is_homogeneous": "hvdlite lacks it (issue 18)",
-        "check_num_rank_power_of_2": "Horovod internal (Adasum); hvdlite lacks it",
-        "handle_average_backwards_compatibility": "Horovod internal; hvdlite lacks it",
-        "check_extension": "horovod.common.util helper; hvdlite lacks it",
-        "gpu_available": "horovod.common.util helper; hvdlite lacks it",
-        "split_list": "horovod.common.util helper; hvdlite lacks it",
-    }
-)
 
 
 def _values(fn, tf):
@@ -294,6 +281,150 @@ class TestRefs:
         assert hash(refs) is not None
         back = hvd.refs_to_vars(refs)
         assert back[0] is a and back[1][0] is b
+
+
+@covers("BroadcastGlobalVariablesHook")
+class TestBroadcastGlobalVariablesHook:
+    """A tf.compat.v1 SessionRunHook: a monitored session starts with root_rank's global
+    variables; the hook rebuilds its op for a new graph."""
+
+    @staticmethod
+    def on_rank(hvd, tf):
+        hook = hvd.BroadcastGlobalVariablesHook(1)
+        values = []
+        for offset in (5.0, 7.0):  # two graphs, one hook
+            with tf.Graph().as_default():
+                var = tf.compat.v1.Variable([float(hvd.rank()) + offset])
+                with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as sess:
+                    values.append(sess.run(var).tolist())
+        return {"values": values, "is_hook": isinstance(hook, tf.compat.v1.train.SessionRunHook)}
+
+    def test_values(self, job):
+        for got in by_rank(job, TestBroadcastGlobalVariablesHook):
+            assert got["values"] == [[6.0], [8.0]] and got["is_hook"]
+
+
+@covers("LocalGradientAggregationHelper")
+class TestLocalGradientAggregation:
+    """DistributedOptimizer(tf.compat.v1 optimizer, backward_passes_per_step=2) in a graph, through
+    LocalGradientAggregationHelper: gradients are summed locally, averaged across ranks every
+    second run (then divided by 2, average_aggregated_gradients) and applied only then; the
+    global step advances every run. Eagerly it is refused with a ValueError, as in Horovod."""
+
+    @staticmethod
+    def on_rank(hvd, tf):
+        r = hvd.rank()
+        trace = []
+        with tf.Graph().as_default():
+            var = tf.compat.v1.Variable([0.0])
+            step = tf.compat.v1.Variable(0, dtype=tf.int64, trainable=False)
+            opt = hvd.DistributedOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                backward_passes_per_step=2,
+                average_aggregated_gradients=True,
+            )
+            pairs = opt.compute_gradients(var * float(r + 1), [var])
+            train = opt.apply_gradients(pairs, global_step=step)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(tf.compat.v1.local_variables_initializer())
+                for _ in range(4):
+                    sess.run(train)
+                    trace.append([sess.run(var).tolist()[0], int(sess.run(step))])
+        eager = err(
+            lambda: hvd.DistributedOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=2
+            )
+        )
+        return {"trace": trace, "eager": eager}
+
+    def test_values(self, job):
+        for got in by_rank(job, TestLocalGradientAggregation):
+            # mean over ranks of (r + 1) is 1.5; summed over 2 passes and divided by 2: 1.5 a step.
+            assert got["trace"] == [[0.0, 1], [-1.5, 2], [-1.5, 3], [-3.0, 4]]
+            assert "ValueError" in got["eager"][1] and "backward_passes_per_step" in got["eager"][2]
+
+
+@covers(
+    "is_homogeneous",
+    "check_num_rank_power_of_2",
+    "handle_average_backwards_compatibility",
+    "split_list",
+    "gpu_available",
+    "check_extension",
+)
+class TestHorovodUtilNames:
+    """is_homogeneous (one host: True) and the horovod.common.util helpers horovod.tensorflow
+    re-exports; horovod.tensorflow.mpi_ops carries the same objects."""
+
+    @staticmethod
+    def on_rank(hvd, tf):
+        return {"homogeneous": hvd.is_homogeneous()}
+
+    def test_values(self, job):
+        assert [got["homogeneous"] for got in by_rank(job, TestHorovodUtilNames)] == [True, True]
+
+    def test_helpers(self):
+        import warnings
+
+        import hvdlite.tensorflow as hvd
+        import hvdlite.tensorflow.mpi_ops as mpi_ops
+
+        assert [hvd.check_num_rank_power_of_2(n) for n in (0, 1, 2, 3, 4, 6, 8)] == [
+            False, True, True, False, True, False, True
+        ]  # fmt: skip
+        handle = hvd.handle_average_backwards_compatibility
+        assert handle(None, None) == hvd.Average and handle(hvd.Max, None) == hvd.Max
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert handle(None, False) == hvd.Sum and handle(None, True) == hvd.Average
+        assert all(issubclass(w.category, DeprecationWarning) for w in caught) and len(caught) == 2
+        assert "ValueError" in err(lambda: handle(hvd.Sum, True))[1]
+        assert hvd.split_list([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+        assert hvd.gpu_available("tensorflow") == bool(tf.config.list_physical_devices("GPU"))
+        assert (
+            hvd.check_extension("horovod.tensorflow", "HOROVOD_WITH_TENSORFLOW", __file__, "mpi_lib") is None
+        )
+        for name in (
+            "is_homogeneous",
+            "rank_op",
+            "init",
+            "Average",
+            "handle_average_backwards_compatibility",
+        ):
+            assert getattr(mpi_ops, name) is getattr(hvd, name), name
+
+
+@covers("ProcessSet")
+class TestProcessSetsInTensorFlow:
+    """A set id the core does not know fails when the op is built with a ValueError (Horovod's);
+    a rank outside a tape's or v1 optimizer's process set keeps its own gradient (Horovod's
+    _allreduce_cond); the v1 optimizer exposes the wrapped one as _optimizer."""
+
+    @staticmethod
+    def on_rank(hvd, tf):
+        only0 = hvd.add_process_set(hvd.ProcessSet([0]))
+        fake = hvd.ProcessSet([0])
+        fake.process_set_id = 10  # what Horovod's test does to get an unknown id
+        x = tf.constant(float(hvd.rank() + 1))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = x * x
+        (grad,) = hvd.DistributedGradientTape(tape, process_set=only0).gradient(y, [x])
+        inner = tf.compat.v1.train.GradientDescentOptimizer(1.0)
+        opt = hvd.DistributedOptimizer(inner, process_set=only0)
+        out = {
+            "unknown": err(lambda: hvd.allreduce(tf.ones(2), process_set=fake)),
+            "grad": float(grad),
+            "inner": opt._optimizer is inner,
+        }
+        hvd.remove_process_set(only0)
+        return out
+
+    def test_values(self, job):
+        for r, got in enumerate(by_rank(job, TestProcessSetsInTensorFlow)):
+            assert "ValueError" in got["unknown"][1] and "process set 10" in got["unknown"][2]
+            assert got["grad"] == 2.0 * (r + 1) and got["inner"]
 
 
 def test_util_executing_eagerly():

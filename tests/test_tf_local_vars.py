@@ -26,6 +26,19 @@ def _tape_grads(hvd, tf, scale, partial):
     return [float(tf.reshape(g, [-1])[0]) for g in tape.gradient(loss, [shared, local])]
 
 
+def _split_grads(hvd, tf, scale):
+    """get_local_and_global_gradients: (source, grad) pairs split by locality, in source order."""
+    r = hvd.rank()
+    shared, local = tf.Variable([1.0]), tf.Variable([1.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared * (r + 1.0)) + tf.reduce_sum(local * (r + 1.0))
+    tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale)
+    tape.register_local_source(local)
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(loss, [shared, local])
+    assert [v is shared for v, _ in global_pairs] == [True] and [v is local for v, _ in local_pairs] == [True]
+    return [float(global_pairs[0][1][0]), float(local_pairs[0][1][0])]
+
+
 def _v1_grads(hvd, tf, scale):
     r = hvd.rank()
     shared, local = tf.Variable([0.0]), tf.Variable([0.0])
@@ -58,6 +71,7 @@ def _job():
     for scale in (True, False):
         out["tape", scale] = _tape_grads(hvd, tf, scale, partial=False)
         out["partial", scale] = _tape_grads(hvd, tf, scale, partial=True)
+        out["split", scale] = _split_grads(hvd, tf, scale)
         out["v1", scale] = _v1_grads(hvd, tf, scale)
         out["keras", scale] = _keras_update(hvd, tf, scale)
     hvd.shutdown()
@@ -66,7 +80,7 @@ def _job():
 
 def test_local_gradients_are_kept_and_scaled_as_asked():
     for r, out in enumerate(run_ranks(_job, 2, timeout=240, env=TF_ENV)):
-        for kind in ("tape", "partial", "v1", "keras"):
+        for kind in ("tape", "partial", "split", "v1", "keras"):
             # shared: the average of 1 and 2; local: this rank's own r+1, halved when scaling
             assert out[kind, True] == [1.5, (r + 1.0) / 2], (kind, out)
             assert out[kind, False] == [1.5, r + 1.0], (kind, out)

@@ -5,12 +5,21 @@ import atexit
 from hvdlite import _core
 from hvdlite.common import exceptions, naming, ops
 from hvdlite.common import process_sets as ps
-from hvdlite.common.topology import cross_rank, cross_size, local_rank, local_size, rank, size
+from hvdlite.common.topology import (
+    cross_rank,
+    cross_size,
+    is_homogeneous,
+    local_rank,
+    local_size,
+    rank,
+    size,
+)
 
 __all__ = [
     "cross_rank",
     "cross_size",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "local_rank",
     "local_size",

@@ -42,3 +42,12 @@ def cross_rank() -> int:
 
 def cross_size() -> int:
     return _query(5)
+
+
+def is_homogeneous() -> bool:
+    """Horovod's: True when every host runs the same number of ranks. Decided from this rank's
+    own topology, with no communication: local_size * cross_size == size holds on every rank of a
+    job whose hosts all run local_size ranks, and fails on the last local rank of the smallest host
+    of any other job. Exact on one host and on homogeneous jobs; in a heterogeneous job some other
+    ranks can still answer True (the core does not hand its host table to Python)."""
+    return local_size() * cross_size() == size()

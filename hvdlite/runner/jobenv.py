@@ -29,6 +29,10 @@ def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=N
             "PYTHONUNBUFFERED": "1",
         }
     )
+    # Horovod's launcher (horovodrun --gloo) exports the same values as HOROVOD_*; scripts and
+    # Horovod's own tests read them (test_horovod_rank compares hvd.rank() with HOROVOD_RANK).
+    for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+        env["HOROVOD_" + name] = env["HVDLITE_" + name]
     if verbose:
         env["HVDLITE_LOG_LEVEL"] = "debug"
     if timeline:

@@ -13,6 +13,7 @@ from hvdlite.common.basics import (
     cross_rank,
     cross_size,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
@@ -47,9 +48,17 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from hvdlite.common.util import (
+    check_extension,
+    check_num_rank_power_of_2,
+    gpu_available,
+    handle_average_backwards_compatibility,
+    split_list,
+)
 from hvdlite.tensorflow import elastic
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.functions import (
+    BroadcastGlobalVariablesHook,
     allgather_object,
     broadcast_,
     broadcast_global_variables,
@@ -57,6 +66,7 @@ from hvdlite.tensorflow.functions import (
     broadcast_object_fn,
     broadcast_variables,
 )
+from hvdlite.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from hvdlite.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from hvdlite.tensorflow.mpi_ops import (
     allgather,
@@ -81,11 +91,12 @@ from hvdlite.tensorflow.queries import (
 from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 # _executing_eagerly: private, but Horovod's tests and user code call hvd._executing_eagerly().
-from hvdlite.tensorflow.util import _executing_eagerly, refs_to_vars, vars_to_refs
+from hvdlite.tensorflow.util import _cache, _executing_eagerly, _make_subgraph, refs_to_vars, vars_to_refs
 
 __all__ = [
     "Adasum",
     "Average",
+    "BroadcastGlobalVariablesHook",
     "Compression",
     "DistributedGradientTape",
     "DistributedOptimizer",
@@ -95,6 +106,7 @@ __all__ = [
     "HvdliteInternalError",
     "HvdliteTimeoutError",
     "InvalidArgumentError",
+    "LocalGradientAggregationHelper",
     "Max",
     "Min",
     "MismatchError",
@@ -118,6 +130,8 @@ __all__ = [
     "broadcast_object_fn",
     "broadcast_variables",
     "ccl_built",
+    "check_extension",
+    "check_num_rank_power_of_2",
     "cross_rank",
     "cross_size",
     "cuda_built",
@@ -125,10 +139,13 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "gpu_available",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",
+    "handle_average_backwards_compatibility",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "join",
     "local_rank",
@@ -149,6 +166,7 @@ __all__ = [
     "shutdown",
     "size",
     "size_op",
+    "split_list",
     "start_timeline",
     "stop_timeline",
     "vars_to_refs",

@@ -51,6 +51,28 @@ def broadcast_global_variables(root_rank):
     return tf.group(*broadcast_variables(tf.compat.v1.global_variables(), root_rank))
 
 
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """Horovod's TF1 SessionRunHook (MonitoredTrainingSession, Estimator): once the session is
+    created, every global variable gets root_rank's value. The broadcast op is built in begin()
+    for the graph being finalized (again if the hook is reused with another graph) and run once
+    in after_create_session(), which blocks until every rank has run it. `device` is Horovod's
+    placement argument."""
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.bcast_op = None
+        self.device = device
+
+    def begin(self):
+        if not self.bcast_op or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            with tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
+
+
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
     """Horovod's TF1 helper: a function obj -> root_rank's obj (`session` is accepted and
     unused: the object collectives run outside the graph)."""
@@ -63,6 +85,7 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 
 
 __all__ = [
+    "BroadcastGlobalVariablesHook",
     "allgather_object",
     "broadcast_",
     "broadcast_global_variables",

@@ -120,7 +120,10 @@ def register_local(settings, var):
 def reduce_with_settings(settings, grads, variables, name):
     """`grads` (aligned with `variables`, which may be None) reduced as `settings` say:
     gradients of worker-local variables are kept (scaled by 1/size with
-    scale_local_gradients), every other one goes through allreduce_gradients."""
+    scale_local_gradients), every other one goes through allreduce_gradients. A rank outside
+    the settings' process set keeps its gradients as they are (Horovod's _allreduce_cond)."""
+    if not settings["process_set"].included():
+        return list(grads)
     local = settings["local_ids"]
     variables = list(variables) if variables is not None else None
     shared = list(range(len(grads)))

@@ -35,6 +35,14 @@ class _DistributedMixin:
         out = reduce_with_settings(self._hvdlite, flat_grads, flat_sources, "DistributedGradientTape")
         return tf.nest.pack_sequence_as(sources, out)
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+        """Horovod's: gradient() split into ([(source, grad)] of worker-local sources, the same for
+        the others), each in the order of `sources` (a flat list)."""
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        local = self._hvdlite["local_ids"]
+        pairs = list(zip(sources, grads))
+        return [p for p in pairs if id(p[0]) in local], [p for p in pairs if id(p[0]) not in local]
+
     def register_local_source(self, source):
         """Horovod's: `source` (a variable) is worker-local; its gradient is not reduced (and
         is divided by the process set's size when scale_local_gradients is True)."""

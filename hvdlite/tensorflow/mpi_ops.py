@@ -12,7 +12,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvdlite.common import collectives, dtypes, exceptions, gradients, naming, ops
+from hvdlite import _core
+from hvdlite.common import collectives, dtypes, exceptions, gradients, naming, ops, topology
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.common.reduction import resolve_op
 from hvdlite.tensorflow import raw_ops
@@ -60,8 +61,20 @@ def _grad_namer(names):
     return next_names
 
 
+def _check_set_exists(process_set):
+    """InvalidArgumentError (a ValueError, as Horovod raises when its op is built) when the job
+    runs and `process_set` carries an id the core does not know (removed, or set by hand),
+    before any op is built; the core would only fail the op when it runs."""
+    set_id = getattr(process_set, "process_set_id", None)
+    if set_id is not None and _core.is_initialized() and _core.process_set_ranks(int(set_id)) is None:
+        raise exceptions.InvalidArgumentError(
+            "process set %d does not exist (was it removed, or not added on every rank?)" % set_id
+        )
+
+
 def _reduce_many(tensors, names, op, prescale, postscale, process_set):
     """Differentiable allreduce of a list: grad_i = the same allreduce of dy_i."""
+    _check_set_exists(process_set)
     grad_names = _grad_namer(names)
     return _differentiable(
         lambda xs: raw_ops.allreduce(xs, names, op, prescale, postscale, process_set),
@@ -158,6 +171,7 @@ def _gather_many(tensors, names, process_set):
     """Differentiable allgather of a list: grad = this member's rows of
     allreduce(dy, ALLGATHER_GRAD_OP); the members' row counts are gathered
     in the backward pass (as the torch adapter does)."""
+    _check_set_exists(process_set)
     mine = tf.stack(
         [tf.shape(t, out_type=tf.int64)[0] if t.shape.rank else tf.constant(1, tf.int64) for t in tensors]
     )
@@ -192,6 +206,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 def _scatter_many(tensors, names, op, prescale, postscale, process_set):
     """Differentiable reducescatter: grad = allgather(dy) * reducescatter_grad_scale(...)."""
+    _check_set_exists(process_set)
 
     grad_names = _grad_namer(names)
 
@@ -262,6 +277,7 @@ def grouped_reducescatter(
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
     """root_rank's (a global rank) `tensor` on every member. Gradient: the
     average of every member's upstream gradient on the root, zeros elsewhere."""
+    _check_set_exists(process_set)
     tensor = tf.convert_to_tensor(tensor)
     name = naming.auto_name("broadcast", name)
     grad_names = _grad_namer([name])
@@ -281,15 +297,14 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 
 def _global_rank():
-    from hvdlite.common.basics import rank
-
-    return rank()
+    return topology.rank()
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Sends splits[i] rows of `tensor` to member i and returns (output, received_splits,
     int32); without splits, an even split, and only the output (as Horovod). Gradient:
     alltoall of the upstream gradient with the received splits."""
+    _check_set_exists(process_set)
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
@@ -322,3 +337,30 @@ def join():
 def barrier(process_set=global_process_set):
     """Returns once every member of the process set has called barrier()."""
     collectives.barrier(process_set)
+
+
+# horovod.tensorflow.mpi_ops also carries the topology, capability, process-set and query names
+# (scripts import them from there); they are the very objects hvdlite.tensorflow exports.
+from hvdlite.common import capabilities as _capabilities  # noqa: E402
+from hvdlite.common.basics import *  # noqa: E402, F403 (init, rank, ..., is_homogeneous: basics.__all__)
+from hvdlite.common.dtypes import Adasum, Average, Max, Min, Product, Sum  # noqa: E402, F401
+from hvdlite.common.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: E402, F401
+from hvdlite.common.util import (  # noqa: E402, F401
+    check_num_rank_power_of_2,
+    get_average_backwards_compatibility_fun,
+    gpu_available,
+    handle_average_backwards_compatibility,
+    num_rank_is_power_2,
+)
+from hvdlite.tensorflow.queries import (  # noqa: E402, F401
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    size_op,
+)
+
+# mpi_built, nccl_built, ...: every public function of hvdlite.common.capabilities.
+globals().update(
+    {k: v for k, v in vars(_capabilities).items() if k.endswith(("_built", "_enabled", "_supported"))}
+)

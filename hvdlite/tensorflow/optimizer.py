@@ -14,7 +14,9 @@ import tensorflow as tf
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import _keras
+from hvdlite.common.topology import rank
 from hvdlite.tensorflow.compression import Compression
+from hvdlite.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from hvdlite.tensorflow.gradient_allreduce import (
     check_options,
     make_settings,
@@ -34,8 +36,25 @@ class _V1Mixin:
         # super() is the wrapped optimizer's class (see DistributedOptimizer); tf is untyped.
         pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]
         variables = [v for _, v in pairs]
-        grads = reduce_with_settings(self._hvdlite, [g for g, _ in pairs], variables, "DistributedOptimizer")
+        grads = [g for g, _ in pairs]
+        agg = self._hvdlite.get("aggregation")
+        if agg is not None:  # backward_passes_per_step > 1: reduce every N-th run
+            return list(zip(agg.compute_gradients(grads, variables), variables))
+        grads = reduce_with_settings(self._hvdlite, grads, variables, "DistributedOptimizer")
         return list(zip(grads, variables))
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        agg = self._hvdlite.get("aggregation")
+        apply = super().apply_gradients  # type: ignore[misc]
+        if agg is None:
+            return apply(grads_and_vars, global_step=global_step, name=name)
+        return agg.apply_gradients(
+            lambda: apply(grads_and_vars, global_step=global_step, name=name),
+            self,
+            grads_and_vars,
+            global_step=global_step,
+            name=name,
+        )
 
     def register_local_var(self, var):
         """Horovod's: `var` is worker-local; its gradient is not reduced (and is divided by
@@ -43,13 +62,28 @@ class _V1Mixin:
         register_local(self._hvdlite, var)
 
 
-def check_backward_passes(backward_passes_per_step):
-    if backward_passes_per_step != 1:
-        raise exceptions.NotSupportedError(
-            "backward_passes_per_step=%d: local gradient accumulation is not implemented in "
-            "hvdlite.tensorflow's tf.compat.v1 optimizers yet; use 1, or a Keras optimizer"
-            % backward_passes_per_step
+def _aggregation(settings, backward_passes_per_step, sparse_as_dense, average_aggregated, name):
+    """Horovod's LocalGradientAggregationHelper for backward_passes_per_step > 1 (tf.compat.v1
+    graphs only, as in Horovod), reducing with `settings`; None for 1."""
+    if backward_passes_per_step == 1:
+        return None
+    if tf.executing_eagerly():
+        raise exceptions.InvalidArgumentError(
+            "backward_passes_per_step > 1 is not yet supported for _LegacyOptimizer with eager "
+            "execution (build the training step in a tf.compat.v1 graph, or use a Keras optimizer)"
         )
+    return LocalGradientAggregationHelper(
+        backward_passes_per_step=backward_passes_per_step,
+        allreduce_func=lambda grads, variables: reduce_with_settings(
+            settings, grads, variables, "DistributedOptimizer"
+        ),
+        sparse_as_dense=sparse_as_dense,
+        average_aggregated_gradients=average_aggregated,
+        rank=rank(),
+        optimizer_type=LocalGradientAggregationHelper._OPTIMIZER_TYPE_LEGACY,
+        process_set=settings["process_set"],
+        name=name,
+    )
 
 
 def DistributedOptimizer(
@@ -71,8 +105,9 @@ def DistributedOptimizer(
 ):
     """Wraps `optimizer` so that gradients are reduced (op, default Average)
     across `process_set` before being applied. name, use_locking, device_*
-    are Horovod's, accepted and unused; backward_passes_per_step and
-    average_aggregated_gradients apply to Keras optimizers only.
+    are Horovod's, accepted and unused; backward_passes_per_step > 1 accumulates
+    gradients locally and reduces every N-th step (tf.compat.v1 optimizers: in graphs
+    only, through LocalGradientAggregationHelper, as Horovod).
     scale_local_gradients: gradients of variables registered with
     register_local_var() are not reduced and, when True, divided by the
     process set's size (Horovod's semantics)."""
@@ -97,10 +132,10 @@ def DistributedOptimizer(
             % type(optimizer).__name__
         )
     groups = check_options(op, gradient_predivide_factor, num_groups, groups)
-    check_backward_passes(backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
     wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._optimizer = optimizer  # Horovod's attribute: the optimizer it wraps
     wrapped._hvdlite = make_settings(
         compression,
         sparse_as_dense,
@@ -109,5 +144,12 @@ def DistributedOptimizer(
         groups,
         process_set,
         scale_local_gradients,
+    )
+    wrapped._hvdlite["aggregation"] = _aggregation(
+        wrapped._hvdlite,
+        backward_passes_per_step,
+        sparse_as_dense,
+        average_aggregated_gradients,
+        name or "Distributed" + type(optimizer).__name__,
     )
     return wrapped

@@ -1,5 +1,8 @@
 """Horovod's horovod.tensorflow.util helpers that user code and Horovod's own tests import."""
 
+import threading
+from typing import Any
+
 import tensorflow as tf
 
 
@@ -20,3 +23,31 @@ def refs_to_vars(refs):
     if isinstance(refs, tuple):
         return [refs_to_vars(r) for r in refs]
     return refs.deref()
+
+
+def _make_subgraph(f):
+    """Horovod's: f as a tf.function."""
+    return tf.function(f)
+
+
+def _cache(f):
+    """Horovod's memoizer: f(*args) computed once per (args, executing eagerly or not); args must
+    be hashable. Thread-safe: concurrent first calls may compute twice, one result is kept."""
+    cache: dict[Any, Any] = {}
+    lock = threading.Lock()
+
+    def wrapper(*args):
+        key = (args, _executing_eagerly())
+        with lock:
+            if key in cache:
+                return cache[key]
+        value = f(*args)
+        with lock:
+            return cache.setdefault(key, value)
+
+    return wrapper
+
+
+def _check_has_gpu():
+    """Whether TensorFlow sees a GPU (Horovod's extension hook behind hvd.gpu_available)."""
+    return bool(tf.config.list_physical_devices("GPU"))

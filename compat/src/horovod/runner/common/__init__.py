@@ -1,0 +1,1 @@
+"""Horovod's horovod.runner.common package: the helpers Horovod's own tests import (util.env)."""
