@@ -217,8 +217,8 @@ def _timeout_error(fn, size, timeout, results, still_running):
     for r in results:
         if r.rank in still_running and (r.value is not None or r.traceback):
             lines.append(
-                "rank %d returned from fn but its process did not exit (a hang in "
-                "shutdown or at exit?)" % r.rank
+                "rank %d %s from fn but its process did not exit (a hang in shutdown or at exit?)%s"
+                % (r.rank, "raised" if r.traceback else "returned", "\n" + r.traceback if r.traceback else "")
             )
         elif r.rank not in still_running:
             lines.append(
