@@ -54,14 +54,20 @@ def _tape_job():
     graph = step.get_concrete_function().graph
     submits = [op for op in graph.get_operations() if op.name.startswith("HvdliteAllreduceSubmit")]
     variables = model.trainable_variables  # kernel0, bias0, kernel1, bias1
+    # each submission's input: HvdliteExclusive (the gradient's own buffer, see await_op.cc) of
+    # the gradient
+    feeds = [op.inputs[0].op for op in submits]
     structure = {
         "count": len(submits),
-        "inputs": [[t.op.type for t in op.inputs] for op in submits],
-        "shapes": [[t.shape.as_list() for t in op.inputs] for op in submits],
-        "controls": [[c.name for c in op.control_inputs] for op in submits],
+        "arity": [len(op.inputs) for op in submits],
+        "feeds": [f.type for f in feeds],
+        "inputs": [[t.op.type for t in f.inputs] for f in feeds],
+        "shapes": [[t.shape.as_list() for t in f.inputs] for f in feeds],
+        "controls": [sorted(c.name for c in op.control_inputs) for op in submits],
         "names": [op.name for op in submits],
+        "feed_names": [f.name for f in feeds],
     }
-    first_layer_grad = submits[-1].inputs[0].op
+    first_layer_grad = feeds[-1].inputs[0].op
     structure["first_waits_for_first_layer"] = first_layer_grad in _deps(submits[0])
     local, reduced = step()
     reference = hvd.grouped_allreduce(list(local), name="reference")  # after the whole pass, eagerly
@@ -85,12 +91,13 @@ def test_tape_in_tf_function_submits_each_gradient_when_it_exists():
     for out in results:
         s = out["structure"]
         assert s["count"] == 4  # one submission per gradient
-        assert all(len(inputs) == 1 for inputs in s["inputs"])  # only that gradient
+        assert s["arity"] == [1] * 4 and s["feeds"] == ["HvdliteExclusive"] * 4  # only that gradient
         # last layer first: bias1, kernel1, bias0, kernel0
         assert s["shapes"] == [[out["var_shapes"][i]] for i in (3, 2, 1, 0)]
         assert s["inputs"] == [["BiasAddGrad"], ["MatMul"], ["BiasAddGrad"], ["MatMul"]]
-        # each submission waits for the previous one only (program order), never for all
-        assert s["controls"] == [[]] + [[name] for name in s["names"][:-1]]
+        # control inputs: its own feed, and the previous submission (program order), never all
+        for k, controls in enumerate(s["controls"]):
+            assert set(controls) <= {s["feed_names"][k]} | set(s["names"][k - 1 : k] if k else [])
         assert not s["first_waits_for_first_layer"]
     for out in results:
         for got, ref, again in zip(out["reduced"], out["reference"], out["again"]):
@@ -124,6 +131,41 @@ def _kept_results_job():
 def test_results_still_held_are_never_reused():
     for kept, eager in run_ranks(_kept_results_job, 2, env=TF_ENV, timeout=180):
         assert kept == eager == [[2.0 * k + 1.0] * 1000 for k in range(4)]
+
+
+def _shared_inputs_job():
+    import tensorflow as tf
+
+    import hvdlite.tensorflow as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    c = tf.constant([1.0, 2.0])
+    v = tf.Variable([3.0 + r, 4.0])
+
+    @tf.function
+    def step():
+        y = v * 2.0  # also returned: another reader of the allreduce's input
+        summed = [hvd.allreduce(t, op=hvd.Sum, name="in.%d" % i) for i, t in enumerate([c, v, y, c])]
+        return summed, y
+
+    runs = []
+    for _ in range(2):  # a constant written in place would show on the second run
+        summed, y = step()
+        runs.append(([t.numpy().tolist() for t in summed], y.numpy().tolist()))
+    hvd.shutdown()
+    return runs, c.numpy().tolist(), v.numpy().tolist()
+
+
+def test_inputs_other_ops_read_are_not_written():
+    """The in-place allreduce works on the input's own buffer only when nothing else holds it
+    (HvdliteExclusive): a constant, a variable and a tensor the function also returns keep
+    their values."""
+    for rank, (runs, c, v) in enumerate(run_ranks(_shared_inputs_job, 2, env=TF_ENV, timeout=180)):
+        assert c == [1.0, 2.0] and v == [3.0 + rank, 4.0]
+        for summed, y in runs:
+            assert summed == [[2.0, 4.0], [7.0, 8.0], [14.0, 16.0], [2.0, 4.0]]
+            assert y == [2.0 * (3.0 + rank), 8.0]
 
 
 def test_pool_reuses_only_unreferenced_buffers():

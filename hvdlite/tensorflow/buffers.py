@@ -155,23 +155,42 @@ def call_collective(start, finish, inputs, dtypes, shapes, name="hvdlite"):
 
 def call_each(start_one, finish, inputs, names, name="hvdlite"):
     """Like call_collective for collectives whose outputs have their inputs' dtypes and
-    shapes, one per input: start_one(array, name) submits one and returns its handle.
+    shapes, one per input: start_one(array, name, owned) submits one and returns its handle;
+    `owned` says the array's memory is the collective's alone, so it may write into it
+    (otherwise it works on a copy: the array views a tensor other ops may read).
 
     In a graph with the HvdliteAwait kernel, every input gets its own submission, await and
     result, so a submission depends on its own input only and the executor runs it as soon as
     that tensor exists: the allreduce of one gradient runs while the backward pass computes
     the next. Submissions stay in program order (stateful ops; see call_collective), so a
     caller that wants them to start early creates them in the order their inputs are computed.
+    Each input first goes through HvdliteExclusive (await_op.exclusive), which hands over the
+    tensor's own buffer when nothing else uses it: then `owned` is True and no copy is made.
     Eagerly or without the kernel: one call_collective that submits all before waiting."""
     dtypes = [t.dtype for t in inputs]
     shapes = [t.shape for t in inputs]
     if tf.executing_eagerly() or await_op.load() is None:
 
-        def start(*arrays):
-            return [start_one(a, n) for a, n in zip(arrays, names)]
+        def start_all(*arrays):
+            return [start_one(a, n, False) for a, n in zip(arrays, names)]
 
-        return call_collective(start, finish, inputs, dtypes, shapes, name)
+        return call_collective(start_all, finish, inputs, dtypes, shapes, name)
     outs = []
     for t, n in zip(inputs, names):
-        outs += call_collective(lambda a, n=n: [start_one(a, n)], finish, [t], [t.dtype], [t.shape], name)
+        owned = await_op.exclusive(t)
+        source = t if owned is None else owned
+
+        def start(array, n=n, owned=owned is not None):
+            return [start_one(array, n, owned)]
+
+        outs += call_collective(start, finish, [source], [t.dtype], [t.shape], name)
     return outs
+
+
+def writable(array, owned):
+    """`array` itself when an in-place collective may work on it (owned, see call_each, and
+    laid out as the core and TensorFlow's zero-copy adoption of the result need), else
+    aligned_copy(array)."""
+    if owned and array.flags.writeable and array.flags.carray and is_aligned(array):
+        return array
+    return aligned_copy(array)

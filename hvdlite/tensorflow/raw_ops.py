@@ -19,7 +19,7 @@ from hvdlite import numpy_ops
 from hvdlite.common import collectives, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import resolve
-from hvdlite.tensorflow.buffers import aligned_copy, call_collective, call_each, check_dtype
+from hvdlite.tensorflow.buffers import call_collective, call_each, check_dtype, writable
 
 
 def _rows_shape(tensor):
@@ -41,9 +41,9 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
     allreduce starts as soon as that tensor exists, in list order (buffers.call_each)."""
     _check(tensors, "allreduce")
 
-    def start_one(array, name):
+    def start_one(array, name, owned):
         return numpy_ops.allreduce_async_(
-            aligned_copy(array),
+            writable(array, owned),
             name=name,
             op=op,
             prescale_factor=prescale,
@@ -143,7 +143,9 @@ def broadcast(tensors, names, root_rank, process_set):
     """root_rank's values of `tensors` on every member."""
     _check(tensors, "broadcast")
 
-    def start_one(array, name):
-        return numpy_ops.broadcast_async_(aligned_copy(array), root_rank, name=name, process_set=process_set)
+    def start_one(array, name, owned):
+        return numpy_ops.broadcast_async_(
+            writable(array, owned), root_rank, name=name, process_set=process_set
+        )
 
     return call_each(start_one, _synchronize_all, tensors, names, "HvdliteBroadcast")
