@@ -68,6 +68,12 @@ def _tape_job():
         "feed_names": [f.name for f in feeds],
     }
     first_layer_grad = feeds[-1].inputs[0].op
+    # each reduced gradient waits for its own allreduce's result only
+    results = [op for op in graph.get_operations() if op.type == "PyFuncStateless"]
+    outputs = step.get_concrete_function().structured_outputs[1]
+    structure["results_per_gradient"] = [
+        len([op for op in _deps(out.op) if op in results]) for out in outputs
+    ]
     structure["first_waits_for_first_layer"] = first_layer_grad in _deps(submits[0])
     local, reduced = step()
     reference = hvd.grouped_allreduce(list(local), name="reference")  # after the whole pass, eagerly
@@ -99,6 +105,7 @@ def test_tape_in_tf_function_submits_each_gradient_when_it_exists():
         for k, controls in enumerate(s["controls"]):
             assert set(controls) <= {s["feed_names"][k]} | set(s["names"][k - 1 : k] if k else [])
         assert not s["first_waits_for_first_layer"]
+        assert s["results_per_gradient"] == [1] * 4
     for out in results:
         for got, ref, again in zip(out["reduced"], out["reference"], out["again"]):
             assert got.tobytes() == ref.tobytes()  # bitwise: overlapped == reduced after the pass
