@@ -25,8 +25,20 @@
 // operation's user handle then stays unsynchronized (a few bytes per failed
 // collective). Any other failure passes through: the result's numpy_function
 // raises the operation's error.
+//
+// HvdliteExclusive: the same library's second op. Its output holds its input's
+// values in a buffer that no other tensor shares: the input's own buffer when
+// TensorFlow can forward it (nothing else holds the input: the usual case for
+// a freshly computed gradient), else a copy. An in-place collective (allreduce,
+// broadcast) may then write into that buffer, which a numpy_function sees as
+// its input array, without the copy it would otherwise need. It is stateful so
+// that grappler never merges two of them on the same input (common-subexpression
+// elimination) nor folds one on a constant into a constant: either would hand
+// one buffer to two writers, or write into a constant. Its one consumer must be
+// the op that writes.
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -94,6 +106,22 @@ class HvdliteAwaitOp : public tensorflow::AsyncOpKernel {
   }
 };
 
+class HvdliteExclusiveOp : public tensorflow::OpKernel {
+ public:
+  explicit HvdliteExclusiveOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    const tensorflow::Tensor& in = ctx->input(0);
+    tensorflow::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out));
+    auto src = in.tensor_data();
+    auto dst = out->tensor_data();
+    if (dst.data() != src.data() && src.size() > 0) {
+      std::memcpy(const_cast<char*>(dst.data()), src.data(), src.size());
+    }
+  }
+};
+
 }  // namespace
 
 extern "C" void hvdlite_tf_set_core(void* wait, void* poll) {
@@ -113,3 +141,16 @@ REGISTER_OP("HvdliteAwait")
     .Doc("Passes `token` through once every hvdlite core handle in `handles` has completed.");
 
 REGISTER_KERNEL_BUILDER(Name("HvdliteAwait").Device(tensorflow::DEVICE_CPU), HvdliteAwaitOp);
+
+REGISTER_OP("HvdliteExclusive")
+    .Input("x: T")
+    .Output("y: T")
+    .Attr("T: type")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return tensorflow::Status();
+    })
+    .Doc("y = x in a buffer no other tensor shares (x's own when it can be forwarded).");
+
+REGISTER_KERNEL_BUILDER(Name("HvdliteExclusive").Device(tensorflow::DEVICE_CPU), HvdliteExclusiveOp);

@@ -6,6 +6,9 @@ graph without holding an executor thread.
 Without it, graph-mode collectives block an executor thread while they wait
 (hvdlite.tensorflow.buffers), so a graph with more independent collectives than
 inter-op threads may hang when ranks run them in different orders.
+
+``exclusive(tensor)``: the library's HvdliteExclusive op (a buffer no other tensor shares,
+the input's own when TensorFlow can forward it), or None when the loaded library predates it.
 """
 
 import os
@@ -27,6 +30,15 @@ def load():
         if "module" not in _state and "reason" not in _state:
             _state.update(_load())
         return _state.get("module")
+
+
+def exclusive(tensor):
+    """HvdliteExclusive(tensor) in the current graph, or None without the op (see await_op.cc:
+    its only consumer must be the op that writes into it)."""
+    module = load()
+    if module is None or not hasattr(module, "hvdlite_exclusive"):
+        return None
+    return module.hvdlite_exclusive(tensor)
 
 
 def unavailable_reason():

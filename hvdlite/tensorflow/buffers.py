@@ -15,15 +15,20 @@ Contracts:
     the static output shapes.
   - ``call_collective(start, finish, ...)``: a collective that, in a graph,
     never blocks one of TensorFlow's executor threads while it waits (see there).
+  - ``call_each(start_one, finish, ...)``: the same for a list of tensors, where in a graph
+    each tensor's submission waits for that tensor only (see there).
 """
 
 import numpy as np
 import tensorflow as tf
 
 from hvdlite.common import exceptions, ops
+from hvdlite.common.buffer_pool import ALIGNMENT as _ALIGNMENT
+from hvdlite.common.buffer_pool import AlignedPool
 from hvdlite.tensorflow import await_op, errors
 
-_ALIGNMENT = 64
+# Buffers of in-place collectives (allreduce, broadcast), reused across steps.
+_POOL = AlignedPool(_ALIGNMENT)
 
 # TensorFlow dtypes the core carries (hvdlite.common.dtypes).
 SUPPORTED = (
@@ -48,14 +53,12 @@ def is_aligned(array):
 def aligned_copy(array):
     """A C-contiguous, writable copy of `array` whose data is 64-byte aligned, so that
     TensorFlow can adopt it as a tensor without another copy (numpy_function outputs,
-    to_tensor)."""
-    array = np.asarray(array)
-    nbytes = array.size * array.dtype.itemsize
-    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
-    offset = (-raw.ctypes.data) % _ALIGNMENT
-    out = raw[offset : offset + nbytes].view(array.dtype).reshape(array.shape)
-    out[...] = array
-    return out
+    to_tensor). The copy is what an in-place collective works on: the input array views a
+    TensorFlow tensor that other ops may still read, so it is never written, whatever its
+    alignment (the core itself needs only element alignment). Its memory comes from a pool
+    reused once TensorFlow has released the tensor that adopted it (hvdlite.common.buffer_pool),
+    which spares the page faults of fresh memory every step."""
+    return _POOL.copy(array)
 
 
 def to_numpy(tensor):
@@ -148,3 +151,46 @@ def call_collective(start, finish, inputs, dtypes, shapes, name="hvdlite"):
     for out, shape in zip(outs, shapes):
         out.set_shape(shape)
     return list(outs)
+
+
+def call_each(start_one, finish, inputs, names, name="hvdlite"):
+    """Like call_collective for collectives whose outputs have their inputs' dtypes and
+    shapes, one per input: start_one(array, name, owned) submits one and returns its handle;
+    `owned` says the array's memory is the collective's alone, so it may write into it
+    (otherwise it works on a copy: the array views a tensor other ops may read).
+
+    In a graph with the HvdliteAwait kernel, every input gets its own submission, await and
+    result, so a submission depends on its own input only and the executor runs it as soon as
+    that tensor exists: the allreduce of one gradient runs while the backward pass computes
+    the next. Submissions stay in program order (stateful ops; see call_collective), so a
+    caller that wants them to start early creates them in the order their inputs are computed.
+    Each input first goes through HvdliteExclusive (await_op.exclusive), which hands over the
+    tensor's own buffer when nothing else uses it: then `owned` is True and no copy is made.
+    Eagerly or without the kernel: one call_collective that submits all before waiting."""
+    dtypes = [t.dtype for t in inputs]
+    shapes = [t.shape for t in inputs]
+    if tf.executing_eagerly() or await_op.load() is None:
+
+        def start_all(*arrays):
+            return [start_one(a, n, False) for a, n in zip(arrays, names)]
+
+        return call_collective(start_all, finish, inputs, dtypes, shapes, name)
+    outs = []
+    for t, n in zip(inputs, names):
+        owned = await_op.exclusive(t)
+        source = t if owned is None else owned
+
+        def start(array, n=n, owned=owned is not None):
+            return [start_one(array, n, owned)]
+
+        outs += call_collective(start, finish, [source], [t.dtype], [t.shape], name)
+    return outs
+
+
+def writable(array, owned):
+    """`array` itself when an in-place collective may work on it (owned, see call_each, and
+    laid out as the core and TensorFlow's zero-copy adoption of the result need), else
+    aligned_copy(array)."""
+    if owned and array.flags.writeable and array.flags.carray and is_aligned(array):
+        return array
+    return aligned_copy(array)

@@ -70,10 +70,16 @@ def allreduce_gradients(
         out[i] = g
         dense.append(i)
     wanted = set(dense)
-    for members in _index_groups(variables, len(grads), groups):
+    # Last gradient first: the backward pass computes the gradients of the last layers first,
+    # and in a graph each submission waits for its own gradient and (stateful ops run in
+    # program order) for the previous submission, so this order lets every allreduce start
+    # while the gradients of earlier layers are still being computed.
+    for members in reversed(_index_groups(variables, len(grads), groups)):
         members = [i for i in members if i in wanted]
         if not members:
             continue
+        base = "%s.%d" % (name, members[0])
+        members.reverse()
         reduced = mpi_ops.grouped_allreduce(
             [out[i] for i in members],
             compression=compression,
@@ -81,7 +87,7 @@ def allreduce_gradients(
             prescale_factor=prescale,
             postscale_factor=postscale,
             process_set=process_set,
-            name="%s.%d" % (name, members[0]),
+            name=base,
         )
         for i, r in zip(members, reduced):
             out[i] = r

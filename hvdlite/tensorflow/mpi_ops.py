@@ -73,8 +73,15 @@ def _check_set_exists(process_set):
 
 
 def _reduce_many(tensors, names, op, prescale, postscale, process_set):
-    """Differentiable allreduce of a list: grad_i = the same allreduce of dy_i."""
+    """Differentiable allreduce of a list: grad_i = the same allreduce of dy_i. In a graph, one
+    tf.custom_gradient per tensor: a custom_gradient passes all its outputs through one
+    IdentityN, so every result would wait for the group's last allreduce (and an optimizer
+    could update no variable before every gradient is reduced)."""
     _check_set_exists(process_set)
+    if len(tensors) > 1 and not tf.executing_eagerly():
+        return [
+            _reduce_many([t], [n], op, prescale, postscale, process_set)[0] for t, n in zip(tensors, names)
+        ]
     grad_names = _grad_namer(names)
     return _differentiable(
         lambda xs: raw_ops.allreduce(xs, names, op, prescale, postscale, process_set),

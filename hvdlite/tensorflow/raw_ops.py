@@ -2,7 +2,8 @@
 
 Each function takes a list of tensors and already-resolved names and a registered ProcessSet (every rank
 must use the same names; see hvdlite.common.naming), submits ALL of them to
-the core before waiting for any (so the core can fuse them), and returns a
+the core before waiting for any (so the core can fuse them; in a graph allreduce and
+broadcast submit each tensor as soon as it exists, see buffers.call_each), and returns a
 list of tf.Tensors. They run eagerly or in a graph (tf.function, tf.compat.v1)
 as a submission, an await that holds no executor thread, and a result
 (hvdlite.tensorflow.buffers.call_collective). The
@@ -18,7 +19,7 @@ from hvdlite import numpy_ops
 from hvdlite.common import collectives, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import resolve
-from hvdlite.tensorflow.buffers import aligned_copy, call_collective, check_dtype
+from hvdlite.tensorflow.buffers import call_collective, call_each, check_dtype, writable
 
 
 def _rows_shape(tensor):
@@ -36,30 +37,21 @@ def _writable(array):
 
 
 def allreduce(tensors, names, op, prescale, postscale, process_set):
-    """Reduced copies of `tensors` (same shapes and dtypes)."""
+    """Reduced copies of `tensors` (same shapes and dtypes). In a graph each tensor's
+    allreduce starts as soon as that tensor exists, in list order (buffers.call_each)."""
     _check(tensors, "allreduce")
 
-    def start(*arrays):
-        return [
-            numpy_ops.allreduce_async_(
-                aligned_copy(a),
-                name=n,
-                op=op,
-                prescale_factor=prescale,
-                postscale_factor=postscale,
-                process_set=process_set,
-            )
-            for a, n in zip(arrays, names)
-        ]
+    def start_one(array, name, owned):
+        return numpy_ops.allreduce_async_(
+            writable(array, owned),
+            name=name,
+            op=op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=process_set,
+        )
 
-    return call_collective(
-        start,
-        _synchronize_all,
-        tensors,
-        [t.dtype for t in tensors],
-        [t.shape for t in tensors],
-        "HvdliteAllreduce",
-    )
+    return call_each(start_one, _synchronize_all, tensors, names, "HvdliteAllreduce")
 
 
 def _synchronize_all(handles):
@@ -151,17 +143,9 @@ def broadcast(tensors, names, root_rank, process_set):
     """root_rank's values of `tensors` on every member."""
     _check(tensors, "broadcast")
 
-    def start(*arrays):
-        return [
-            numpy_ops.broadcast_async_(aligned_copy(a), root_rank, name=n, process_set=process_set)
-            for a, n in zip(arrays, names)
-        ]
+    def start_one(array, name, owned):
+        return numpy_ops.broadcast_async_(
+            writable(array, owned), root_rank, name=name, process_set=process_set
+        )
 
-    return call_collective(
-        start,
-        _synchronize_all,
-        tensors,
-        [t.dtype for t in tensors],
-        [t.shape for t in tensors],
-        "HvdliteBroadcast",
-    )
+    return call_each(start_one, _synchronize_all, tensors, names, "HvdliteBroadcast")
