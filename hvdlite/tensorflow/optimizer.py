@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.tensorflow import _keras
 from hvdlite.common.topology import rank
+from hvdlite.tensorflow import _keras
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from hvdlite.tensorflow.gradient_allreduce import (
