@@ -85,8 +85,21 @@ def allreduce_(
     process_set=global_process_set,
 ):
     """Reduces `tensor` across the process set in place and returns it."""
-    return ops.synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    reduce_op = resolve_op(op, average)
+    if reduce_op == dtypes.Adasum:
+        return ops.synchronize(
+            allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        )
+    return collectives.inplace_sync(
+        NUMPY,
+        "allreduce",
+        ops.ALLREDUCE,
+        tensor,
+        name,
+        reduce_op=reduce_op,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        process_set=resolve(process_set),
     )
 
 
@@ -100,8 +113,14 @@ def allreduce(
     process_set=global_process_set,
 ):
     """Returns a new array: `tensor` reduced (default: averaged) across the process set."""
-    return ops.synchronize(
-        allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return allreduce_(
+        np.array(tensor, copy=True, order="C"),
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
     )
 
 

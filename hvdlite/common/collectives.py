@@ -39,6 +39,13 @@ class BufferAdapter(abc.ABC):
         """Raises NotSupportedError for tensors the core cannot reach (memory of
         a device it has no backend for)."""
 
+    def host_direct_code(self, tensor):
+        """The dtype code of a NumPy array the core may use as it is (C-contiguous, aligned,
+        writable, a supported dtype), which needs no device_kwargs; None for anything else
+        (the caller then takes the general path: check_device, is_direct, describe). Runs once
+        per synchronous operation, so it must be cheap."""
+        return None
+
     @abc.abstractmethod
     def is_direct(self, tensor):
         """True when the core may read and write `tensor`'s memory as it is
@@ -107,6 +114,22 @@ def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
         return tensor
 
     return Pending(core, finish, (tensor, work))
+
+
+def inplace_sync(adapter, kind, op_type, tensor, name, **submit_kw):
+    """What synchronize(start(inplace(...))) returns, with one call into the core and no
+    user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_)."""
+    name = naming.auto_name(kind, name)
+    code = adapter.host_direct_code(tensor)
+    if code is not None:  # a NumPy array the core uses as it is: skip the general checks
+        ops.run(op_type, name, tensor, code, tensor.shape, **submit_kw)
+        return tensor
+    work = _direct(adapter, tensor, name)
+    data, code, shape = describe(adapter, work, name)
+    ops.run(op_type, name, data, code, shape, **submit_kw, **adapter.device_kwargs(work))
+    if work is not tensor:
+        adapter.copy_into(tensor, work)
+    return tensor
 
 
 def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
