@@ -116,17 +116,21 @@ def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
     return Pending(core, finish, (tensor, work))
 
 
-def inplace_sync(adapter, kind, op_type, tensor, name, **submit_kw):
+def inplace_sync(
+    adapter, kind, op_type, tensor, name, reduce_op=0, prescale=1.0, postscale=1.0, root=0, process_set=0
+):
     """What synchronize(start(inplace(...))) returns, with one call into the core and no
-    user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_)."""
+    user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_).
+    `process_set` is a core id (process_sets.resolve)."""
     name = naming.auto_name(kind, name)
     code = adapter.host_direct_code(tensor)
     if code is not None:  # a NumPy array the core uses as it is: skip the general checks
-        ops.run(op_type, name, tensor, code, tensor.shape, **submit_kw)
+        ops.run(op_type, name, tensor, code, tensor.shape, reduce_op, prescale, postscale, root, process_set)
         return tensor
     work = _direct(adapter, tensor, name)
     data, code, shape = describe(adapter, work, name)
-    ops.run(op_type, name, data, code, shape, **submit_kw, **adapter.device_kwargs(work))
+    device = adapter.device_kwargs(work)
+    ops.run(op_type, name, data, code, shape, reduce_op, prescale, postscale, root, process_set, **device)
     if work is not tensor:
         adapter.copy_into(tensor, work)
     return tensor

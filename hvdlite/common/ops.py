@@ -76,7 +76,8 @@ def run(
     """submit() + wait() + release() for an operation whose caller blocks until it is
     done and has no output to take (in-place allreduce/broadcast): one call into the
     core, which releases the GIL once, and no user handle. Raises what submit() or
-    wait() would raise. Blocks until done; Python regains control every wait slice."""
+    wait() would raise. Blocks until done; Python regains control every wait slice.
+    `process_set`, `device` and `stream` must be ints already (this runs per operation)."""
     code, message, handle, token = _core.submit_wait(
         op_type,
         name,
@@ -88,9 +89,9 @@ def run(
         float(postscale),
         int(root),
         [],
-        int(process_set),
-        int(device),
-        int(stream),
+        process_set,
+        device,
+        stream,
         _WAIT_SLICE_S,
     )
     if handle == 0:  # over: the core released the handle and ended the wait
