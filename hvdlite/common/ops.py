@@ -77,17 +77,18 @@ def run(
     done and has no output to take (in-place allreduce/broadcast): one call into the
     core, which releases the GIL once, and no user handle. Raises what submit() or
     wait() would raise. Blocks until done; Python regains control every wait slice.
-    `process_set`, `device` and `stream` must be ints already (this runs per operation)."""
+    The core converts the numbers (Python ints and floats, or anything with __index__ /
+    __float__), as submit() does with int() and float(); this runs per operation."""
     code, message, handle, token = _core.submit_wait(
         op_type,
         name,
         ptr,
         dtype,
         shape,
-        int(reduce_op),
-        float(prescale),
-        float(postscale),
-        int(root),
+        reduce_op,
+        prescale,
+        postscale,
+        root,
         [],
         process_set,
         device,
