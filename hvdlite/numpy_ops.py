@@ -209,7 +209,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites `tensor` with root_rank's value, in place; returns it."""
-    return ops.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return collectives.inplace_sync(
+        NUMPY, "broadcast", ops.BROADCAST, tensor, name, root=root_rank, process_set=resolve(process_set)
+    )
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
