@@ -5,7 +5,8 @@ Each adapter (NumPy, PyTorch, TensorFlow) describes its tensor type once with a
 return ``Pending`` records (core handle, ``finish`` callable, buffers to keep
 alive). ``start`` / ``start_group`` register them as the integer handles users
 pass to ``poll`` / ``synchronize`` (one handle for a whole group, as Horovod's
-grouped ops return).
+grouped ops return). Blocking in-place calls (allreduce_, broadcast_) skip the handle:
+``inplace_sync`` submits and waits in one call into the core (ops.run).
 
 Buffers reach the core by pointer: a tensor that is already contiguous in host
 memory is used as it is; any other goes through a contiguous copy (written back
@@ -134,6 +135,22 @@ def inplace_sync(
     if work is not tensor:
         adapter.copy_into(tensor, work)
     return tensor
+
+
+def allreduce_sync(adapter, tensor, name, reduce_op, prescale, postscale, process_set):
+    """allreduce_ (not Adasum, whose steps each adapter runs itself) through inplace_sync."""
+    return inplace_sync(
+        adapter,
+        "allreduce",
+        ops.ALLREDUCE,
+        tensor,
+        name,
+        reduce_op,
+        prescale,
+        postscale,
+        0,
+        resolve(process_set),
+    )
 
 
 def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):

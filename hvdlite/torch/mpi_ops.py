@@ -131,16 +131,8 @@ def allreduce_(
         return synchronize(
             allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
         )
-    return collectives.inplace_sync(
-        TORCH,
-        "allreduce",
-        ops.ALLREDUCE,
-        tensor,
-        name,
-        reduce_op=reduce_op,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-        process_set=resolve(process_set),
+    return collectives.allreduce_sync(
+        TORCH, tensor, name, reduce_op, prescale_factor, postscale_factor, process_set
     )
 
 
