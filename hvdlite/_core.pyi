@@ -1,6 +1,7 @@
 # Type stub of the pybind11 module built from csrc/python/binding.cc (the C ABI of
 # csrc/include/hvdlite/c_api.h). Status-returning calls give (code, message, ...): code 0 is OK,
 # other codes are exceptions.STATUS_CODES. tests/test_core_stub.py keeps the names in step.
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,22 @@ def enqueue(
     device: int,
     stream: int,
 ) -> tuple[int, str, int]: ...
+def submit_wait(
+    type: int,
+    name: str,
+    data: Any,
+    dtype: int,
+    shape: Sequence[int],
+    reduce_op: int,
+    prescale: float,
+    postscale: float,
+    root: int,
+    splits: list[int],
+    process_set: int,
+    device: int,
+    stream: int,
+    slice_s: float,
+) -> tuple[int, str, int, int]: ...
 def poll(handle: int) -> int: ...
 def wait(handle: int, timeout_s: float) -> tuple[int, str]: ...
 def wait_begin(handles: list[int]) -> int: ...

@@ -85,8 +85,13 @@ def allreduce_(
     process_set=global_process_set,
 ):
     """Reduces `tensor` across the process set in place and returns it."""
-    return ops.synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    reduce_op = resolve_op(op, average)
+    if reduce_op == dtypes.Adasum:
+        return ops.synchronize(
+            allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        )
+    return collectives.allreduce_sync(
+        NUMPY, tensor, name, reduce_op, prescale_factor, postscale_factor, process_set
     )
 
 
@@ -100,8 +105,14 @@ def allreduce(
     process_set=global_process_set,
 ):
     """Returns a new array: `tensor` reduced (default: averaged) across the process set."""
-    return ops.synchronize(
-        allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return allreduce_(
+        np.array(tensor, copy=True, order="C"),
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
     )
 
 
@@ -190,7 +201,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites `tensor` with root_rank's value, in place; returns it."""
-    return ops.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return collectives.inplace_sync(
+        NUMPY, "broadcast", ops.BROADCAST, tensor, name, root=root_rank, process_set=resolve(process_set)
+    )
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):

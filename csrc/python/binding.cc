@@ -17,6 +17,7 @@ namespace py = pybind11;
 namespace {
 
 constexpr size_t kErrLen = 8192;
+constexpr int kTimeoutCode = 4;  // StatusCode::kTimeout (common/status.h), as hvdlite_wait returns it
 
 struct StoreServer {
   void* handle = nullptr;
@@ -73,10 +74,8 @@ void* DataAddress(const py::handle& data) {
   return address;
 }
 
-// Returns (code, message, handle). The error buffers of this and Wait are not
-// zeroed: the C ABI always writes a terminated message (8 KiB of memset per
-// call showed up in the latency of small operations).
-py::tuple Enqueue(int type, const std::string& name, py::handle data, int dtype,
+// The C ABI's description of one operation; `name`, `shape` and `splits` must outlive it.
+hvdlite_op MakeOp(int type, const std::string& name, py::handle data, int dtype,
                   const std::vector<int64_t>& shape, int reduce_op, double prescale, double postscale,
                   int root, const std::vector<int64_t>& splits, int process_set, int device,
                   uintptr_t stream) {
@@ -96,11 +95,57 @@ py::tuple Enqueue(int type, const std::string& name, py::handle data, int dtype,
   op.process_set = process_set;
   op.device = device;
   op.stream = reinterpret_cast<void*>(stream);
+  return op;
+}
+
+// Returns (code, message, handle). The error buffers of this and Wait are not
+// zeroed: the C ABI always writes a terminated message (8 KiB of memset per
+// call showed up in the latency of small operations).
+py::tuple Enqueue(int type, const std::string& name, py::handle data, int dtype,
+                  const std::vector<int64_t>& shape, int reduce_op, double prescale, double postscale,
+                  int root, const std::vector<int64_t>& splits, int process_set, int device,
+                  uintptr_t stream) {
+  const hvdlite_op op = MakeOp(type, name, data, dtype, shape, reduce_op, prescale, postscale, root, splits,
+                               process_set, device, stream);
   int64_t handle = 0;
   char err[kErrLen];
   err[0] = '\0';
   int code = hvdlite_enqueue(&op, &handle, err, kErrLen);
   return py::make_tuple(code, std::string(code ? err : ""), handle);
+}
+
+// A synchronous operation in one call: enqueue, register the wait (deadlock
+// detector), and wait up to `slice_s` with the GIL released once. Returns
+// (code, message, handle, token): handle 0 when it is over (the core handle
+// released, the wait ended; code/message are the enqueue's or the wait's, as
+// Enqueue and Wait return them); otherwise the operation is still pending
+// after the slice, and the caller goes on waiting on `handle` as after
+// enqueue + wait_begin (ops._wait_one), then calls wait_end(token) and release.
+py::tuple SubmitWait(int type, const std::string& name, py::handle data, int dtype,
+                     const std::vector<int64_t>& shape, int reduce_op, double prescale, double postscale,
+                     int root, const std::vector<int64_t>& splits, int process_set, int device,
+                     uintptr_t stream, double slice_s) {
+  const hvdlite_op op = MakeOp(type, name, data, dtype, shape, reduce_op, prescale, postscale, root, splits,
+                               process_set, device, stream);
+  int64_t handle = 0;
+  int64_t token = 0;
+  char err[kErrLen];
+  err[0] = '\0';
+  int code = hvdlite_enqueue(&op, &handle, err, kErrLen);
+  if (code != 0) return py::make_tuple(code, std::string(err), 0, 0);
+  bool pending = false;
+  {
+    py::gil_scoped_release nogil;
+    token = hvdlite_wait_begin(&handle, 1);
+    code = hvdlite_wait(handle, slice_s, err, kErrLen);
+    pending = code == kTimeoutCode && hvdlite_poll(handle) == 0;
+    if (!pending) {
+      hvdlite_wait_end(token);
+      hvdlite_release(handle);
+    }
+  }
+  if (pending) return py::make_tuple(code, std::string(), handle, token);
+  return py::make_tuple(code, std::string(code ? err : ""), 0, 0);
 }
 
 py::tuple Wait(int64_t handle, double timeout_s) {
@@ -212,6 +257,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("data"), py::arg("dtype"),
         py::arg("shape"), py::arg("reduce_op"), py::arg("prescale"), py::arg("postscale"), py::arg("root"),
         py::arg("splits"), py::arg("process_set"), py::arg("device") = -1, py::arg("stream") = 0);
+  // Enqueue + wait_begin + one wait slice (+ wait_end + release when done): see SubmitWait.
+  m.def("submit_wait", &SubmitWait);
   m.def("poll", &hvdlite_poll);
   m.def("wait", &Wait);
   m.def("wait_begin", [](const std::vector<int64_t>& handles) {

@@ -5,7 +5,8 @@ Each adapter (NumPy, PyTorch, TensorFlow) describes its tensor type once with a
 return ``Pending`` records (core handle, ``finish`` callable, buffers to keep
 alive). ``start`` / ``start_group`` register them as the integer handles users
 pass to ``poll`` / ``synchronize`` (one handle for a whole group, as Horovod's
-grouped ops return).
+grouped ops return). Blocking in-place calls (allreduce_, broadcast_) skip the handle:
+``inplace_sync`` submits and waits in one call into the core (ops.run).
 
 Buffers reach the core by pointer: a tensor that is already contiguous in host
 memory is used as it is; any other goes through a contiguous copy (written back
@@ -38,6 +39,13 @@ class BufferAdapter(abc.ABC):
     def check_device(self, tensor, name):  # noqa: B027 (optional hook; host memory is always reachable)
         """Raises NotSupportedError for tensors the core cannot reach (memory of
         a device it has no backend for)."""
+
+    def host_direct_code(self, tensor):
+        """The dtype code of a NumPy array the core may use as it is (C-contiguous, aligned,
+        writable, a supported dtype), which needs no device_kwargs; None for anything else
+        (the caller then takes the general path: check_device, is_direct, describe). Runs once
+        per synchronous operation, so it must be cheap."""
+        return None
 
     @abc.abstractmethod
     def is_direct(self, tensor):
@@ -107,6 +115,42 @@ def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
         return tensor
 
     return Pending(core, finish, (tensor, work))
+
+
+def inplace_sync(
+    adapter, kind, op_type, tensor, name, reduce_op=0, prescale=1.0, postscale=1.0, root=0, process_set=0
+):
+    """What synchronize(start(inplace(...))) returns, with one call into the core and no
+    user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_).
+    `process_set` is a core id (process_sets.resolve)."""
+    name = naming.auto_name(kind, name)
+    code = adapter.host_direct_code(tensor)
+    if code is not None:  # a NumPy array the core uses as it is: skip the general checks
+        ops.run(op_type, name, tensor, code, tensor.shape, reduce_op, prescale, postscale, root, process_set)
+        return tensor
+    work = _direct(adapter, tensor, name)
+    data, code, shape = describe(adapter, work, name)
+    device = adapter.device_kwargs(work)
+    ops.run(op_type, name, data, code, shape, reduce_op, prescale, postscale, root, process_set, **device)
+    if work is not tensor:
+        adapter.copy_into(tensor, work)
+    return tensor
+
+
+def allreduce_sync(adapter, tensor, name, reduce_op, prescale, postscale, process_set):
+    """allreduce_ (not Adasum, whose steps each adapter runs itself) through inplace_sync."""
+    return inplace_sync(
+        adapter,
+        "allreduce",
+        ops.ALLREDUCE,
+        tensor,
+        name,
+        reduce_op,
+        prescale,
+        postscale,
+        0,
+        resolve(process_set),
+    )
 
 
 def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):

@@ -27,6 +27,9 @@ class NumpyBuffers(BufferAdapter):
             code = dtypes.BFLOAT16
         return code
 
+    def host_direct_code(self, array):
+        return _CODES.get(array.dtype) if array.flags.carray else None
+
     def is_direct(self, array):
         # carray: C-contiguous, aligned and writeable, in one flag test (this runs per operation)
         return array.flags.carray

@@ -59,6 +59,52 @@ def submit(
     return handle
 
 
+def run(
+    op_type,
+    name,
+    ptr,
+    dtype,
+    shape,
+    reduce_op=0,
+    prescale=1.0,
+    postscale=1.0,
+    root=0,
+    process_set=0,
+    device=-1,
+    stream=0,
+):
+    """submit() + wait() + release() for an operation whose caller blocks until it is
+    done and has no output to take (in-place allreduce/broadcast): one call into the
+    core, which releases the GIL once, and no user handle. Raises what submit() or
+    wait() would raise. Blocks until done; Python regains control every wait slice.
+    The core converts the numbers (Python ints and floats, or anything with __index__ /
+    __float__), as submit() does with int() and float(); this runs per operation."""
+    code, message, handle, token = _core.submit_wait(
+        op_type,
+        name,
+        ptr,
+        dtype,
+        shape,
+        reduce_op,
+        prescale,
+        postscale,
+        root,
+        [],
+        process_set,
+        device,
+        stream,
+        _WAIT_SLICE_S,
+    )
+    if handle == 0:  # over: the core released the handle and ended the wait
+        exceptions.raise_for_status(code, message)
+        return
+    try:
+        _wait_one(handle)  # releases the handle on error
+    finally:
+        _core.wait_end(token)
+    _core.release(handle)
+
+
 def wait(core_handle):
     """Blocks until the operation completes; raises its error, if any."""
     token = _core.wait_begin([core_handle])

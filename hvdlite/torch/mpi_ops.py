@@ -126,8 +126,13 @@ def allreduce_(
     process_set=global_process_set,
 ):
     """Reduces `tensor` in place across the process set and returns it."""
-    return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    reduce_op = resolve_op(op, average)
+    if reduce_op == dtypes.Adasum:
+        return synchronize(
+            allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        )
+    return collectives.allreduce_sync(
+        TORCH, tensor, name, reduce_op, prescale_factor, postscale_factor, process_set
     )
 
 
