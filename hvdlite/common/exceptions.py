@@ -51,6 +51,11 @@ class CallOrderError(PreconditionError, AssertionError):
     AssertionError, which Horovod raises in these cases."""
 
 
+class ExtensionNotBuiltError(HvdliteError, ImportError):
+    """hvdlite's core extension cannot be loaded (also an ImportError, which Horovod's
+    check_extension raises)."""
+
+
 class HostsUpdatedInterrupt(HvdliteError):
     """Raised by elastic training when the set of hosts changed (Horovod's name; a
     RuntimeError there and here, through HvdliteError)."""

@@ -74,7 +74,7 @@ def check_extension(ext_name, ext_env_var, pkg_path, *args):
     try:
         importlib.import_module("hvdlite._core")
     except ImportError as e:
-        raise ImportError(
+        raise exceptions.ExtensionNotBuiltError(
             "Extension %s has not been built: hvdlite's core (hvdlite._core) cannot be imported (%s). "
             "Build it with `make install` (%s is Horovod's build switch; hvdlite has no per-framework "
             "build)." % (ext_name, e, ext_env_var)

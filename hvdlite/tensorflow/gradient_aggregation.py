@@ -15,6 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
 
 
@@ -46,7 +47,7 @@ class LocalGradientAggregationHelper:
         name="",
     ):
         if backward_passes_per_step <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
+            raise exceptions.InvalidArgumentError("backward_passes_per_step must be > 0")
         self._allreduce_grads = allreduce_func
         self.name = name
         self.backward_passes_per_step = backward_passes_per_step
@@ -71,7 +72,7 @@ class LocalGradientAggregationHelper:
         if isinstance(grad, tf.IndexedSlices):
             if self.sparse_as_dense:
                 return tf.convert_to_tensor(grad)
-            raise ValueError(
+            raise exceptions.InvalidArgumentError(
                 "IndexedSlices are not supported when `backward_passes_per_step` > 1 and "
                 "`sparse_as_dense` is False."
             )
