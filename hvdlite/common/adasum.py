@@ -23,6 +23,7 @@ import numpy as np
 from hvdlite.common import collectives, dtypes, exceptions, ops
 from hvdlite.common.process_sets import resolve
 from hvdlite.common.topology import size
+from hvdlite.common.util import num_rank_is_power_2
 
 _FLOAT_CODES = (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64)
 
@@ -30,10 +31,6 @@ _FLOAT_CODES = (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64)
 class AdasumNotSupportedError(exceptions.NotSupportedError, NotImplementedError):
     """Adasum cannot run on this number of ranks (not a power of two); also a
     NotImplementedError, as Horovod raises."""
-
-
-def is_power_of_two(n):
-    return n > 0 and (n & (n - 1)) == 0
 
 
 def combine(a, b):
@@ -51,7 +48,7 @@ def tree_reduce(rows):
     recursive-halving order (pairs at distance 1, then 2, 4, ...)."""
     vectors = [row for row in rows]
     n = len(vectors)
-    if not is_power_of_two(n):
+    if not num_rank_is_power_2(n):
         raise AdasumNotSupportedError("Adasum needs a power-of-two number of ranks, got %d" % n)
     distance = 1
     while distance < n:
@@ -75,7 +72,7 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
     """Pending Adasum allreduce of `tensor` in place over `process_set`;
     finish() returns `tensor`."""
     members = size() if process_set is None or process_set.process_set_id == 0 else process_set.size()
-    if not is_power_of_two(members):
+    if not num_rank_is_power_2(members):
         raise AdasumNotSupportedError(
             "Running Adasum with non-power of 2 ranks is not supported yet "
             "(tensor '%s', %d ranks)" % (name, members)
