@@ -12,6 +12,8 @@
 #   make horovod-suite   install, then Horovod 0.28.1's own test file SUITE (default test_tensorflow.py),
 #                  unchanged, on 2 ranks (tests/horovod_suite.py; Horovod's sources from HOROVOD_SRC;
 #                  HOROVOD_SUITE_ARGS="--legacy-keras" etc.); says so and passes where there are none
+#   make gpu-check on a machine with a CUDA GPU and a CUDA torch (no venv needed): builds with the
+#                  NCCL module required, runs the GPU tests and benchmarks/gpu_one_rank.py (tests/gpu_check.sh)
 #   make install-horovod-compat   opt-in: the `horovod` package and `horovodrun` over hvdlite
 #                  (distribution hvdlite-horovod-compat from compat/; refuses over a real Horovod)
 #   make lint      ruff check + ruff format --check (Python), mypy (hvdlite/), clang-format (csrc/)
@@ -50,7 +52,7 @@ ifneq ($(NVCC),)
 export CUDACXX ?= $(NVCC)
 endif
 
-.PHONY: install apt build demo test test-all lint format bench horovod horovod-suite clean distclean install-horovod-compat \
+.PHONY: install apt build demo test test-all lint format bench horovod horovod-suite gpu-check clean distclean install-horovod-compat \
 	uninstall-horovod-compat
 
 install: build
@@ -122,6 +124,9 @@ test-all: install
 SUITE ?= test_tensorflow.py
 horovod-suite: install
 	$(VPY) tests/horovod_suite.py $(SUITE) $(HOROVOD_SUITE_ARGS)
+
+gpu-check:
+	bash tests/gpu_check.sh
 
 # Static checks; the tools are pinned in requirements-dev.txt, configured in pyproject.toml (ruff),
 # mypy.ini and .clang-format. Needs only the venv, not a build of the core.

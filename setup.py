@@ -60,7 +60,10 @@ def _build_tf_ops(build_dir):
     if flags is None:
         print("hvdlite: TensorFlow's build flags are unavailable: no TensorFlow await kernel")
         return None
+    # A statically linked libstdc++ stays local to the kernel library (CMakeLists.txt:
+    # HVDLITE_LOCAL_STATIC_RUNTIME says why).
     cmd = [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations",
+           "-Wl,--exclude-libs=libstdc++.a:libsupc++.a:libgcc.a:libgcc_eh.a",
            TF_OPS_SOURCE, "-o", out + ".tmp"] + flags
     try:
         built = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)

@@ -69,7 +69,7 @@ target_link_libraries(hvdlite_cuda PRIVATE CUDA::cudart_static ${NCCL_LIBRARY})
 # Every symbol resolved at link time: the module uses the core only through gpu_backend.h's
 # interfaces (virtual calls), so a call into a core function is a link error here, not a
 # dlopen failure on a GPU machine.
-target_link_options(hvdlite_cuda PRIVATE -Wl,--no-undefined)
+target_link_options(hvdlite_cuda PRIVATE -Wl,--no-undefined ${HVDLITE_LOCAL_STATIC_RUNTIME})
 add_dependencies(hvdlite_modules hvdlite_cuda)
 set(HVDLITE_CUDA_BUILT ON)
 if(nccl_version_code)

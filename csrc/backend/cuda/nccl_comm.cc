@@ -5,6 +5,8 @@
 #include <sstream>
 #include <thread>
 
+#include <cuda_runtime_api.h>
+
 #include "rendezvous/store.h"
 
 namespace hvdlite {
@@ -38,6 +40,24 @@ Status SetupTimeout(const CommSetup& s, const std::string& stage) {
   return Status::Timeout(os.str());
 }
 
+// A failed ncclCommInitRankConfig, with NCCL's own reason (ncclGetLastError) and the usual
+// cause of "invalid usage" at set-up: two members on one GPU, which NCCL refuses.
+Status InitFailure(const CommSetup& s, ncclComm_t comm, ncclResult_t r, const Status& st) {
+  std::ostringstream os;
+  os << "NCCL communicator set-up for " << s.what << " (ranks " << RankList(s.ranks) << ") failed: " << st.message();
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') os << " (NCCL: " << last << ")";
+  if (r == ncclInvalidUsage) {
+    int device = -1;
+    cudaGetDevice(&device);
+    os << ". This rank uses CUDA device " << device
+       << "; NCCL refuses two members on one GPU, so each rank of a CUDA collective needs its own: call "
+          "torch.cuda.set_device(hvd.local_rank()) (or give each rank its own CUDA_VISIBLE_DEVICES)";
+  }
+  os << ". NCCL_DEBUG=WARN shows NCCL's log";
+  return Status::Internal(os.str());
+}
+
 // Member 0 creates and publishes the unique id; the others wait for it.
 Status ExchangeId(const CommSetup& s, const Deadline& deadline, ncclUniqueId* id) {
   const std::string key = s.key + "/id";
@@ -68,13 +88,15 @@ std::vector<int> MissingRanks(Store* store, const std::string& key, const std::v
   return missing;
 }
 
-Status SettleNccl(ncclComm_t comm, ncclResult_t r, const char* what, const Deadline& deadline) {
+Status SettleNccl(ncclComm_t comm, ncclResult_t r, const char* what, const Deadline& deadline,
+                  ncclResult_t* final_result) {
   while (r == ncclInProgress) {
     if (deadline.expired()) return Status::Timeout(std::string(what) + " did not complete in time");
     std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));
     ncclResult_t poll = ncclCommGetAsyncError(comm, &r);
     if (poll != ncclSuccess) r = poll;
   }
+  if (final_result != nullptr) *final_result = r;
   if (r != ncclSuccess) return Status::Internal(std::string(what) + " failed: " + ncclGetErrorString(r));
   return Status::OK();
 }
@@ -93,8 +115,9 @@ Status InitNcclComm(const CommSetup& s, ncclComm_t* out) {
   if (comm == nullptr) {
     return Status::Internal(std::string("ncclCommInitRankConfig failed: ") + ncclGetErrorString(r));
   }
-  Status st = SettleNccl(comm, r, "ncclCommInitRankConfig", deadline);
+  Status st = SettleNccl(comm, r, "ncclCommInitRankConfig", deadline, &r);
   if (st.code() == StatusCode::kTimeout) st = SetupTimeout(s, "connecting the communicator");
+  if (!st.ok() && st.code() != StatusCode::kTimeout) st = InitFailure(s, comm, r, st);
   if (!st.ok()) {
     ncclCommAbort(comm);  // frees it; never waits for the missing peers
     return st;

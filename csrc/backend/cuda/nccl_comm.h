@@ -44,7 +44,9 @@ Status InitNcclComm(const CommSetup& setup, ncclComm_t* out);
 // For a call on a non-blocking communicator that returned `r`: waits while
 // NCCL reports ncclInProgress (polling ncclCommGetAsyncError) until `deadline`.
 // OK once the call has taken effect; Timeout at the deadline; else NCCL's error.
-Status SettleNccl(ncclComm_t comm, ncclResult_t r, const char* what, const Deadline& deadline);
+// *final_result (when given) receives NCCL's last result.
+Status SettleNccl(ncclComm_t comm, ncclResult_t r, const char* what, const Deadline& deadline,
+                  ncclResult_t* final_result = nullptr);
 
 // The global ranks among `ranks` whose "<key>/arrived/<member>" is missing.
 std::vector<int> MissingRanks(Store* store, const std::string& key, const std::vector<int>& ranks);
