@@ -44,7 +44,8 @@ Status SetupTimeout(const CommSetup& s, const std::string& stage) {
 // cause of "invalid usage" at set-up: two members on one GPU, which NCCL refuses.
 Status InitFailure(const CommSetup& s, ncclComm_t comm, ncclResult_t r, const Status& st) {
   std::ostringstream os;
-  os << "NCCL communicator set-up for " << s.what << " (ranks " << RankList(s.ranks) << ") failed: " << st.message();
+  os << "NCCL communicator set-up for " << s.what << " (ranks " << RankList(s.ranks)
+     << ") failed: " << st.message();
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && *last != '\0') os << " (NCCL: " << last << ")";
   if (r == ncclInvalidUsage) {
