@@ -3,13 +3,13 @@
 Each function takes a list of tensors and already-resolved names and a registered ProcessSet (every rank
 must use the same names; see hvdlite.common.naming), submits ALL of them to
 the core before waiting for any (so the core can fuse them; in a graph allreduce and
-broadcast submit each tensor as soon as it exists, see buffers.call_each), and returns a
-list of tf.Tensors. They run eagerly or in a graph (tf.function, tf.compat.v1)
-as a submission, an await that holds no executor thread, and a result
-(hvdlite.tensorflow.buffers.call_collective). The
-submission itself is hvdlite's framework-neutral NumPy path
-(hvdlite.common.collectives with the NUMPY buffer adapter): no TensorFlow
-kernel, no policy of its own.
+broadcast submit each tensor as soon as it exists, see await_op.allreduce and
+buffers.call_each), and returns a list of tf.Tensors. They run eagerly or in a graph
+(tf.function, tf.compat.v1) as a submission, an await that holds no executor thread, and a
+result (hvdlite.tensorflow.buffers.call_collective). The submission itself is hvdlite's
+framework-neutral NumPy path (hvdlite.common.collectives with the NUMPY buffer adapter), no
+policy of its own; in a graph, allreduce (but Adasum) is submitted by a kernel instead
+(await_op.allreduce), with the arguments resolved here, when the graph is built.
 """
 
 import numpy as np
