@@ -83,20 +83,21 @@ std::atomic<ReleaseFn> g_release{nullptr};
 // op whose result only feeds control edges into a NoOp; an aborted step never runs it).
 // HvdliteAwait(release) drops the entry once the handle completed; every submission drops
 // the entries of completed handles whose await never came.
+// Never destroyed: an entry left at exit must not be freed after TensorFlow's allocators.
 std::mutex g_started_mu;
-std::unordered_map<int64_t, tensorflow::Tensor> g_started;  // guarded by g_started_mu
+auto* g_started = new std::unordered_map<int64_t, tensorflow::Tensor>();  // guarded by g_started_mu
 
 void KeepStarted(int64_t handle, const tensorflow::Tensor& buffer, PollFn poll) {
   std::lock_guard<std::mutex> lock(g_started_mu);
-  for (auto it = g_started.begin(); it != g_started.end();) {
-    it = (poll != nullptr && poll(it->first) != 0) ? g_started.erase(it) : std::next(it);
+  for (auto it = g_started->begin(); it != g_started->end();) {
+    it = (poll != nullptr && poll(it->first) != 0) ? g_started->erase(it) : std::next(it);
   }
-  g_started.emplace(handle, buffer);
+  g_started->emplace(handle, buffer);
 }
 
 void DropStarted(int64_t handle) {
   std::lock_guard<std::mutex> lock(g_started_mu);
-  g_started.erase(handle);
+  g_started->erase(handle);
 }
 // StatusCode (csrc/common/status.h).
 constexpr int kInvalidArgument = 1;

@@ -64,6 +64,8 @@ def _native_allreduce(tensors, names, op, prescale, postscale, process_set):
     """await_op.allreduce of each tensor in a graph, or None where it does not apply."""
     if tf.executing_eagerly() or op == dtypes.Adasum or await_op.load() is None:
         return None
+    if process_set is not None and process_set.process_set_id is None:
+        return None  # not registered yet: the NumPy path resolves it when the graph runs
     set_id = resolve(process_set)
     outs = []
     for t, n in zip(tensors, names):
