@@ -46,8 +46,8 @@
 // the core never writes into freed memory when the await does not run.
 // The name, reduce op, scale factors, process set id and the core's dtype code are
 // attributes that Python resolves when the graph is built (hvdlite/tensorflow/await_op.py);
-// the op holds no policy of its own. It is stateful (program order across ranks, no
-// merging, no constant folding) and cheap: it never blocks (the core's enqueue only
+// the op holds no policy of its own. It is stateful (never merged, pruned or constant-
+// folded; await_op.py lifts tf.function's program-order chain for it) and cheap: it never blocks (the core's enqueue only
 // queues), so it declares itself inexpensive and TensorFlow's executor runs it inline
 // the moment its gradient exists, instead of queueing it behind the rest of the
 // backward pass as it queues expensive kernels (a numpy_function is one).
@@ -57,8 +57,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -92,7 +92,7 @@ void KeepStarted(int64_t handle, const tensorflow::Tensor& buffer, PollFn poll) 
   for (auto it = g_started->begin(); it != g_started->end();) {
     it = (poll != nullptr && poll(it->first) != 0) ? g_started->erase(it) : std::next(it);
   }
-  g_started->emplace(handle, buffer);
+  g_started->insert_or_assign(handle, buffer);
 }
 
 void DropStarted(int64_t handle) {
@@ -192,19 +192,26 @@ class HvdliteAwaitOp : public tensorflow::AsyncOpKernel {
   bool release_ = false;
 };
 
+// Output `index` := input 0's values in a buffer no other tensor shares: input 0's own
+// when TensorFlow can forward it (nothing else holds it), else a copy.
+tensorflow::Status ExclusiveOutput(tensorflow::OpKernelContext* ctx, int index, tensorflow::Tensor** out) {
+  const tensorflow::Tensor& in = ctx->input(0);
+  TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output({0}, index, in.shape(), out));
+  auto src = in.tensor_data();
+  auto dst = (*out)->tensor_data();
+  if (dst.data() != src.data() && src.size() > 0) {
+    std::memcpy(const_cast<char*>(dst.data()), src.data(), src.size());
+  }
+  return tensorflow::Status();
+}
+
 class HvdliteExclusiveOp : public tensorflow::OpKernel {
  public:
   explicit HvdliteExclusiveOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
-    const tensorflow::Tensor& in = ctx->input(0);
     tensorflow::Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out));
-    auto src = in.tensor_data();
-    auto dst = out->tensor_data();
-    if (dst.data() != src.data() && src.size() > 0) {
-      std::memcpy(const_cast<char*>(dst.data()), src.data(), src.size());
-    }
+    OP_REQUIRES_OK(ctx, ExclusiveOutput(ctx, 0, &out));
   }
 };
 
@@ -232,12 +239,8 @@ class HvdliteAllreduceSubmitOp : public tensorflow::OpKernel {
                     "HvdliteAllreduceSubmit: the hvdlite core was not registered (import hvdlite.tensorflow)"));
     const tensorflow::Tensor& in = ctx->input(0);
     tensorflow::Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 1, in.shape(), &out));
-    auto src = in.tensor_data();
+    OP_REQUIRES_OK(ctx, ExclusiveOutput(ctx, 1, &out));
     auto dst = out->tensor_data();
-    if (dst.data() != src.data() && src.size() > 0) {
-      std::memcpy(const_cast<char*>(dst.data()), src.data(), src.size());
-    }
     std::vector<int64_t> shape(in.dims());
     for (int i = 0; i < in.dims(); ++i) shape[i] = in.dim_size(i);
     static char empty_data = 0;  // an empty tensor may have no buffer; the core reads none of it
