@@ -64,7 +64,7 @@ def _build_tf_ops(build_dir):
     # HVDLITE_LOCAL_STATIC_RUNTIME says why).
     cmd = [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations",
            "-Wl,--exclude-libs=libstdc++.a:libsupc++.a:libgcc.a:libgcc_eh.a",
-           TF_OPS_SOURCE, "-o", out + ".tmp"] + flags
+           "-I" + os.path.join(ROOT, "csrc", "include"), TF_OPS_SOURCE, "-o", out + ".tmp"] + flags
     try:
         built = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -2,9 +2,9 @@
 exists (issue 15), with the values of a reduction after the whole backward pass, and the
 reused aligned buffers (hvdlite.common.buffer_pool) never overwrite a result still in use.
 
-Overlap is checked on the graph's structure, not on time: one submission per gradient whose
-only data input is that gradient, last layer first, and the first submission does not depend
-on the first layer's gradient (so it may run while the backward pass goes on)."""
+Overlap is checked on the graph's structure, not on time: one native submission per gradient
+whose only input is that gradient and which waits for no other submission (so each may run
+while the backward pass goes on, whatever order the executor computes the gradients in)."""
 
 import weakref
 
@@ -52,32 +52,26 @@ def _tape_job():
         return local, reduced
 
     graph = step.get_concrete_function().graph
-    submits = [op for op in graph.get_operations() if op.name.startswith("HvdliteAllreduceSubmit")]
+    submits = [op for op in graph.get_operations() if op.type == "HvdliteAllreduceSubmit"]
     variables = model.trainable_variables  # kernel0, bias0, kernel1, bias1
-    # each submission's input: HvdliteExclusive (the gradient's own buffer, see await_op.cc) of
-    # the gradient
-    feeds = [op.inputs[0].op for op in submits]
+    # each submission's input: the gradient itself (the kernel forwards its buffer, see await_op.cc)
+    feeds = [op.inputs[0] for op in submits]
     structure = {
         "count": len(submits),
         "arity": [len(op.inputs) for op in submits],
-        "feeds": [f.type for f in feeds],
-        "inputs": [[t.op.type for t in f.inputs] for f in feeds],
-        "shapes": [[t.shape.as_list() for t in f.inputs] for f in feeds],
-        "controls": [sorted(c.name for c in op.control_inputs) for op in submits],
-        "names": [op.name for op in submits],
-        "feed_names": [f.name for f in feeds],
+        "feeds": [f.op.type for f in feeds],
+        "shapes": [f.shape.as_list() for f in feeds],
+        "waits_for_another": [any(o in _deps(op) for o in submits) for op in submits],
     }
-    first_layer_grad = feeds[-1].inputs[0].op
-    # each reduced gradient waits for its own allreduce's result only
-    results = [op for op in graph.get_operations() if op.type == "PyFuncStateless"]
-    outputs = step.get_concrete_function().structured_outputs[1]
-    structure["results_per_gradient"] = [
-        len([op for op in _deps(out.op) if op in results]) for out in outputs
-    ]
+    first_layer_grad = feeds[-1].op
+    # each await (whose output is the reduced gradient) waits for its own submission only
+    awaits = [op for op in graph.get_operations() if op.type == "HvdliteAwait"]
+    structure["await_inputs"] = [[t.op.type for t in op.inputs] for op in awaits]
+    structure["await_waits_for"] = [len([o for o in _deps(op) if o in submits + awaits]) for op in awaits]
     structure["first_waits_for_first_layer"] = first_layer_grad in _deps(submits[0])
     local, reduced = step()
     reference = hvd.grouped_allreduce(list(local), name="reference")  # after the whole pass, eagerly
-    _, again = step()  # a second step reuses the pooled buffers
+    _, again = step()  # a second step: buffers TensorFlow forwards again are written again
     hvd.shutdown()
     return {
         "reason": await_op.unavailable_reason(),
@@ -97,15 +91,15 @@ def test_tape_in_tf_function_submits_each_gradient_when_it_exists():
     for out in results:
         s = out["structure"]
         assert s["count"] == 4  # one submission per gradient
-        assert s["arity"] == [1] * 4 and s["feeds"] == ["HvdliteExclusive"] * 4  # only that gradient
-        # last layer first: bias1, kernel1, bias0, kernel0
-        assert s["shapes"] == [[out["var_shapes"][i]] for i in (3, 2, 1, 0)]
-        assert s["inputs"] == [["BiasAddGrad"], ["MatMul"], ["BiasAddGrad"], ["MatMul"]]
-        # control inputs: its own feed, and the previous submission (program order), never all
-        for k, controls in enumerate(s["controls"]):
-            assert set(controls) <= {s["feed_names"][k]} | set(s["names"][k - 1 : k] if k else [])
+        assert s["arity"] == [1] * 4  # its only input: that gradient
+        # created last layer first: bias1, kernel1, bias0, kernel0
+        assert s["shapes"] == [out["var_shapes"][i] for i in (3, 2, 1, 0)]
+        assert s["feeds"] == ["BiasAddGrad", "MatMul", "BiasAddGrad", "MatMul"]
+        # none waits for another (no program-order chain): each starts when its gradient exists
+        assert s["waits_for_another"] == [False] * 4
         assert not s["first_waits_for_first_layer"]
-        assert s["results_per_gradient"] == [1] * 4
+        assert s["await_inputs"] == [["HvdliteAllreduceSubmit"] * 2] * 4
+        assert s["await_waits_for"] == [1] * 4
     for out in results:
         for got, ref, again in zip(out["reduced"], out["reference"], out["again"]):
             assert got.tobytes() == ref.tobytes()  # bitwise: overlapped == reduced after the pass
@@ -138,6 +132,35 @@ def _kept_results_job():
 def test_results_still_held_are_never_reused():
     for kept, eager in run_ranks(_kept_results_job, 2, env=TF_ENV, timeout=180):
         assert kept == eager == [[2.0 * k + 1.0] * 1000 for k in range(4)]
+
+
+def _dropped_result_job():
+    import tensorflow as tf
+
+    import hvdlite.tensorflow as hvd
+
+    hvd.init()
+    r = hvd.rank()
+
+    @tf.function
+    def step(k):
+        hvd.allreduce(tf.fill([1000], k), op=hvd.Sum, name="dropped")  # result unused
+        return hvd.allreduce(tf.fill([4], k + float(r)), op=hvd.Sum, name="used")
+
+    graph = step.get_concrete_function(tf.TensorSpec([], tf.float32)).graph
+    control = sorted(op.type for op in graph.control_outputs if op.type.startswith("Hvdlite"))
+    outs = [step(tf.constant(float(k))).numpy().tolist() for k in range(3)]
+    hvd.shutdown()
+    return control, outs
+
+
+def test_an_unused_result_is_still_awaited():
+    """The await keeps the buffer the core writes into alive and releases the handle, so it
+    must run even when nothing reads the allreduce's result (a control output of the function)."""
+    for control, outs in run_ranks(_dropped_result_job, 2, env=TF_ENV, timeout=180):
+        if control:  # the native submission (absent without the kernel library)
+            assert control == ["HvdliteAllreduceSubmit"] * 2 + ["HvdliteAwait"] * 2, control
+        assert outs == [[2.0 * k + 1.0] * 4 for k in range(3)]
 
 
 def _shared_inputs_job():

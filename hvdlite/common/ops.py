@@ -213,14 +213,16 @@ def core_handles(handle):
     return list(_core_handles(_lookup(handle)))
 
 
-def native_wait_entry_points():
-    """Addresses of the core's C functions hvdlite_wait and hvdlite_poll
-    (csrc/include/hvdlite/c_api.h), for native code that waits on core handles."""
+def native_entry_points(*names):
+    """Addresses of the core's C functions `names` (csrc/include/hvdlite/c_api.h), for
+    native code that calls the core directly (the TensorFlow kernels)."""
     lib = ctypes.CDLL(_core.__file__)  # the module already loaded: the same library
-    return (
-        ctypes.cast(lib.hvdlite_wait, ctypes.c_void_p).value,
-        ctypes.cast(lib.hvdlite_poll, ctypes.c_void_p).value,
-    )
+    return tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names)
+
+
+def native_wait_entry_points():
+    """Addresses of hvdlite_wait and hvdlite_poll, for native code that waits on core handles."""
+    return native_entry_points("hvdlite_wait", "hvdlite_poll")
 
 
 def _core_handles(entry):

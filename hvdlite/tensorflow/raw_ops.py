@@ -3,22 +3,23 @@
 Each function takes a list of tensors and already-resolved names and a registered ProcessSet (every rank
 must use the same names; see hvdlite.common.naming), submits ALL of them to
 the core before waiting for any (so the core can fuse them; in a graph allreduce and
-broadcast submit each tensor as soon as it exists, see buffers.call_each), and returns a
-list of tf.Tensors. They run eagerly or in a graph (tf.function, tf.compat.v1)
-as a submission, an await that holds no executor thread, and a result
-(hvdlite.tensorflow.buffers.call_collective). The
-submission itself is hvdlite's framework-neutral NumPy path
-(hvdlite.common.collectives with the NUMPY buffer adapter): no TensorFlow
-kernel, no policy of its own.
+broadcast submit each tensor as soon as it exists, see await_op.allreduce and
+buffers.call_each), and returns a list of tf.Tensors. They run eagerly or in a graph
+(tf.function, tf.compat.v1) as a submission, an await that holds no executor thread, and a
+result (hvdlite.tensorflow.buffers.call_collective). The submission itself is hvdlite's
+framework-neutral NumPy path (hvdlite.common.collectives with the NUMPY buffer adapter), no
+policy of its own; in a graph, allreduce (but Adasum) is submitted by a kernel instead
+(await_op.allreduce), with the arguments resolved here, when the graph is built.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from hvdlite import numpy_ops
-from hvdlite.common import collectives, ops
+from hvdlite.common import collectives, dtypes, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import resolve
+from hvdlite.tensorflow import await_op
 from hvdlite.tensorflow.buffers import call_collective, call_each, check_dtype, writable
 
 
@@ -38,8 +39,13 @@ def _writable(array):
 
 def allreduce(tensors, names, op, prescale, postscale, process_set):
     """Reduced copies of `tensors` (same shapes and dtypes). In a graph each tensor's
-    allreduce starts as soon as that tensor exists, in list order (buffers.call_each)."""
+    allreduce starts as soon as that tensor exists, in list order: through the native
+    submission (await_op.allreduce: no Python call per step) when the library has it and
+    the op is not Adasum (whose steps run in Python), else buffers.call_each."""
     _check(tensors, "allreduce")
+    native = _native_allreduce(tensors, names, op, prescale, postscale, process_set)
+    if native is not None:
+        return native
 
     def start_one(array, name, owned):
         return numpy_ops.allreduce_async_(
@@ -52,6 +58,22 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
         )
 
     return call_each(start_one, _synchronize_all, tensors, names, "HvdliteAllreduce")
+
+
+def _native_allreduce(tensors, names, op, prescale, postscale, process_set):
+    """await_op.allreduce of each tensor in a graph, or None where it does not apply."""
+    if tf.executing_eagerly() or op == dtypes.Adasum or await_op.load() is None:
+        return None
+    if process_set is not None and process_set.process_set_id is None:
+        return None  # not registered yet: the NumPy path resolves it when the graph runs
+    set_id = resolve(process_set)
+    outs = []
+    for t, n in zip(tensors, names):
+        out = await_op.allreduce(t, n, op, prescale, postscale, set_id)
+        if out is None:  # a library that predates the native submission
+            return None
+        outs.append(out)
+    return outs
 
 
 def _synchronize_all(handles):
