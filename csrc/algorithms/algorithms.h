@@ -36,8 +36,9 @@ Algorithm BroadcastAlgorithm(int64_t bytes, int members);
 // allgather, each step chunked so the next chunk is on the wire while the
 // previous one is reduced. `op` is Sum, Min, Max or Product. Works for any
 // count, including 0 and counts smaller than the group size. The result is
-// then multiplied by `postscale` (ScaleBuffer's rules; 1.0 = no pass), chunk
-// by chunk while each chunk is still in cache: the same bits on every member.
+// multiplied by `postscale` (ScaleBuffer's rules; 1.0 = no pass), each part
+// once, by the member that finishes reducing it, while it is still in cache:
+// the same bits on every member.
 Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op,
                  double postscale = 1.0);
 

@@ -5,10 +5,12 @@
 // size * kRingBlockBytes (the last one shorter); each chunk is cut into
 // `size` segments (alg::EvenBlock: the first count % size get one extra
 // element). Reduce-scatter (size-1 steps) leaves member m with segment m+1
-// fully reduced along one fixed chain of members; allgather (size-1 steps)
-// copies each reduced segment to everyone. Every member therefore ends with
-// the same bits. Chunking keeps a chunk in cache from its reduce-scatter to
-// its allgather (see ChunkedRing). Chunk c uses tags tag + base(c) + step,
+// fully reduced along one fixed chain of members, and multiplied by the
+// postscale as that last step reduces it (while each slot is in cache; only
+// the owner scales a segment); allgather (size-1 steps) copies each reduced
+// segment to everyone. Every member therefore ends with the same bits.
+// Chunking keeps a chunk in cache from its reduce-scatter to its allgather
+// (see ChunkedRing). Chunk c uses tags tag + base(c) + step,
 // base(c) = c * 2(size-1) modulo (65536 - 2(size-1)).
 //
 // Recursive doubling (bytes < kSmallAllreduceBytes), log2 rounds instead of
@@ -87,12 +89,13 @@ Status RecursiveDoubling(const Group& g, char* buf, int64_t count, DataType dtyp
   return Status::OK();
 }
 
-Status Ring(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op, uint32_t tag) {
+Status Ring(const Group& g, char* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
+            uint32_t tag) {
   const int p = g.size();
   const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
   std::vector<alg::Range> segs(p);
   for (int i = 0; i < p; ++i) segs[i] = alg::EvenBlock(count, p, i);
-  HVD_RETURN_IF_ERROR(alg::RingReduceScatter(g, buf, segs, dtype, op, /*shift=*/0, tag));
+  HVD_RETURN_IF_ERROR(alg::RingReduceScatter(g, buf, segs, dtype, op, /*shift=*/0, tag, postscale));
   for (auto& r : segs) {  // allgather works on byte ranges
     r.offset *= es;
     r.count *= es;
@@ -115,8 +118,7 @@ Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, Red
   for (int64_t off = 0; off < count; off += chunk, ++c) {
     const int64_t n = std::min(chunk, count - off);
     const uint32_t base = (c * tags_per_chunk) % (0x10000u - tags_per_chunk);
-    Status st = Ring(g, buf + off * es, n, dtype, op, g.tag + base);
-    if (st.ok()) st = ScaleBuffer(buf + off * es, n, dtype, postscale);  // the chunk is still in cache
+    Status st = Ring(g, buf + off * es, n, dtype, op, postscale, g.tag + base);
     if (!st.ok()) return st.WithContext("chunk " + std::to_string(c));
   }
   return Status::OK();

@@ -55,7 +55,8 @@ Status CheckGroup(const Group& g, const char* what) {
   return Status::OK();
 }
 
-ElementReducer::ElementReducer(DataType dtype, ReduceOp op) : dtype_(dtype), op_(op) {
+ElementReducer::ElementReducer(DataType dtype, ReduceOp op, double postscale)
+    : dtype_(dtype), op_(op), postscale_(postscale) {
   reducer_.fn = &ElementReducer::Apply;
   reducer_.ctx = this;
   reducer_.unit = DataTypeSize(dtype);
@@ -63,17 +64,22 @@ ElementReducer::ElementReducer(DataType dtype, ReduceOp op) : dtype_(dtype), op_
 
 Status ElementReducer::Apply(const void* ctx, void* dst, const void* src, size_t bytes) {
   const ElementReducer* self = static_cast<const ElementReducer*>(ctx);
-  return ReduceInto(dst, src, static_cast<int64_t>(bytes / self->reducer_.unit), self->dtype_, self->op_);
+  const int64_t count = static_cast<int64_t>(bytes / self->reducer_.unit);
+  HVD_RETURN_IF_ERROR(ReduceInto(dst, src, count, self->dtype_, self->op_));
+  if (self->postscale_ == 1.0) return Status::OK();
+  return ScaleBuffer(dst, count, self->dtype_, self->postscale_);
 }
 
 Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks, DataType dtype,
-                         ReduceOp op, int shift, uint32_t tag) {
+                         ReduceOp op, int shift, uint32_t tag, double postscale) {
   const int p = g.size();
   const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
   const int next = g.peer(Mod(g.me + 1, p));
   const int prev = g.peer(Mod(g.me - 1, p));
-  const ElementReducer reduce(dtype, op);
+  const ElementReducer partial(dtype, op);
+  const ElementReducer last(dtype, op, postscale);
   for (int s = 0; s < p - 1; ++s) {
+    const ElementReducer& reduce = s == p - 2 ? last : partial;
     const Range sb = blocks[Mod(g.me - s + shift, p)];
     const Range rb = blocks[Mod(g.me - s - 1 + shift, p)];
     if (sb.count == 0 && rb.count == 0) continue;

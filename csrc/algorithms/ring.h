@@ -42,17 +42,19 @@ constexpr int64_t kSmallAllreduceBytes = 64 << 10;
 constexpr int64_t kSmallBroadcastBytes = 256 << 10;
 
 // A Transport::Reducer applying `op` to elements of `dtype`
-// (dst = op(dst, src), reduce_kernels.h). Keep it alive while the transport
-// call that uses reducer() runs.
+// (dst = op(dst, src), reduce_kernels.h), then, when `postscale` != 1,
+// multiplying those elements by it (ScaleBuffer's rules) while they are still
+// in cache. Keep it alive while the transport call that uses reducer() runs.
 class ElementReducer {
  public:
-  ElementReducer(DataType dtype, ReduceOp op);
+  ElementReducer(DataType dtype, ReduceOp op, double postscale = 1.0);
   const Reducer& reducer() const { return reducer_; }
 
  private:
   static Status Apply(const void* ctx, void* dst, const void* src, size_t bytes);
   DataType dtype_;
   ReduceOp op_;
+  double postscale_;
   Reducer reducer_;
 };
 
@@ -73,9 +75,11 @@ inline int Mod(int a, int p) { return ((a % p) + p) % p; }
 // straight out of the sender's ring). Afterwards member m holds the fully
 // reduced block (m + 1 + shift).
 // Block b is reduced along one fixed chain, so the result is deterministic.
+// The last step also multiplies what it reduces by `postscale` (1.0 = no
+// pass): the fully reduced block leaves scaled, by its one owner.
 // Message tags: tag + s.
 Status RingReduceScatter(const Group& g, char* buf, const std::vector<Range>& blocks, DataType dtype,
-                         ReduceOp op, int shift, uint32_t tag);
+                         ReduceOp op, int shift, uint32_t tag, double postscale = 1.0);
 
 // Ring allgather over `blocks` (byte ranges of `buf`, one per member) where
 // member m starts with block (m + shift) complete. Step s: member m sends block
