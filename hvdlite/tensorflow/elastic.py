@@ -7,6 +7,7 @@ tf.function (TensorFlow wraps it in an OpError) back to HorovodInternalError.
 """
 
 import functools
+import re
 
 import tensorflow as tf
 
@@ -17,8 +18,20 @@ from hvdlite.elastic.state import ObjectState, State, run_fn
 from hvdlite.tensorflow import _keras
 from hvdlite.tensorflow.functions import broadcast_variables
 
-# What a collective failure looks like once TensorFlow has wrapped it (numpy_function).
+# What a collective failure looks like once TensorFlow has wrapped it in an OpError:
+# - from a numpy_function, the message names hvdlite's exception;
+# - from the native kernels (await_op.cc: a lost peer is Aborted, a timeout DeadlineExceeded,
+#   anything unexpected Internal), the error comes from a node named Hvdlite*.
 _INTERNAL_NAMES = ("HvdliteInternalError", "HvdliteTimeoutError")
+_NATIVE_FAILURES = (tf.errors.AbortedError, tf.errors.DeadlineExceededError, tf.errors.InternalError)
+_NATIVE_NODE = re.compile(r"\{\{node [^}]*Hvdlite")
+
+
+def _is_collective_failure(error):
+    message = str(error.message)
+    if any(name in message for name in _INTERNAL_NAMES):
+        return True
+    return isinstance(error, _NATIVE_FAILURES) and _NATIVE_NODE.search(message) is not None
 
 
 def run(func):
@@ -29,7 +42,7 @@ def run(func):
         try:
             return func(state, *args, **kwargs)
         except tf.errors.OpError as e:
-            if any(name in str(e.message) for name in _INTERNAL_NAMES):
+            if _is_collective_failure(e):
                 raise HorovodInternalError(str(e.message)) from e
             raise
 
