@@ -47,10 +47,10 @@
 // The name, reduce op, scale factors, process set id and the core's dtype code are
 // attributes that Python resolves when the graph is built (hvdlite/tensorflow/await_op.py);
 // the op holds no policy of its own. It is stateful (never merged, pruned or constant-
-// folded; await_op.py lifts tf.function's program-order chain for it) and cheap: it never blocks (the core's enqueue only
-// queues), so it declares itself inexpensive and TensorFlow's executor runs it inline
-// the moment its gradient exists, instead of queueing it behind the rest of the
-// backward pass as it queues expensive kernels (a numpy_function is one).
+// folded; await_op.py lifts tf.function's program-order chain for it) and cheap: it never blocks (the core's
+// enqueue only queues), so it declares itself inexpensive and TensorFlow's executor runs it inline the moment
+// its gradient exists, instead of queueing it behind the rest of the backward pass as it queues expensive
+// kernels (a numpy_function is one).
 //
 // HvdliteAwait's `release` attribute: when true, the core handle is released once it
 // completed, and every failure fails the op (there is no later Python step to raise it).
@@ -62,10 +62,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "hvdlite/c_api.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "hvdlite/c_api.h"
 
 namespace {
 
@@ -133,8 +133,7 @@ tensorflow::Status FromCore(int code, const char* err) {
 tensorflow::Status StatusOf(WaitFn wait, int64_t handle) {
   char err[1024] = {0};
   int code = wait(handle, 0.0, err, sizeof(err));
-  if (code == kMismatch || code == kPrecondition) return tensorflow::errors::FailedPrecondition(err);
-  if (code == kInvalidArgument) return tensorflow::errors::InvalidArgument(err);
+  if (code == kMismatch || code == kPrecondition || code == kInvalidArgument) return FromCore(code, err);
   return tensorflow::Status();
 }
 
@@ -167,9 +166,9 @@ class HvdliteAwaitOp : public tensorflow::AsyncOpKernel {
     // engine meanwhile), never in TensorFlow's pools. `done` outlives it; `ctx`
     // stays valid until done() is called.
     ReleaseFn release = release_ ? g_release.load() : nullptr;
-    OP_REQUIRES_ASYNC(ctx, !release_ || release != nullptr,
-                      tensorflow::errors::FailedPrecondition("HvdliteAwait: hvdlite_release was not registered"),
-                      done);
+    OP_REQUIRES_ASYNC(
+        ctx, !release_ || release != nullptr,
+        tensorflow::errors::FailedPrecondition("HvdliteAwait: hvdlite_release was not registered"), done);
     std::thread([ctx, wait, poll, release, handles = std::move(handles), done = std::move(done)]() {
       for (int64_t h : handles) AwaitOne(wait, poll, h);
       for (int64_t h : handles) {
@@ -234,9 +233,10 @@ class HvdliteAllreduceSubmitOp : public tensorflow::OpKernel {
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
     EnqueueFn enqueue = g_enqueue.load();
-    OP_REQUIRES(ctx, enqueue != nullptr,
-                tensorflow::errors::FailedPrecondition(
-                    "HvdliteAllreduceSubmit: the hvdlite core was not registered (import hvdlite.tensorflow)"));
+    OP_REQUIRES(
+        ctx, enqueue != nullptr,
+        tensorflow::errors::FailedPrecondition(
+            "HvdliteAllreduceSubmit: the hvdlite core was not registered (import hvdlite.tensorflow)"));
     const tensorflow::Tensor& in = ctx->input(0);
     tensorflow::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ExclusiveOutput(ctx, 1, &out));
