@@ -37,6 +37,18 @@ def _tf_framework_lib():
     return lib if os.path.exists(lib) else None
 
 
+def _local_static_runtime_flag():
+    """The linker flag CMakeLists.txt sets as HVDLITE_LOCAL_STATIC_RUNTIME (the one place it is
+    written; its comment there says why): a statically linked libstdc++ stays local to our
+    modules."""
+    import re
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        found = re.search(r'set\(HVDLITE_LOCAL_STATIC_RUNTIME "([^"]+)"\)', f.read())
+    if found is None:
+        raise RuntimeError("CMakeLists.txt no longer sets HVDLITE_LOCAL_STATIC_RUNTIME")
+    return found.group(1)
+
+
 def _build_tf_ops(build_dir):
     """Builds the TensorFlow await kernel (hvdlite/tensorflow/await_op.cc) against the
     installed TensorFlow into build_dir; returns its path, or None (with a message) when
@@ -60,10 +72,8 @@ def _build_tf_ops(build_dir):
     if flags is None:
         print("hvdlite: TensorFlow's build flags are unavailable: no TensorFlow await kernel")
         return None
-    # A statically linked libstdc++ stays local to the kernel library (CMakeLists.txt:
-    # HVDLITE_LOCAL_STATIC_RUNTIME says why).
     cmd = [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations",
-           "-Wl,--exclude-libs=libstdc++.a:libsupc++.a:libgcc.a:libgcc_eh.a",
+           _local_static_runtime_flag(),
            "-I" + os.path.join(ROOT, "csrc", "include"), TF_OPS_SOURCE, "-o", out + ".tmp"] + flags
     try:
         built = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
