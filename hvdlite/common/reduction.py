@@ -5,17 +5,30 @@ deprecated ``average=`` and DistributedOptimizer's ``gradient_predivide_factor``
 resolve the same way everywhere, as in Horovod.
 """
 
+import warnings
+
 from hvdlite.common import dtypes, exceptions
 
 
-def resolve_op(op, average, default=dtypes.Average):
-    """The ReduceOp for ``op=`` / the deprecated ``average=`` (not both);
-    ``default`` when neither is given."""
+def resolve_op(op, average, default=dtypes.Average, reduce_ops=dtypes):
+    """The ReduceOp for ``op=`` / the deprecated ``average=``, by Horovod's rule
+    (handle_average_backwards_compatibility): both given is an InvalidArgumentError
+    (a ValueError); ``average`` alone warns (DeprecationWarning) and means Average or
+    Sum; neither means ``default``. ``reduce_ops``: where Average and Sum come from."""
+    if op is not None:
+        if average is not None:
+            raise exceptions.InvalidArgumentError(
+                "The op parameter supersedes average. Please provide only one of them."
+            )
+        return op
     if average is not None:
-        if op is not None:
-            raise exceptions.InvalidArgumentError("pass either op= or the deprecated average=, not both")
-        return dtypes.Average if average else dtypes.Sum
-    return default if op is None else op
+        warnings.warn(
+            "Parameter `average` has been replaced with `op` and will be removed in v1.0",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return reduce_ops.Average if average else reduce_ops.Sum
+    return default
 
 
 def check_predivide(op, gradient_predivide_factor):

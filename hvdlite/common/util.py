@@ -4,10 +4,10 @@ hvd.gpu_available, hvd.check_extension): framework-neutral, shared by every adap
 """
 
 import importlib
-import warnings
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.optimizer_policy import split_list
+from hvdlite.common.reduction import resolve_op
 
 # Horovod's extension base names -> the hvdlite adapter module that answers for that framework.
 _ADAPTERS = {"tensorflow": "hvdlite.tensorflow", "torch": "hvdlite.torch"}
@@ -22,25 +22,13 @@ check_num_rank_power_of_2 = num_rank_is_power_2
 
 
 def get_average_backwards_compatibility_fun(reduce_ops=dtypes):
-    """Horovod's: a function (op, average) -> op for the deprecated average= argument. Both given:
-    ValueError (InvalidArgumentError); average alone: DeprecationWarning, Average or Sum;
-    neither: Average."""
+    """Horovod's: a function (op, average) -> op for the deprecated average= argument, the rule
+    every hvdlite collective applies (reduction.resolve_op): both given, ValueError
+    (InvalidArgumentError); average alone, DeprecationWarning and Average or Sum; neither,
+    Average."""
 
     def impl(op, average):
-        if op is not None:
-            if average is not None:
-                raise exceptions.InvalidArgumentError(
-                    "The op parameter supersedes average. Please provide only one of them."
-                )
-            return op
-        if average is not None:
-            warnings.warn(
-                "Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return reduce_ops.Average if average else reduce_ops.Sum
-        return reduce_ops.Average
+        return resolve_op(op, average, reduce_ops.Average, reduce_ops)
 
     return impl
 
