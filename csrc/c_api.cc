@@ -1,6 +1,7 @@
 // The C ABI over the one Runtime object of this process.
 #include "hvdlite/c_api.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -22,9 +23,11 @@ std::shared_ptr<Runtime> Current() {
 }
 
 int Report(const Status& st, char* err, size_t err_len) {
-  if (err != nullptr && err_len > 0) {
-    std::strncpy(err, st.message().c_str(), err_len - 1);
-    err[err_len - 1] = '\0';
+  if (err != nullptr && err_len > 0) {  // the message, cut to fit (not strncpy: it zero-fills all of err)
+    const std::string& m = st.message();
+    const size_t n = std::min(m.size(), err_len - 1);
+    std::memcpy(err, m.data(), n);
+    err[n] = '\0';
   }
   return static_cast<int>(st.code());
 }
@@ -38,6 +41,44 @@ Status WaitFor(Runtime& rt, int64_t handle, HandleResult* out) {
     rt.handles().Take(handle, out);
     return st;
   }
+}
+
+// hvdlite_enqueue's checks and submission on a live runtime.
+int Enqueue(Runtime& rt, const hvdlite_op* op, int64_t* handle, char* err, size_t err_len) {
+  if (!IsValidDataType(op->dtype))
+    return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err,
+                  err_len);
+  if (!IsValidReduceOp(op->reduce_op))
+    return Report(Status::InvalidArgument("unknown reduce op " + std::to_string(op->reduce_op)), err,
+                  err_len);
+  const bool user_op = (op->type >= 0 && op->type <= static_cast<int32_t>(OpType::kBarrier)) ||
+                       op->type == static_cast<int32_t>(OpType::kJoin);
+  if (!user_op)
+    return Report(Status::InvalidArgument("unknown op type " + std::to_string(op->type)), err, err_len);
+  if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS)
+    return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
+  // reducescatter and alltoall split their first dimension across ranks: a 0-d tensor has none.
+  // Every adapter checks this too; this guard keeps a direct caller from crashing the core.
+  const bool splits_first_dim = op->type == static_cast<int32_t>(OpType::kReducescatter) ||
+                                op->type == static_cast<int32_t>(OpType::kAlltoall);
+  if (splits_first_dim && op->ndim == 0)
+    return Report(Status::InvalidArgument(std::string(OpTypeName(static_cast<OpType>(op->type))) +
+                                          " of tensor '" + (op->name ? op->name : "") +
+                                          "' needs at least one dimension; reshape a scalar to [1]"),
+                  err, err_len);
+  Request r;
+  r.type = static_cast<OpType>(op->type);
+  r.name = op->name ? op->name : "";
+  r.dtype = static_cast<DataType>(op->dtype);
+  r.shape.assign(op->shape, op->shape + op->ndim);
+  r.op = static_cast<ReduceOp>(op->reduce_op);
+  r.root = op->root;
+  r.prescale = op->prescale;
+  r.postscale = op->postscale;
+  r.process_set = op->process_set;
+  r.device = op->device < 0 ? -1 : op->device;
+  if (op->splits) r.splits.assign(op->splits, op->splits + op->nsplits);
+  return Report(rt.Enqueue(r, op->data, handle, op->stream), err, err_len);
 }
 
 }  // namespace
@@ -77,40 +118,28 @@ int hvdlite_topology(int which) {
 int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err_len) {
   auto rt = Current();
   if (!rt) return Report(NotInitialized(), err, err_len);
-  if (!IsValidDataType(op->dtype))
-    return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err,
-                  err_len);
-  if (!IsValidReduceOp(op->reduce_op))
-    return Report(Status::InvalidArgument("unknown reduce op " + std::to_string(op->reduce_op)), err,
-                  err_len);
-  const bool user_op = (op->type >= 0 && op->type <= static_cast<int32_t>(OpType::kBarrier)) ||
-                       op->type == static_cast<int32_t>(OpType::kJoin);
-  if (!user_op)
-    return Report(Status::InvalidArgument("unknown op type " + std::to_string(op->type)), err, err_len);
-  if (op->ndim < 0 || op->ndim > HVDLITE_MAX_DIMS)
-    return Report(Status::InvalidArgument("too many dimensions"), err, err_len);
-  // reducescatter and alltoall split their first dimension across ranks: a 0-d tensor has none.
-  // Every adapter checks this too; this guard keeps a direct caller from crashing the core.
-  const bool splits_first_dim = op->type == static_cast<int32_t>(OpType::kReducescatter) ||
-                                op->type == static_cast<int32_t>(OpType::kAlltoall);
-  if (splits_first_dim && op->ndim == 0)
-    return Report(Status::InvalidArgument(std::string(OpTypeName(static_cast<OpType>(op->type))) +
-                                          " of tensor '" + (op->name ? op->name : "") +
-                                          "' needs at least one dimension; reshape a scalar to [1]"),
-                  err, err_len);
-  Request r;
-  r.type = static_cast<OpType>(op->type);
-  r.name = op->name ? op->name : "";
-  r.dtype = static_cast<DataType>(op->dtype);
-  r.shape.assign(op->shape, op->shape + op->ndim);
-  r.op = static_cast<ReduceOp>(op->reduce_op);
-  r.root = op->root;
-  r.prescale = op->prescale;
-  r.postscale = op->postscale;
-  r.process_set = op->process_set;
-  r.device = op->device < 0 ? -1 : op->device;
-  if (op->splits) r.splits.assign(op->splits, op->splits + op->nsplits);
-  return Report(rt->Enqueue(r, op->data, handle, op->stream), err, err_len);
+  return Enqueue(*rt, op, handle, err, err_len);
+}
+
+int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, int64_t* token, char* err,
+                        size_t err_len) {
+  *handle = 0;
+  *token = 0;
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  int64_t h = 0;
+  const int code = Enqueue(*rt, op, &h, err, err_len);
+  if (code != 0) return code;
+  const int64_t t = rt->BeginWait(std::vector<int64_t>{h});
+  Status st = rt->Wait(h, slice_s);
+  if (st.code() == StatusCode::kTimeout && rt->handles().Poll(h) == 0) {
+    *handle = h;
+    *token = t;
+    return Report(st, err, err_len);
+  }
+  if (t != 0) rt->EndWait(t);
+  rt->handles().Release(h);
+  return Report(st, err, err_len);
 }
 
 int hvdlite_poll(int64_t handle) {

@@ -131,20 +131,12 @@ py::tuple SubmitWait(int type, const std::string& name, py::handle data, int dty
   int64_t token = 0;
   char err[kErrLen];
   err[0] = '\0';
-  int code = hvdlite_enqueue(&op, &handle, err, kErrLen);
-  if (code != 0) return py::make_tuple(code, std::string(err), 0, 0);
-  bool pending = false;
+  int code;
   {
     py::gil_scoped_release nogil;
-    token = hvdlite_wait_begin(&handle, 1);
-    code = hvdlite_wait(handle, slice_s, err, kErrLen);
-    pending = code == kTimeoutCode && hvdlite_poll(handle) == 0;
-    if (!pending) {
-      hvdlite_wait_end(token);
-      hvdlite_release(handle);
-    }
+    code = hvdlite_submit_wait(&op, slice_s, &handle, &token, err, kErrLen);
   }
-  if (pending) return py::make_tuple(code, std::string(), handle, token);
+  if (handle != 0) return py::make_tuple(code, std::string(), handle, token);
   return py::make_tuple(code, std::string(code ? err : ""), 0, 0);
 }
 

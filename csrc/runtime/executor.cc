@@ -189,9 +189,12 @@ Status Executor::Execute(const Response& response, bool remember) {
   }
   HandleResult result;
   const bool tracing = timeline_ != nullptr && timeline_->Active();
-  std::string phase = OpTypeName(response.type);
-  for (auto& ch : phase) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  if (tracing) TraceBegin(entries, phase);
+  std::string phase;
+  if (tracing) {
+    phase = OpTypeName(response.type);
+    for (auto& ch : phase) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    TraceBegin(entries, phase);
+  }
   Status st = Run(response, entries, &result);
   if (st.ok() && response.type == OpType::kAllreduce) {
     stats_.allreduce_responses.fetch_add(1, std::memory_order_relaxed);

@@ -70,6 +70,13 @@ int hvdlite_wait(int64_t handle, double timeout_s, char* err, size_t err_len);
  * is ignored. Neither call blocks. */
 int64_t hvdlite_wait_begin(const int64_t* handles, int32_t n);
 void hvdlite_wait_end(int64_t token);
+/* A blocking operation in one call: enqueue, wait_begin, and one wait of up to
+ * slice_s. Finished (done or failed, or refused by enqueue): wait_end and
+ * release have run, *handle and *token are 0, and the status is returned.
+ * Still pending after slice_s: returns 4 (Timeout) with *handle and *token
+ * set; the caller goes on with hvdlite_wait, then wait_end and release. */
+int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, int64_t* token, char* err,
+                        size_t err_len);
 /* Moves a completed op's output out and forgets the handle. */
 int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len);
 void hvdlite_release(int64_t handle);
