@@ -45,7 +45,9 @@ def test_timeline_from_environment_records_each_phase(tmp_path):
     collective = [args for tensor, phase, args in spans if phase == "ALLREDUCE"]
     assert collective and all(a["algorithm"].startswith("ring/") and a["bytes"] > 0 for a in collective)
     assert any(a["tensors"] > 1 for a in collective), "8 async allreduces should fuse at least once"
-    assert ("grad.1", "MEMCPY_IN_FUSION_BUFFER") in names or not any(a["tensors"] > 1 for a in collective)
+    # Which tensors share a response depends on timing; a fused response of these small ones
+    # always goes through the fusion buffer.
+    assert any(phase == "MEMCPY_IN_FUSION_BUFFER" for _, phase in names)
     assert any(phase == "BROADCAST" and a["algorithm"] == "ring/binomial_tree" for _, phase, a in spans)
     ready_ranks = {a["rank"] for tensor, what, a in marks if tensor == "rows" and what == "READY"}
     assert ready_ranks == {0, 1}
