@@ -17,7 +17,6 @@ namespace py = pybind11;
 namespace {
 
 constexpr size_t kErrLen = 8192;
-constexpr int kTimeoutCode = 4;  // StatusCode::kTimeout (common/status.h), as hvdlite_wait returns it
 
 struct StoreServer {
   void* handle = nullptr;
