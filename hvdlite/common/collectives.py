@@ -40,11 +40,11 @@ class BufferAdapter(abc.ABC):
         """Raises NotSupportedError for tensors the core cannot reach (memory of
         a device it has no backend for)."""
 
-    def host_direct_code(self, tensor):
-        """The dtype code of a NumPy array the core may use as it is (C-contiguous, aligned,
-        writable, a supported dtype), which needs no device_kwargs; None for anything else
-        (the caller then takes the general path: check_device, is_direct, describe). Runs once
-        per synchronous operation, so it must be cheap."""
+    def host_direct(self, tensor):
+        """(data, dtype code) of a host tensor the core may use as it is (contiguous, writable,
+        a supported dtype), which needs no device_kwargs; `data` is what ops.run takes. None
+        for anything else: the caller then takes the general path (check_device, is_direct,
+        describe). Runs once per synchronous operation, so it must be cheap."""
         return None
 
     @abc.abstractmethod
@@ -124,9 +124,10 @@ def inplace_sync(
     user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_).
     `process_set` is a core id (process_sets.resolve)."""
     name = naming.auto_name(kind, name)
-    code = adapter.host_direct_code(tensor)
-    if code is not None:  # a NumPy array the core uses as it is: skip the general checks
-        ops.run(op_type, name, tensor, code, tensor.shape, reduce_op, prescale, postscale, root, process_set)
+    direct = adapter.host_direct(tensor)
+    if direct is not None:  # a host tensor the core uses as it is: skip the general checks
+        data, code = direct
+        ops.run(op_type, name, data, code, tensor.shape, reduce_op, prescale, postscale, root, process_set)
         return tensor
     work = _direct(adapter, tensor, name)
     data, code, shape = describe(adapter, work, name)

@@ -27,8 +27,10 @@ class NumpyBuffers(BufferAdapter):
             code = dtypes.BFLOAT16
         return code
 
-    def host_direct_code(self, array):
-        return _CODES.get(array.dtype) if array.flags.carray else None
+    def host_direct(self, array):
+        # The array itself: the core reads its address through the buffer protocol.
+        code = _CODES.get(array.dtype) if array.flags.carray else None
+        return None if code is None else (array, code)
 
     def is_direct(self, array):
         # carray: C-contiguous, aligned and writeable, in one flag test (this runs per operation)

@@ -45,6 +45,14 @@ class TorchBuffers(BufferAdapter):
                 % name
             )
 
+    def host_direct(self, tensor):
+        # check_device and is_direct's conditions for a dense CPU tensor, in the cheapest tests.
+        if tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous():
+            code = CODES.get(tensor.dtype)
+            if code is not None and not tensor.is_conj() and not tensor.is_neg():
+                return tensor.data_ptr(), code
+        return None
+
     def is_direct(self, tensor):
         return tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
 
