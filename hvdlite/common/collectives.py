@@ -104,9 +104,14 @@ def _direct(adapter, tensor, name):
 def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
     """An in-place operation (allreduce, broadcast) on `tensor`; finish() returns `tensor`."""
     name = naming.auto_name(kind, name)
-    work = _direct(adapter, tensor, name)
-    data, code, shape = describe(adapter, work, name)
-    core = ops.submit(op_type, name, data, code, shape, **submit_kw, **adapter.device_kwargs(work))
+    direct = adapter.host_direct(tensor)
+    if direct is not None:  # as in inplace_sync
+        work = tensor
+        core = ops.submit(op_type, name, direct[0], direct[1], tensor.shape, **submit_kw)
+    else:
+        work = _direct(adapter, tensor, name)
+        data, code, shape = describe(adapter, work, name)
+        core = ops.submit(op_type, name, data, code, shape, **submit_kw, **adapter.device_kwargs(work))
 
     def finish():
         ops.release(core)
