@@ -40,20 +40,21 @@ def submit(
     the data's address, or a C-contiguous object with the buffer protocol.
     CUDA tensors: `device` is the tensor's CUDA device, `stream` the framework's
     current cudaStream_t as an int (see hvdlite_op in csrc/include/hvdlite/c_api.h)."""
+    # The core converts the numbers and the shape itself (as for run()): this runs per tensor.
     code, message, handle = _core.enqueue(
         op_type,
         name,
         ptr,
         dtype,
-        list(shape),
-        int(reduce_op),
-        float(prescale),
-        float(postscale),
-        int(root),
-        [int(s) for s in splits],
-        int(process_set),
-        int(device),
-        int(stream),
+        shape,
+        reduce_op,
+        prescale,
+        postscale,
+        root,
+        [int(s) for s in splits] if len(splits) else [],  # a splits tensor iterates as 0-d tensors
+        process_set,
+        device,
+        stream,
     )
     exceptions.raise_for_status(code, message)
     return handle
