@@ -234,6 +234,9 @@ def _wait_all(core_handles):
     """Waits for every core handle, even after one failed (the core may still be
     using the buffers of the others); then raises the first error. While it
     blocks, the core's deadlock detector knows this rank waits for all of them."""
+    if len(core_handles) == 1 and _core.poll(core_handles[0]) == 1:
+        _wait_one(core_handles[0])  # done already: nothing to tell the deadlock detector
+        return
     first_error = None
     token = _core.wait_begin(list(core_handles))
     try:
