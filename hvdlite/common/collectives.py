@@ -44,7 +44,7 @@ class BufferAdapter(abc.ABC):
         """(data, dtype code) of a host tensor the core may use as it is (contiguous, writable,
         a supported dtype), which needs no device_kwargs; `data` is what ops.run takes. None
         for anything else: the caller then takes the general path (check_device, is_direct,
-        describe). Runs once per synchronous operation, so it must be cheap."""
+        describe). Runs once per in-place operation (inplace, inplace_sync), so it must be cheap."""
         return None
 
     @abc.abstractmethod
@@ -105,9 +105,10 @@ def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
     """An in-place operation (allreduce, broadcast) on `tensor`; finish() returns `tensor`."""
     name = naming.auto_name(kind, name)
     direct = adapter.host_direct(tensor)
-    if direct is not None:  # as in inplace_sync
+    if direct is not None:  # a host tensor the core uses as it is: skip the general checks
         work = tensor
-        core = ops.submit(op_type, name, direct[0], direct[1], tensor.shape, **submit_kw)
+        data, code = direct
+        core = ops.submit(op_type, name, data, code, tensor.shape, **submit_kw)
     else:
         work = _direct(adapter, tensor, name)
         data, code, shape = describe(adapter, work, name)
