@@ -34,10 +34,16 @@ int Report(const Status& st, char* err, size_t err_len) {
 
 Status NotInitialized() { return Status::Precondition("hvdlite is not initialized; call hvd.init() first"); }
 
+// A wait that returned `st` ended on its time limit with the operation still
+// pending (a Timeout status can also be the operation's own result).
+bool StillPending(Runtime& rt, const Status& st, int64_t handle) {
+  return st.code() == StatusCode::kTimeout && rt.handles().Poll(handle) == 0;
+}
+
 Status WaitFor(Runtime& rt, int64_t handle, HandleResult* out) {
   while (true) {
     Status st = rt.Wait(handle, 1.0);
-    if (st.code() == StatusCode::kTimeout && rt.handles().Poll(handle) == 0) continue;
+    if (StillPending(rt, st, handle)) continue;
     rt.handles().Take(handle, out);
     return st;
   }
@@ -132,7 +138,7 @@ int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, i
   if (code != 0) return code;
   const int64_t t = rt->BeginWait(std::vector<int64_t>{h});
   Status st = rt->Wait(h, slice_s);
-  if (st.code() == StatusCode::kTimeout && rt->handles().Poll(h) == 0) {
+  if (StillPending(*rt, st, h)) {
     *handle = h;
     *token = t;
     return Report(st, err, err_len);
