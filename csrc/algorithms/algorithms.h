@@ -42,6 +42,15 @@ Algorithm BroadcastAlgorithm(int64_t bytes, int members);
 Status Allreduce(const Group& g, void* buf, int64_t count, DataType dtype, ReduceOp op,
                  double postscale = 1.0);
 
+// What Allreduce's recursive doubling leaves on every member (the same
+// tree, so the same bits) when member i's buffer holds parts[i], computed
+// locally: for a group whose members already sent each other their whole
+// buffers (the steady state's ready votes, steady_state.h). `out` receives
+// `count` elements and must not overlap a part; parts.size() members >= 1.
+// No postscale: the caller scales `out` as Allreduce would.
+Status ReduceAsRecursiveDoubling(const std::vector<const char*>& parts, char* out, int64_t count,
+                                 DataType dtype, ReduceOp op);
+
 // Gathers member i's `bytes[i]` bytes (from `send`) into `recv`, which holds
 // sum(bytes) bytes laid out in member order. `send` may alias recv's own slot.
 Status Allgatherv(const Group& g, const void* send, void* recv, const std::vector<int64_t>& bytes);

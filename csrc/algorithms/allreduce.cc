@@ -126,6 +126,39 @@ Status ChunkedRing(const Group& g, char* buf, int64_t count, DataType dtype, Red
 
 }  // namespace
 
+// RecursiveDoubling's arithmetic without the messages: value[r] is member r's
+// partial result after each phase (fold, then round k pairing r and r ^ 2^k,
+// both ending with op(lower's, upper's)). After round k the members of each
+// block of 2^(k+1) hold the same value, so only the block's first member's is
+// computed. A value lives in a part until it is first reduced into, then in
+// `out` (member 0) or in a work buffer.
+Status ReduceAsRecursiveDoubling(const std::vector<const char*>& parts, char* out, int64_t count,
+                                 DataType dtype, ReduceOp op) {
+  HVD_RETURN_IF_ERROR(CheckReducible(dtype, op));
+  const int p = static_cast<int>(parts.size());
+  if (p < 1 || count < 0) return Status::InvalidArgument("ReduceAsRecursiveDoubling: no parts");
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
+  int p2 = 1;
+  while (p2 * 2 <= p) p2 *= 2;
+  std::vector<const char*> value(parts.begin(), parts.begin() + p2);
+  std::vector<char> work;
+  auto writable = [&](int r) {
+    if (r > 0 && work.empty()) work.resize(bytes * static_cast<size_t>(p2 - 1));
+    char* own = r == 0 ? out : work.data() + static_cast<size_t>(r - 1) * bytes;
+    if (value[r] != own) std::memcpy(own, value[r], bytes);
+    value[r] = own;
+    return own;
+  };
+  for (int r = 0; r < p - p2; ++r)
+    HVD_RETURN_IF_ERROR(ReduceInto(writable(r), parts[r + p2], count, dtype, op));
+  for (int d = 1; d < p2; d *= 2) {
+    for (int a = 0; a < p2; a += 2 * d)
+      HVD_RETURN_IF_ERROR(ReduceInto(writable(a), value[a + d], count, dtype, op));
+  }
+  writable(0);
+  return Status::OK();
+}
+
 const char* AlgorithmName(Algorithm a) {
   switch (a) {
     case Algorithm::kRecursiveDoubling:

@@ -159,6 +159,33 @@ void ScaleHalf(uint16_t* buf, int64_t n, float factor) {
   }
 }
 
+template <typename T>
+void FillTyped(void* buf, int64_t count, T value) {
+  T* p = static_cast<T*>(buf);
+  for (int64_t i = 0; i < count; ++i) p[i] = value;
+}
+
+template <typename T>
+void FillIdentityTyped(void* buf, int64_t count, ReduceOp op) {
+  using L = std::numeric_limits<T>;
+  T big = L::has_infinity ? L::infinity() : L::max();
+  T small = L::has_infinity ? -L::infinity() : L::lowest();
+  FillTyped<T>(buf, count,
+               op == ReduceOp::kProduct ? T(1)
+               : op == ReduceOp::kMin   ? big
+               : op == ReduceOp::kMax   ? small
+                                        : T(0));
+}
+
+// float16 / bfloat16 bit patterns of 1, +inf and -inf.
+void FillIdentityHalf(void* buf, int64_t count, ReduceOp op, uint16_t one, uint16_t inf, uint16_t neg_inf) {
+  FillTyped<uint16_t>(buf, count,
+                      op == ReduceOp::kProduct ? one
+                      : op == ReduceOp::kMin   ? inf
+                      : op == ReduceOp::kMax   ? neg_inf
+                                               : 0);
+}
+
 }  // namespace
 
 Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
@@ -236,6 +263,33 @@ Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor) {
       break;
   }
   return Status::OK();
+}
+
+void FillIdentity(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8:
+      return FillIdentityTyped<uint8_t>(buf, count, op);
+    case DataType::kInt8:
+      return FillIdentityTyped<int8_t>(buf, count, op);
+    case DataType::kUInt16:
+      return FillIdentityTyped<uint16_t>(buf, count, op);
+    case DataType::kInt16:
+      return FillIdentityTyped<int16_t>(buf, count, op);
+    case DataType::kInt32:
+      return FillIdentityTyped<int32_t>(buf, count, op);
+    case DataType::kInt64:
+      return FillIdentityTyped<int64_t>(buf, count, op);
+    case DataType::kFloat32:
+      return FillIdentityTyped<float>(buf, count, op);
+    case DataType::kFloat64:
+      return FillIdentityTyped<double>(buf, count, op);
+    case DataType::kFloat16:
+      return FillIdentityHalf(buf, count, op, 0x3C00, 0x7C00, 0xFC00);
+    case DataType::kBFloat16:
+      return FillIdentityHalf(buf, count, op, 0x3F80, 0x7F80, 0xFF80);
+    case DataType::kBool:
+      return FillTyped<uint8_t>(buf, count, 0);
+  }
 }
 
 float HalfToFloat(uint16_t h) { return HalfBitsToFloat(h); }

@@ -21,6 +21,11 @@ Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Red
 // double. No-op when factor == 1.0.
 Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
 
+// buf[i] = the value that leaves the other operand of `op` unchanged, for
+// i < count: 0 for Sum, 1 for Product, the largest value (+inf for floats)
+// for Min and the smallest (-inf) for Max; false (0) for bool.
+void FillIdentity(void* buf, int64_t count, DataType dtype, ReduceOp op);
+
 // Half-precision conversions (exposed for tests and for adapters).
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

@@ -76,6 +76,12 @@ class Backend {
   virtual Status Alltoallv(const CollectiveContext& ctx, const AlltoallvOptions& o) = 0;
   virtual Status ReduceScatter(const CollectiveContext& ctx, const ReduceScatterOptions& o) = 0;
 
+  // True when Allreduce of `bytes` over `members` runs the flat recursive
+  // doubling of algorithms.h here: then the steady state may reduce the
+  // inputs its votes carried itself, with ReduceAsRecursiveDoubling, and get
+  // the bits this backend would (coordinator/steady_state.h).
+  virtual bool AllreduceIsRecursiveDoubling(int64_t bytes, int members) const { return false; }
+
   // Process-set life cycle. Called on every rank of the job (members or not)
   // in the one negotiated order, before any collective of the new set runs
   // and after the last one of a removed set. A backend that keeps a

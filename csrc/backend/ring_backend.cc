@@ -97,6 +97,10 @@ class RingBackend : public Backend {
     }
     return hvdlite::Allreduce(g, o.buf, o.count, o.dtype, o.op, o.postscale);
   }
+  bool AllreduceIsRecursiveDoubling(int64_t bytes, int members) const override {
+    return hierarchical_ <= 0 && bytes < kHierarchicalMinBytes &&
+           AllreduceAlgorithm(bytes, members) == Algorithm::kRecursiveDoubling;
+  }
   Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) override {
     const Group g(ctx, transport_);
     int64_t total = 0;

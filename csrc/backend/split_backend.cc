@@ -30,6 +30,9 @@ class SplitBackend : public Backend {
   Status Allreduce(const CollectiveContext& ctx, const AllreduceOptions& o) override {
     return Pick(Collective::kAllreduce, Bytes(o, o.count))->Allreduce(ctx, o);
   }
+  bool AllreduceIsRecursiveDoubling(int64_t bytes, int members) const override {
+    return Pick(Collective::kAllreduce, bytes)->AllreduceIsRecursiveDoubling(bytes, members);
+  }
   Status Allgatherv(const CollectiveContext& ctx, const AllgathervOptions& o) override {
     return Pick(Collective::kAllgather, Sum(o.bytes))->Allgatherv(ctx, o);
   }

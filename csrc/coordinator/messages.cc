@@ -308,6 +308,7 @@ std::string Serialize(const Vote& vote) {
   w.I64(vote.epoch);
   w.I64(vote.position);
   w.U8(vote.ready ? 1 : 0);
+  w.Str(vote.data);
   return w.Take();
 }
 
@@ -317,6 +318,7 @@ Status Deserialize(const std::string& bytes, Vote* out) {
   out->epoch = rd.I64();
   out->position = rd.I64();
   out->ready = rd.U8() != 0;
+  out->data = rd.Str();
   if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt vote");
   return Status::OK();
 }

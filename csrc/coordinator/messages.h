@@ -116,6 +116,9 @@ struct Vote {
   int64_t epoch = 0;
   int64_t position = 0;
   bool ready = false;
+  // A ready vote for a small CPU allreduce group may carry this rank's packed,
+  // prescaled input (steady_state.h, "Votes that carry the data"); empty otherwise.
+  std::string data;
 };
 
 std::string Serialize(const RequestList& list);

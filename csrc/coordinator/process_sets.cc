@@ -34,6 +34,12 @@ std::vector<int> ProcessSetTable::Ranks(int32_t id) const {
   return it == sets_.end() ? std::vector<int>{} : it->second;
 }
 
+int ProcessSetTable::Size(int32_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? 0 : static_cast<int>(it->second.size());
+}
+
 int ProcessSetTable::MemberIndex(int32_t id, int global_rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);

@@ -19,6 +19,8 @@ class ProcessSetTable {
   bool Exists(int32_t id) const;
   // Ascending global ranks of the set; empty when the id is unknown.
   std::vector<int> Ranks(int32_t id) const;
+  // Number of members of the set; 0 when the id is unknown.
+  int Size(int32_t id) const;
   // Member index of `global_rank` in the set, or -1.
   int MemberIndex(int32_t id, int global_rank) const;
   std::vector<int32_t> Ids() const;

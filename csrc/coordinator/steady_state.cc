@@ -99,34 +99,44 @@ bool SteadySchedule::Find(const std::string& name, int32_t* cache_id, size_t* gr
   return true;
 }
 
-std::vector<int8_t>& SteadySchedule::Tally(const Slot& at) {
+SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
   auto it = votes_.find(at);
-  if (it == votes_.end()) it = votes_.emplace(at, std::vector<int8_t>(size_, -1)).first;
+  if (it == votes_.end()) {
+    Ballot b;
+    b.votes.assign(size_, -1);
+    b.data.resize(size_);
+    it = votes_.emplace(at, std::move(b)).first;
+  }
   return it->second;
 }
 
-void SteadySchedule::OnVote(int peer, const Vote& v) {
+void SteadySchedule::Cast(const Slot& at, int rank, bool ready, std::string data) {
+  Ballot& b = Tally(at);
+  if (b.votes[rank] >= 0) return;
+  b.votes[rank] = ready ? 1 : 0;
+  if (ready) b.data[rank] = std::move(data);
+}
+
+void SteadySchedule::OnVote(int peer, Vote v) {
   if (peer < 0 || peer >= size_) return;
   const bool over = v.epoch < epoch_ || (v.epoch == epoch_ && (!active_ || v.position < position_));
   if (over) return;
-  int8_t& slot = Tally(Slot{v.epoch, v.position})[peer];
-  if (slot < 0) slot = v.ready ? 1 : 0;
+  Cast(Slot{v.epoch, v.position}, peer, v.ready, std::move(v.data));
 }
 
-void SteadySchedule::VoteSelf(bool ready) {
-  int8_t& slot = Tally(Slot{epoch_, position_})[rank_];
-  if (slot < 0) slot = ready ? 1 : 0;
+void SteadySchedule::VoteSelf(bool ready, std::string data) {
+  Cast(Slot{epoch_, position_}, rank_, ready, std::move(data));
 }
 
 bool SteadySchedule::Voted(int rank) const {
   auto it = votes_.find(Slot{epoch_, position_});
-  return it != votes_.end() && it->second[rank] >= 0;
+  return it != votes_.end() && it->second.votes[rank] >= 0;
 }
 
 bool SteadySchedule::AnyVote() const {
   auto it = votes_.find(Slot{epoch_, position_});
   if (it == votes_.end()) return false;
-  for (int8_t v : it->second) {
+  for (int8_t v : it->second.votes) {
     if (v >= 0) return true;
   }
   return false;
@@ -136,11 +146,22 @@ SteadySchedule::Outcome SteadySchedule::Decide() const {
   auto it = votes_.find(Slot{epoch_, position_});
   if (!active_ || it == votes_.end()) return Outcome::kWait;
   bool all_ready = true;
-  for (int8_t v : it->second) {
+  for (int8_t v : it->second.votes) {
     if (v == 0) return Outcome::kExit;
     all_ready &= v == 1;
   }
   return all_ready ? Outcome::kRun : Outcome::kWait;
+}
+
+bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
+  if (Decide() != Outcome::kRun) return false;
+  const Ballot& b = votes_.find(Slot{epoch_, position_})->second;
+  parts->clear();
+  for (const std::string& d : b.data) {
+    if (d.empty() || d.size() != b.data[0].size()) return false;
+    parts->push_back(d.data());
+  }
+  return true;
 }
 
 void SteadySchedule::Advance() {

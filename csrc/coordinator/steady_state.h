@@ -38,6 +38,17 @@
 //  waits at most that long for a live peer; it warns as the stall inspector
 //  does after HVDLITE_STALL_CHECK_TIME_SECONDS and fails, as a hung transfer
 //  does, after HVDLITE_TIMEOUT_SECONDS. A departed peer counts as exit.
+//  Votes that carry the data: a ready vote for a group that is one small CPU
+//  allreduce (below the size where Allreduce switches from recursive doubling
+//  to the ring, on a backend that would run recursive doubling for it) carries
+//  the voter's packed, prescaled input (Executor::Contribution). Once every
+//  rank voted ready with its input, every rank holds every input and reduces
+//  them itself, along recursive doubling's tree (the same bits as running it),
+//  so the group costs one message per peer instead of a vote and then the
+//  collective's rounds. Whether a position runs this way depends only on the
+//  votes, which every rank sees alike: a rank whose vote carries no input
+//  (another backend, a larger group) makes every rank run the collective. An
+//  exit vote discards the inputs with the votes; nothing reached the data plane.
 //  Why replay whole fused responses rather than agree per cache hit: the
 //  schedule fixes the fusion groups and their order too, so every rank runs
 //  the same collectives in the same order with one vote per group, without
@@ -99,28 +110,37 @@ class SteadySchedule {
   // Takes a peer's vote. Votes of epochs that are over are dropped; votes of
   // an epoch not entered yet are kept for it. A second vote of a rank for one
   // position is ignored.
-  void OnVote(int peer, const Vote& v);
-  // This rank's vote at position() (the runtime sends it to every peer).
-  void VoteSelf(bool ready);
+  void OnVote(int peer, Vote v);
+  // This rank's vote at position() (the runtime sends it to every peer), with
+  // the input its ready vote carries (empty: none).
+  void VoteSelf(bool ready, std::string data = {});
   bool Voted(int rank) const;  // `rank` has voted at position()
   bool AnyVote() const;        // some rank has voted at position()
   enum class Outcome { kWait, kRun, kExit };
   // kRun: every rank voted ready(position()); kExit: some rank voted exit;
   // kWait: neither yet.
   Outcome Decide() const;
+  // When Decide() is kRun and every rank's ready vote carried an input of one
+  // length: true, with parts[r] = rank r's input (valid until Advance()).
+  bool VotedInputs(std::vector<const char*>* parts) const;
   // After running position(): on to the next one.
   void Advance();
 
  private:
   using Slot = std::pair<int64_t, int64_t>;  // (epoch, position)
-  std::vector<int8_t>& Tally(const Slot& at);
+  struct Ballot {
+    std::vector<int8_t> votes;      // per rank: -1 none, 0 exit, 1 ready
+    std::vector<std::string> data;  // per rank: the input its ready vote carried
+  };
+  Ballot& Tally(const Slot& at);
+  void Cast(const Slot& at, int rank, bool ready, std::string data);
   int rank_, size_;
   bool active_ = false;
   int64_t epoch_ = 0;  // the epoch entered last (active or not)
   int64_t position_ = 0;
   std::vector<Response> groups_;
   std::unordered_map<std::string, std::pair<int32_t, size_t>> ids_;  // name -> (cache id, group)
-  std::map<Slot, std::vector<int8_t>> votes_;                        // per rank: -1 none, 0 exit, 1 ready
+  std::map<Slot, Ballot> votes_;
 };
 
 }  // namespace hvdlite

@@ -283,6 +283,7 @@ PYBIND11_MODULE(_core, m) {
     d["cache_entries"] = s.cache_entries;
     d["cache_evictions"] = s.cache_evictions;
     d["scheduled_responses"] = s.scheduled_responses;
+    d["voted_responses"] = s.voted_responses;
     return py::make_tuple(code, std::string(code ? err : ""), d);
   });
 }

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
-#include <limits>
 
+#include "algorithms/algorithms.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/logging.h"
 
@@ -34,62 +34,6 @@ Reduction ReductionOf(const Request& r, int set_size) {
   red.prescale = r.prescale;
   red.postscale = r.op == ReduceOp::kAverage ? r.postscale / set_size : r.postscale;
   return red;
-}
-
-// The value that leaves the other operand unchanged: 0 for Sum/Average, 1 for
-// Product, the largest value for Min and the smallest for Max.
-template <typename T>
-void FillTyped(void* buf, int64_t count, T value) {
-  T* p = static_cast<T*>(buf);
-  for (int64_t i = 0; i < count; ++i) p[i] = value;
-}
-
-template <typename T>
-void FillIdentityTyped(void* buf, int64_t count, ReduceOp op) {
-  using L = std::numeric_limits<T>;
-  T big = L::has_infinity ? L::infinity() : L::max();
-  T small = L::has_infinity ? -L::infinity() : L::lowest();
-  FillTyped<T>(buf, count,
-               op == ReduceOp::kProduct ? T(1)
-               : op == ReduceOp::kMin   ? big
-               : op == ReduceOp::kMax   ? small
-                                        : T(0));
-}
-
-// float16 / bfloat16 bit patterns of 1, +inf and -inf.
-void FillIdentityHalf(void* buf, int64_t count, ReduceOp op, uint16_t one, uint16_t inf, uint16_t neg_inf) {
-  FillTyped<uint16_t>(buf, count,
-                      op == ReduceOp::kProduct ? one
-                      : op == ReduceOp::kMin   ? inf
-                      : op == ReduceOp::kMax   ? neg_inf
-                                               : 0);
-}
-
-void FillIdentity(void* buf, int64_t count, DataType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DataType::kUInt8:
-      return FillIdentityTyped<uint8_t>(buf, count, op);
-    case DataType::kInt8:
-      return FillIdentityTyped<int8_t>(buf, count, op);
-    case DataType::kUInt16:
-      return FillIdentityTyped<uint16_t>(buf, count, op);
-    case DataType::kInt16:
-      return FillIdentityTyped<int16_t>(buf, count, op);
-    case DataType::kInt32:
-      return FillIdentityTyped<int32_t>(buf, count, op);
-    case DataType::kInt64:
-      return FillIdentityTyped<int64_t>(buf, count, op);
-    case DataType::kFloat32:
-      return FillIdentityTyped<float>(buf, count, op);
-    case DataType::kFloat64:
-      return FillIdentityTyped<double>(buf, count, op);
-    case DataType::kFloat16:
-      return FillIdentityHalf(buf, count, op, 0x3C00, 0x7C00, 0xFC00);
-    case DataType::kBFloat16:
-      return FillIdentityHalf(buf, count, op, 0x3F80, 0x7F80, 0xFF80);
-    case DataType::kBool:
-      return FillTyped<uint8_t>(buf, count, 0);
-  }
 }
 
 }  // namespace
@@ -159,6 +103,14 @@ TensorEntry Executor::StandIn(const Request& spec) {
   e.data = stand_in_buffers_.back().data();
   if (spec.type == OpType::kAllreduce) FillIdentity(e.data, count, spec.dtype, spec.op);
   return e;
+}
+
+Status Executor::ExecuteScheduled(const Response& response, const std::vector<const char*>* voted_inputs) {
+  stats_.scheduled_responses.fetch_add(1, std::memory_order_relaxed);
+  voted_inputs_ = voted_inputs;
+  Status st = Execute(response, /*remember=*/false);
+  voted_inputs_ = nullptr;
+  return st;
 }
 
 Status Executor::Execute(const Response& response, bool remember) {
@@ -273,6 +225,10 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
   const int64_t esize = static_cast<int64_t>(DataTypeSize(q.dtype));
   ++allreduce_responses_;
   for (auto& e : entries) allreduce_bytes_ += NumElements(e.request.shape) * esize;
+  if (voted_inputs_ != nullptr) {
+    stats_.voted_responses.fetch_add(1, std::memory_order_relaxed);
+    return ReduceVotedInputs(ctx, entries);
+  }
   std::vector<TensorEntry*> packed;
   bool first = true;  // the first collective uses ctx; later ones get their own tags
   auto next_ctx = [&] {
@@ -312,6 +268,56 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
     offset += static_cast<int64_t>(bytes);
   }
   TraceEnd(entries, "MEMCPY_OUT_FUSION_BUFFER");
+  return Status::OK();
+}
+
+std::string Executor::VotedInput(const Response& response) {
+  if (response.type != OpType::kAllreduce || response.error_code != StatusCode::kOk) return {};
+  std::vector<const TensorEntry*> entries;
+  int64_t bytes = 0;
+  for (const std::string& name : response.names) {
+    const TensorEntry* e = queue_->Find(response.process_set, name);
+    if (e == nullptr || e->request.device >= 0) return {};
+    entries.push_back(e);
+    bytes += NumElements(e->request.shape) * static_cast<int64_t>(DataTypeSize(e->request.dtype));
+  }
+  const int members = sets_->Size(response.process_set);
+  if (bytes == 0 || members < 2 || bytes * (members - 1) > kVotedInputMaxBytes ||
+      !backend_->AllreduceIsRecursiveDoubling(bytes, members))
+    return {};
+  std::string input(static_cast<size_t>(bytes), '\0');
+  size_t offset = 0;
+  for (const TensorEntry* e : entries) {
+    const size_t n = static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(e->request.dtype);
+    if (n) std::memcpy(&input[offset], e->data, n);
+    offset += n;
+  }
+  const Request& q = entries[0]->request;
+  if (!ScaleBuffer(&input[0], bytes / static_cast<int64_t>(DataTypeSize(q.dtype)), q.dtype, q.prescale).ok())
+    return {};
+  return input;
+}
+
+// Every member reduces the same inputs along the same tree, so every member
+// ends with the bits the backend's recursive doubling would leave; then the
+// postscale, and the result is unpacked into the tensors.
+Status Executor::ReduceVotedInputs(const CollectiveContext& ctx, std::vector<TensorEntry>& entries) {
+  const Reduction red = ReductionOf(entries[0].request, ctx.size());
+  const int64_t esize = static_cast<int64_t>(DataTypeSize(red.dtype));
+  int64_t count = 0;
+  for (const auto& e : entries) count += NumElements(e.request.shape);
+  if (voted_inputs_->size() != ctx.ranks.size())
+    return Status::Internal("steady state: voted inputs from " + std::to_string(voted_inputs_->size()) +
+                            " ranks for a set of " + std::to_string(ctx.ranks.size()));
+  char* result = static_cast<char*>(Scratch(count * esize));
+  HVD_RETURN_IF_ERROR(ReduceAsRecursiveDoubling(*voted_inputs_, result, count, red.dtype, red.op));
+  HVD_RETURN_IF_ERROR(ScaleBuffer(result, count, red.dtype, red.postscale));
+  int64_t offset = 0;
+  for (auto& e : entries) {
+    const size_t bytes = static_cast<size_t>(NumElements(e.request.shape) * esize);
+    if (bytes) std::memcpy(e.data, result + offset, bytes);
+    offset += static_cast<int64_t>(bytes);
+  }
   return Status::OK();
 }
 

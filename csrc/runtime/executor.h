@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -33,10 +34,20 @@ class Executor {
   // coordinator): counted in Stats::scheduled_responses. Its cache ids are not
   // remembered again: this rank's requests matched them already, and one the
   // coordinator evicted since must stay forgotten (ids are never reused).
-  Status ExecuteScheduled(const Response& response) {
-    stats_.scheduled_responses.fetch_add(1, std::memory_order_relaxed);
-    return Execute(response, /*remember=*/false);
-  }
+  // `voted_inputs` (null: none) are every member's input to an allreduce
+  // group, as the ready votes carried them (VotedInput, in member order): the
+  // group reduces them here, along recursive doubling's tree, instead of
+  // running the backend's collective (coordinator/steady_state.h).
+  Status ExecuteScheduled(const Response& response, const std::vector<const char*>* voted_inputs = nullptr);
+  // The input this rank's ready vote for the schedule's `response` carries:
+  // its tensors packed in the response's order and prescaled, as the backend
+  // would get them. Empty unless the response is one CPU allreduce the backend
+  // runs by recursive doubling and the input is at most kVotedInputMaxBytes
+  // per peer. Engine only, while the response's tensors are pending here.
+  std::string VotedInput(const Response& response);
+  // Peers get a voted input each: above this many bytes to all of them
+  // together, the collective's rounds cost less than the extra copies.
+  static constexpr int64_t kVotedInputMaxBytes = 64 << 10;
   // Hands over the loaded NCCL module (any thread; once). Until then, CUDA
   // operations fail.
   void SetGpuBackend(GpuBackend* gpu) { gpu_.store(gpu); }
@@ -46,10 +57,11 @@ class Executor {
   // Counters any thread may read (hvdlite_get_stats): allreduce responses
   // executed (CPU and CUDA), the tensors they carried, and how many of them
   // carried more than one tensor (fused); responses of any kind run from the
-  // steady-state schedule, without the coordinator.
+  // steady-state schedule, without the coordinator, and how many of those
+  // were allreduces reduced from the inputs their votes carried.
   struct Stats {
     std::atomic<int64_t> allreduce_responses{0}, allreduce_tensors{0}, fused_responses{0};
-    std::atomic<int64_t> scheduled_responses{0};
+    std::atomic<int64_t> scheduled_responses{0}, voted_responses{0};
   };
   const Stats& stats() const { return stats_; }
 
@@ -57,6 +69,7 @@ class Executor {
   Status Execute(const Response& response, bool remember);
   Status Run(const Response& r, std::vector<TensorEntry>& entries, HandleResult* result);
   Status RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries);
+  Status ReduceVotedInputs(const CollectiveContext& ctx, std::vector<TensorEntry>& entries);
   Status ReduceInPlace(const CollectiveContext& ctx, const Request& q, void* data, int64_t count);
   Status RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
   Status RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
@@ -83,7 +96,8 @@ class Executor {
   int64_t allreduce_bytes_ = 0;
   int allreduce_responses_ = 0;
   Stats stats_;
-  std::vector<std::vector<char>> stand_in_buffers_;  // live during one Execute()
+  std::vector<std::vector<char>> stand_in_buffers_;         // live during one Execute()
+  const std::vector<const char*>* voted_inputs_ = nullptr;  // set during one ExecuteScheduled()
 };
 
 }  // namespace hvdlite

@@ -94,13 +94,16 @@ bool Runtime::ChooseVote(bool* ready) {
   return std::chrono::duration<double>(now - patience_since_).count() >= SchedulePatienceSeconds();
 }
 
+// A ready vote carries this rank's input when the group allows it
+// (Executor::VotedInput; coordinator/steady_state.h).
 Status Runtime::SendVote(bool ready) {
-  steady_.VoteSelf(ready);
   Vote v;
   v.epoch = steady_.epoch();
   v.position = steady_.position();
   v.ready = ready;
+  if (ready) v.data = executor_->VotedInput(steady_.group());
   const std::string payload = Serialize(v);
+  steady_.VoteSelf(ready, std::move(v.data));
   voted_at_ = last_vote_warning_ = Clock::now();
   for (int peer = 0; peer < topo_.size; ++peer) {
     if (peer == topo_.rank || transport_->PeerDeparted(peer)) continue;
@@ -192,7 +195,9 @@ Status Runtime::RunScheduledGroup() {
   if (timeline_.Active()) {
     for (const std::string& name : group.names) timeline_.End(name, "QUEUE");
   }
-  Status st = executor_->ExecuteScheduled(group);
+  std::vector<const char*> inputs;
+  const bool voted_inputs = steady_.VotedInputs(&inputs);
+  Status st = executor_->ExecuteScheduled(group, voted_inputs ? &inputs : nullptr);
   steady_.Advance();
   patience_started_ = false;
   return st;

@@ -126,6 +126,12 @@ bool TensorQueue::CallerBlocked() const {
   return false;
 }
 
+const TensorEntry* TensorQueue::Find(int32_t process_set, const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = in_flight_.find({process_set, name});
+  return it == in_flight_.end() || it->second.executing ? nullptr : &it->second.entry;
+}
+
 bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = in_flight_.find({process_set, name});

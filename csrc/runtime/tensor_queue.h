@@ -59,6 +59,10 @@ class TensorQueue {
   size_t TakenWaiting() const;
   // Any thread: some caller is blocked waiting for an entry that is not executing.
   bool CallerBlocked() const;
+  // Engine: the entry of `name` that is not executing yet, or null. The
+  // pointer stays valid until the engine itself Pops or takes the entry (only
+  // the engine removes entries; a Push adds others without moving this one).
+  const TensorEntry* Find(int32_t process_set, const std::string& name) const;
   // Moves the entry out for execution; the name stays in flight until Finish.
   bool Pop(int32_t process_set, const std::string& name, TensorEntry* out);
   void Finish(int32_t process_set, const std::string& name);

@@ -114,7 +114,9 @@ def runtime_stats():
     (allreduce responses this rank executed), ``allreduce_tensors`` (the tensors they
     carried), ``fused_responses`` (those carrying more than one tensor),
     ``scheduled_responses`` (responses of any kind run from the steady-state schedule,
-    without the round trip to the coordinator: HVDLITE_STEADY_STATE), and on rank 0
+    without the round trip to the coordinator: HVDLITE_STEADY_STATE), ``voted_responses``
+    (of those, the small allreduces reduced from the inputs the ranks' votes carried,
+    without a collective of their own), and on rank 0
     ``cache_entries`` and ``cache_evictions`` of the response cache (0 elsewhere).
     An hvdlite extension (Horovod has no such call); raises when not initialized."""
     code, message, stats = _core.stats()

@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
       RunCase(k + "alltoallv" + w, [&] { algtest::TestAlltoallv(world); });
       RunCase(k + "reducescatter" + w, [&] { algtest::TestReduceScatter(world); });
     }
+    for (int world : {6, 7}) {  // recursive doubling with 2 and 3 members folded in
+      RunCase(k + "allreduce_agreement/float32/sum/world" + std::to_string(world),
+              [&] { algtest::TestAllreduceAgreement(world, DataType::kFloat32, ReduceOp::kSum); });
+    }
     RunCase(k + "subgroups/world4", algtest::TestSubgroups);
     RunCase(k + "argument_errors/world2", algtest::TestArgumentErrors);
   }

@@ -179,6 +179,45 @@ void TestVotes() {
   Check(s.position() == 2 && s.group_index() == 0, "the schedule repeats");
 }
 
+void TestVotedInputs() {
+  SteadySchedule s(/*rank=*/0, /*size=*/3);
+  s.Enter(1, {Group({"a"}), Group({"b"})});
+  std::vector<const char*> parts;
+  Vote ready = V(1, 0, true);
+  ready.data = "peer1";
+  s.OnVote(1, ready);
+  s.VoteSelf(true, "mine0");
+  Check(!s.VotedInputs(&parts), "no inputs before every rank voted");
+  ready.data = "peer2";
+  s.OnVote(2, ready);
+  Check(s.VotedInputs(&parts) && parts.size() == 3 && std::string(parts[0], 5) == "mine0" &&
+            std::string(parts[2], 5) == "peer2",
+        "every ready vote carried an input: one per rank, in rank order");
+  s.Advance();
+  s.VoteSelf(true, "mine0");
+  s.OnVote(1, V(1, 1, true));  // no input: this position runs the collective
+  ready.position = 1;
+  s.OnVote(2, ready);
+  Check(s.Decide() == SteadySchedule::Outcome::kRun && !s.VotedInputs(&parts), "one vote without input");
+  s.Advance();
+  ready.position = 2;
+  ready.data = "longer!";
+  s.OnVote(2, ready);
+  ready.data = "peer1";
+  s.OnVote(1, ready);
+  s.VoteSelf(true, "mine0");
+  Check(!s.VotedInputs(&parts), "inputs of different lengths are not reduced");
+  s.Advance();
+  Vote exit = V(1, 3, false);
+  exit.data = "ignored";
+  s.OnVote(1, exit);
+  Check(s.Decide() == SteadySchedule::Outcome::kExit && !s.VotedInputs(&parts), "an exit vote runs nothing");
+  Vote carried = V(7, 123, true), back;
+  carried.data = std::string("\0\1binary", 8);
+  Check(Deserialize(Serialize(carried), &back).ok() && back.data == carried.data,
+        "a vote's input round trip");
+}
+
 void TestMessages() {
   Vote v = V(7, 123456789012, true), back;
   Check(
@@ -206,6 +245,7 @@ int main() {
   TestSettingOff();
   TestLearnerPeriod();
   TestVotes();
+  TestVotedInputs();
   TestMessages();
   return Report();
 }

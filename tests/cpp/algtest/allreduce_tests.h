@@ -81,6 +81,20 @@ inline void TestAllreduceAgreement(int world, DataType dt, ReduceOp op) {
       Check().Expect(d < 0, Where("Allreduce agreement", world, r, dt, op, counts[c]) +
                                 " differs from rank 0 at byte " + std::to_string(d));
     }
+    // Where Allreduce ran recursive doubling, the local tree of the steady
+    // state's voted inputs gives the same bits.
+    if (hvdlite::AllreduceAlgorithm(counts[c] * static_cast<int64_t>(es), world) ==
+        hvdlite::Algorithm::kRecursiveDoubling) {
+      std::vector<const char*> parts;
+      for (int r = 0; r < world; ++r) parts.push_back(in[c][r].data());
+      std::vector<char> local(counts[c] * es + 1);
+      const std::string where = Where("ReduceAsRecursiveDoubling", world, 0, dt, op, counts[c]);
+      if (Check().ExpectOk(hvdlite::ReduceAsRecursiveDoubling(parts, local.data(), counts[c], dt, op),
+                           where)) {
+        const int64_t d = FirstDiff(local.data(), out[c][0].data(), counts[c] * es);
+        Check().Expect(d < 0, where + " differs from Allreduce at byte " + std::to_string(d));
+      }
+    }
     if (op != ReduceOp::kSum || dt != DataType::kFloat64) continue;
     for (int64_t i = 0; i < counts[c]; ++i) {  // sanity: close to the exact sum
       double want = 0;
