@@ -11,6 +11,7 @@
 
 #include "hvdlite/c_api.h"
 #include "hvdlite_build_info.h"
+#include "python/op_calls.h"
 
 namespace py = pybind11;
 
@@ -59,84 +60,6 @@ py::tuple Shutdown() {
     code = hvdlite_shutdown(err, kErrLen);
   }
   return Result(code, err);
-}
-
-// The address of `data`: an integer (a framework's data_ptr()), or an object
-// with the buffer protocol whose memory is contiguous (a NumPy array: cheaper
-// than array.ctypes.data). Throws TypeError for anything else.
-void* DataAddress(const py::handle& data) {
-  if (PyLong_Check(data.ptr())) return reinterpret_cast<void*>(data.cast<uintptr_t>());
-  Py_buffer view;
-  if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-  void* address = view.buf;
-  PyBuffer_Release(&view);
-  return address;
-}
-
-// The C ABI's description of one operation; `name`, `shape` and `splits` must outlive it.
-hvdlite_op MakeOp(int type, const std::string& name, py::handle data, int dtype,
-                  const std::vector<int64_t>& shape, int reduce_op, double prescale, double postscale,
-                  int root, const std::vector<int64_t>& splits, int process_set, int device,
-                  uintptr_t stream) {
-  hvdlite_op op{};
-  op.type = type;
-  op.name = name.c_str();
-  op.data = DataAddress(data);
-  op.dtype = dtype;
-  op.shape = shape.data();
-  op.ndim = static_cast<int32_t>(shape.size());
-  op.reduce_op = reduce_op;
-  op.prescale = prescale;
-  op.postscale = postscale;
-  op.root = root;
-  op.splits = splits.empty() ? nullptr : splits.data();
-  op.nsplits = static_cast<int32_t>(splits.size());
-  op.process_set = process_set;
-  op.device = device;
-  op.stream = reinterpret_cast<void*>(stream);
-  return op;
-}
-
-// Returns (code, message, handle). The error buffers of this and Wait are not
-// zeroed: the C ABI always writes a terminated message (8 KiB of memset per
-// call showed up in the latency of small operations).
-py::tuple Enqueue(int type, const std::string& name, py::handle data, int dtype,
-                  const std::vector<int64_t>& shape, int reduce_op, double prescale, double postscale,
-                  int root, const std::vector<int64_t>& splits, int process_set, int device,
-                  uintptr_t stream) {
-  const hvdlite_op op = MakeOp(type, name, data, dtype, shape, reduce_op, prescale, postscale, root, splits,
-                               process_set, device, stream);
-  int64_t handle = 0;
-  char err[kErrLen];
-  err[0] = '\0';
-  int code = hvdlite_enqueue(&op, &handle, err, kErrLen);
-  return py::make_tuple(code, std::string(code ? err : ""), handle);
-}
-
-// A synchronous operation in one call: enqueue, register the wait (deadlock
-// detector), and wait up to `slice_s` with the GIL released once. Returns
-// (code, message, handle, token): handle 0 when it is over (the core handle
-// released, the wait ended; code/message are the enqueue's or the wait's, as
-// Enqueue and Wait return them); otherwise the operation is still pending
-// after the slice, and the caller goes on waiting on `handle` as after
-// enqueue + wait_begin (ops._wait_one), then calls wait_end(token) and release.
-py::tuple SubmitWait(int type, const std::string& name, py::handle data, int dtype,
-                     const std::vector<int64_t>& shape, int reduce_op, double prescale, double postscale,
-                     int root, const std::vector<int64_t>& splits, int process_set, int device,
-                     uintptr_t stream, double slice_s) {
-  const hvdlite_op op = MakeOp(type, name, data, dtype, shape, reduce_op, prescale, postscale, root, splits,
-                               process_set, device, stream);
-  int64_t handle = 0;
-  int64_t token = 0;
-  char err[kErrLen];
-  err[0] = '\0';
-  int code;
-  {
-    py::gil_scoped_release nogil;
-    code = hvdlite_submit_wait(&op, slice_s, &handle, &token, err, kErrLen);
-  }
-  if (handle != 0) return py::make_tuple(code, std::string(), handle, token);
-  return py::make_tuple(code, std::string(code ? err : ""), 0, 0);
 }
 
 py::tuple Wait(int64_t handle, double timeout_s) {
@@ -243,13 +166,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("shutdown", &Shutdown);
   m.def("is_initialized", [] { return hvdlite_is_initialized() != 0; });
   m.def("topology", &hvdlite_topology);
+  // enqueue and submit_wait, the per-operation calls (raw CPython: op_calls.cc).
   // device: -1 host memory, else the CUDA device of `data`; stream: the framework's
   // cudaStream_t as an integer (0 = legacy default stream). See hvdlite_op in c_api.h.
-  m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("data"), py::arg("dtype"),
-        py::arg("shape"), py::arg("reduce_op"), py::arg("prescale"), py::arg("postscale"), py::arg("root"),
-        py::arg("splits"), py::arg("process_set"), py::arg("device") = -1, py::arg("stream") = 0);
-  // Enqueue + wait_begin + one wait slice (+ wait_end + release when done): see SubmitWait.
-  m.def("submit_wait", &SubmitWait);
+  if (hvdlite_py::AddOpCalls(m.ptr()) != 0) throw py::error_already_set();
   m.def("poll", &hvdlite_poll);
   m.def("wait", &Wait);
   m.def("wait_begin", [](const std::vector<int64_t>& handles) {
