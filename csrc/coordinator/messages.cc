@@ -303,23 +303,42 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
   return Status::OK();
 }
 
-std::string Serialize(const Vote& vote) {
+// Wire format: kind, epoch, position, ready, input size (int32), input bytes.
+void SerializeWithRoom(Vote* vote, size_t input_size) {
   Writer w(ControlKind::kVote);
-  w.I64(vote.epoch);
-  w.I64(vote.position);
-  w.U8(vote.ready ? 1 : 0);
-  w.Str(vote.data);
-  return w.Take();
+  w.I64(vote->epoch);
+  w.I64(vote->position);
+  w.U8(vote->ready ? 1 : 0);
+  w.I32(static_cast<int32_t>(input_size));
+  vote->wire = w.Take();
+  vote->input_offset = vote->wire.size();
+  vote->input_size = input_size;
+  vote->wire.resize(vote->input_offset + input_size);
 }
 
-Status Deserialize(const std::string& bytes, Vote* out) {
+std::string Serialize(const Vote& vote) {
+  Vote copy;
+  copy.epoch = vote.epoch;
+  copy.position = vote.position;
+  copy.ready = vote.ready;
+  SerializeWithRoom(&copy, vote.input_size);
+  if (vote.input_size) std::memcpy(&copy.wire[copy.input_offset], vote.input(), vote.input_size);
+  return std::move(copy.wire);
+}
+
+Status Deserialize(std::string bytes, Vote* out) {
   if (PeekControlKind(bytes) != ControlKind::kVote) return Status::Internal("not a vote");
   Reader rd(bytes);
   out->epoch = rd.I64();
   out->position = rd.I64();
   out->ready = rd.U8() != 0;
-  out->data = rd.Str();
-  if (!rd.ok() || !rd.AtEnd()) return Status::Internal("corrupt vote");
+  const int32_t size = rd.I32();
+  const size_t header = 1 + 8 + 8 + 1 + 4;
+  if (!rd.ok() || size < 0 || bytes.size() != header + static_cast<size_t>(size))
+    return Status::Internal("corrupt vote");
+  out->input_offset = header;
+  out->input_size = static_cast<size_t>(size);
+  out->wire = size > 0 ? std::move(bytes) : std::string();
   return Status::OK();
 }
 

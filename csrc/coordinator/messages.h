@@ -116,9 +116,15 @@ struct Vote {
   int64_t epoch = 0;
   int64_t position = 0;
   bool ready = false;
-  // A ready vote for a small CPU allreduce group may carry this rank's packed,
-  // prescaled input (steady_state.h, "Votes that carry the data"); empty otherwise.
-  std::string data;
+  // A ready vote for a small CPU allreduce group may carry the voter's packed,
+  // prescaled input (steady_state.h, "Votes that carry the data"): bytes
+  // [input_offset, input_offset + input_size) of `wire`, the serialized vote
+  // itself, so that a vote goes from the wire to the reduction (and from the
+  // packing to the wire) without copying its input. input_size 0: none.
+  std::string wire;
+  size_t input_offset = 0;
+  size_t input_size = 0;
+  const char* input() const { return wire.data() + input_offset; }
 };
 
 std::string Serialize(const RequestList& list);
@@ -127,7 +133,11 @@ std::string Serialize(const ResponseList& list);
 Status Deserialize(const std::string& bytes, RequestList* out);
 Status Deserialize(const std::string& bytes, ResponseList* out);
 std::string Serialize(const Vote& vote);
-Status Deserialize(const std::string& bytes, Vote* out);
+// Sets vote->wire to the serialized vote with room for an input of
+// `input_size` bytes at vote->input_offset, for the caller to write.
+void SerializeWithRoom(Vote* vote, size_t input_size);
+// Keeps `bytes` as out->wire when the vote carries an input.
+Status Deserialize(std::string bytes, Vote* out);
 
 // First byte of every control payload says which kind it is.
 enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3 };

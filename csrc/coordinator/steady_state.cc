@@ -104,29 +104,34 @@ SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
   if (it == votes_.end()) {
     Ballot b;
     b.votes.assign(size_, -1);
-    b.data.resize(size_);
+    b.ready.resize(size_);
     it = votes_.emplace(at, std::move(b)).first;
   }
   return it->second;
 }
 
-void SteadySchedule::Cast(const Slot& at, int rank, bool ready, std::string data) {
+void SteadySchedule::Cast(const Slot& at, int rank, Vote v) {
   Ballot& b = Tally(at);
   if (b.votes[rank] >= 0) return;
-  b.votes[rank] = ready ? 1 : 0;
-  if (ready) b.data[rank] = std::move(data);
+  b.votes[rank] = v.ready ? 1 : 0;
+  if (v.ready) b.ready[rank] = std::move(v);
 }
 
 void SteadySchedule::OnVote(int peer, Vote v) {
   if (peer < 0 || peer >= size_) return;
   const bool over = v.epoch < epoch_ || (v.epoch == epoch_ && (!active_ || v.position < position_));
   if (over) return;
-  Cast(Slot{v.epoch, v.position}, peer, v.ready, std::move(v.data));
+  const Slot at{v.epoch, v.position};
+  Cast(at, peer, std::move(v));
 }
 
-void SteadySchedule::VoteSelf(bool ready, std::string data) {
-  Cast(Slot{epoch_, position_}, rank_, ready, std::move(data));
+void SteadySchedule::VoteSelf(bool ready) {
+  Vote v;
+  v.ready = ready;
+  Cast(Slot{epoch_, position_}, rank_, std::move(v));
 }
+
+void SteadySchedule::VoteSelf(Vote own) { Cast(Slot{epoch_, position_}, rank_, std::move(own)); }
 
 bool SteadySchedule::Voted(int rank) const {
   auto it = votes_.find(Slot{epoch_, position_});
@@ -157,9 +162,9 @@ bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
   if (Decide() != Outcome::kRun) return false;
   const Ballot& b = votes_.find(Slot{epoch_, position_})->second;
   parts->clear();
-  for (const std::string& d : b.data) {
-    if (d.empty() || d.size() != b.data[0].size()) return false;
-    parts->push_back(d.data());
+  for (const Vote& v : b.ready) {
+    if (v.input_size == 0 || v.input_size != b.ready[0].input_size) return false;
+    parts->push_back(v.input());
   }
   return true;
 }

@@ -111,9 +111,10 @@ class SteadySchedule {
   // an epoch not entered yet are kept for it. A second vote of a rank for one
   // position is ignored.
   void OnVote(int peer, Vote v);
-  // This rank's vote at position() (the runtime sends it to every peer), with
-  // the input its ready vote carries (empty: none).
-  void VoteSelf(bool ready, std::string data = {});
+  // This rank's vote at position() (the runtime sends it to every peer);
+  // the second form keeps the input `own` carries (own.ready: the vote).
+  void VoteSelf(bool ready);
+  void VoteSelf(Vote own);
   bool Voted(int rank) const;  // `rank` has voted at position()
   bool AnyVote() const;        // some rank has voted at position()
   enum class Outcome { kWait, kRun, kExit };
@@ -129,11 +130,11 @@ class SteadySchedule {
  private:
   using Slot = std::pair<int64_t, int64_t>;  // (epoch, position)
   struct Ballot {
-    std::vector<int8_t> votes;      // per rank: -1 none, 0 exit, 1 ready
-    std::vector<std::string> data;  // per rank: the input its ready vote carried
+    std::vector<int8_t> votes;  // per rank: -1 none, 0 exit, 1 ready
+    std::vector<Vote> ready;    // per rank: its ready vote (the input it carried)
   };
   Ballot& Tally(const Slot& at);
-  void Cast(const Slot& at, int rank, bool ready, std::string data);
+  void Cast(const Slot& at, int rank, Vote v);
   int rank_, size_;
   bool active_ = false;
   int64_t epoch_ = 0;  // the epoch entered last (active or not)

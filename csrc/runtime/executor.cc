@@ -271,36 +271,40 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
   return Status::OK();
 }
 
-std::string Executor::VotedInput(const Response& response) {
-  if (response.type != OpType::kAllreduce || response.error_code != StatusCode::kOk) return {};
+bool Executor::VotedInput(const Response& response, Vote* vote) {
+  if (response.type != OpType::kAllreduce || response.error_code != StatusCode::kOk) return false;
   std::vector<const TensorEntry*> entries;
   int64_t bytes = 0;
   for (const std::string& name : response.names) {
     const TensorEntry* e = queue_->Find(response.process_set, name);
-    if (e == nullptr || e->request.device >= 0) return {};
+    if (e == nullptr || e->request.device >= 0) return false;
     entries.push_back(e);
     bytes += NumElements(e->request.shape) * static_cast<int64_t>(DataTypeSize(e->request.dtype));
   }
   const int members = sets_->Size(response.process_set);
   if (bytes == 0 || members < 2 || bytes * (members - 1) > kVotedInputMaxBytes ||
       !backend_->AllreduceIsRecursiveDoubling(bytes, members))
-    return {};
-  std::string input(static_cast<size_t>(bytes), '\0');
+    return false;
+  SerializeWithRoom(vote, static_cast<size_t>(bytes));
+  char* input = &vote->wire[vote->input_offset];
   size_t offset = 0;
   for (const TensorEntry* e : entries) {
     const size_t n = static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(e->request.dtype);
-    if (n) std::memcpy(&input[offset], e->data, n);
+    if (n) std::memcpy(input + offset, e->data, n);
     offset += n;
   }
   const Request& q = entries[0]->request;
-  if (!ScaleBuffer(&input[0], bytes / static_cast<int64_t>(DataTypeSize(q.dtype)), q.dtype, q.prescale).ok())
-    return {};
-  return input;
+  if (ScaleBuffer(input, bytes / static_cast<int64_t>(DataTypeSize(q.dtype)), q.dtype, q.prescale).ok())
+    return true;
+  vote->wire.clear();  // (a dtype ScaleBuffer refuses: the collective reports it)
+  vote->input_size = 0;
+  return false;
 }
 
 // Every member reduces the same inputs along the same tree, so every member
 // ends with the bits the backend's recursive doubling would leave; then the
-// postscale, and the result is unpacked into the tensors.
+// postscale. A single tensor receives the result directly; several are
+// unpacked from the fusion buffer.
 Status Executor::ReduceVotedInputs(const CollectiveContext& ctx, std::vector<TensorEntry>& entries) {
   const Reduction red = ReductionOf(entries[0].request, ctx.size());
   const int64_t esize = static_cast<int64_t>(DataTypeSize(red.dtype));
@@ -309,9 +313,10 @@ Status Executor::ReduceVotedInputs(const CollectiveContext& ctx, std::vector<Ten
   if (voted_inputs_->size() != ctx.ranks.size())
     return Status::Internal("steady state: voted inputs from " + std::to_string(voted_inputs_->size()) +
                             " ranks for a set of " + std::to_string(ctx.ranks.size()));
-  char* result = static_cast<char*>(Scratch(count * esize));
+  char* result = static_cast<char*>(entries.size() == 1 ? entries[0].data : Scratch(count * esize));
   HVD_RETURN_IF_ERROR(ReduceAsRecursiveDoubling(*voted_inputs_, result, count, red.dtype, red.op));
   HVD_RETURN_IF_ERROR(ScaleBuffer(result, count, red.dtype, red.postscale));
+  if (entries.size() == 1) return Status::OK();
   int64_t offset = 0;
   for (auto& e : entries) {
     const size_t bytes = static_cast<size_t>(NumElements(e.request.shape) * esize);

@@ -39,12 +39,13 @@ class Executor {
   // group reduces them here, along recursive doubling's tree, instead of
   // running the backend's collective (coordinator/steady_state.h).
   Status ExecuteScheduled(const Response& response, const std::vector<const char*>* voted_inputs = nullptr);
-  // The input this rank's ready vote for the schedule's `response` carries:
-  // its tensors packed in the response's order and prescaled, as the backend
-  // would get them. Empty unless the response is one CPU allreduce the backend
-  // runs by recursive doubling and the input is at most kVotedInputMaxBytes
-  // per peer. Engine only, while the response's tensors are pending here.
-  std::string VotedInput(const Response& response);
+  // Serializes into *vote (SerializeWithRoom) the input this rank's ready vote
+  // for the schedule's `response` carries: its tensors packed in the
+  // response's order and prescaled, as the backend would get them. False (and
+  // *vote untouched) unless the response is one CPU allreduce the backend
+  // runs by recursive doubling, with at most kVotedInputMaxBytes to all peers.
+  // Engine only, while the response's tensors are pending here.
+  bool VotedInput(const Response& response, Vote* vote);
   // Peers get a voted input each: above this many bytes to all of them
   // together, the collective's rounds cost less than the extra copies.
   static constexpr int64_t kVotedInputMaxBytes = 64 << 10;

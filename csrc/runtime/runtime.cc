@@ -161,7 +161,8 @@ Status Runtime::HandleIncoming() {
       }
     } else if (PeekControlKind(msg.payload) == ControlKind::kVote) {
       Vote v;
-      HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &v).WithContext("from rank " + std::to_string(msg.peer)));
+      HVD_RETURN_IF_ERROR(
+          Deserialize(std::move(msg.payload), &v).WithContext("from rank " + std::to_string(msg.peer)));
       steady_.OnVote(msg.peer, std::move(v));
     } else {
       return Status::Internal("unexpected control message from rank " + std::to_string(msg.peer));

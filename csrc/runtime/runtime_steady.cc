@@ -101,14 +101,13 @@ Status Runtime::SendVote(bool ready) {
   v.epoch = steady_.epoch();
   v.position = steady_.position();
   v.ready = ready;
-  if (ready) v.data = executor_->VotedInput(steady_.group());
-  const std::string payload = Serialize(v);
-  steady_.VoteSelf(ready, std::move(v.data));
+  if (!ready || !executor_->VotedInput(steady_.group(), &v)) v.wire = Serialize(v);
   voted_at_ = last_vote_warning_ = Clock::now();
   for (int peer = 0; peer < topo_.size; ++peer) {
     if (peer == topo_.rank || transport_->PeerDeparted(peer)) continue;
-    HVD_RETURN_IF_ERROR(transport_->SendControl(peer, payload));
+    HVD_RETURN_IF_ERROR(transport_->SendControl(peer, v.wire));
   }
+  steady_.VoteSelf(std::move(v));
   return Status::OK();
 }
 

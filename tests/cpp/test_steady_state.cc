@@ -3,6 +3,7 @@
 // (requests in through Add(), the announcement out of Drain()), the ranks'
 // ready/exit tally, and the messages that carry both. No sockets, no threads,
 // no wall time. Prints "N passed, M failed".
+#include <cstring>
 #include <memory>
 
 #include "coord_test_util.h"
@@ -179,43 +180,46 @@ void TestVotes() {
   Check(s.position() == 2 && s.group_index() == 0, "the schedule repeats");
 }
 
+// A vote of `position` in epoch 1 carrying `input` (empty: none).
+Vote Carrying(int64_t position, bool ready, const std::string& input) {
+  Vote v = V(1, position, ready);
+  SerializeWithRoom(&v, input.size());
+  if (!input.empty()) std::memcpy(&v.wire[v.input_offset], input.data(), input.size());
+  return v;
+}
+
 void TestVotedInputs() {
   SteadySchedule s(/*rank=*/0, /*size=*/3);
   s.Enter(1, {Group({"a"}), Group({"b"})});
   std::vector<const char*> parts;
-  Vote ready = V(1, 0, true);
-  ready.data = "peer1";
-  s.OnVote(1, ready);
-  s.VoteSelf(true, "mine0");
+  s.OnVote(1, Carrying(0, true, "peer1"));
+  s.VoteSelf(Carrying(0, true, "mine0"));
   Check(!s.VotedInputs(&parts), "no inputs before every rank voted");
-  ready.data = "peer2";
-  s.OnVote(2, ready);
+  s.OnVote(2, Carrying(0, true, "peer2"));
   Check(s.VotedInputs(&parts) && parts.size() == 3 && std::string(parts[0], 5) == "mine0" &&
             std::string(parts[2], 5) == "peer2",
         "every ready vote carried an input: one per rank, in rank order");
   s.Advance();
-  s.VoteSelf(true, "mine0");
+  s.VoteSelf(Carrying(1, true, "mine0"));
   s.OnVote(1, V(1, 1, true));  // no input: this position runs the collective
-  ready.position = 1;
-  s.OnVote(2, ready);
+  s.OnVote(2, Carrying(1, true, "peer2"));
   Check(s.Decide() == SteadySchedule::Outcome::kRun && !s.VotedInputs(&parts), "one vote without input");
   s.Advance();
-  ready.position = 2;
-  ready.data = "longer!";
-  s.OnVote(2, ready);
-  ready.data = "peer1";
-  s.OnVote(1, ready);
-  s.VoteSelf(true, "mine0");
+  s.OnVote(2, Carrying(2, true, "longer!"));
+  s.OnVote(1, Carrying(2, true, "peer1"));
+  s.VoteSelf(Carrying(2, true, "mine0"));
   Check(!s.VotedInputs(&parts), "inputs of different lengths are not reduced");
   s.Advance();
-  Vote exit = V(1, 3, false);
-  exit.data = "ignored";
-  s.OnVote(1, exit);
+  s.OnVote(1, Carrying(3, false, "ignored"));
   Check(s.Decide() == SteadySchedule::Outcome::kExit && !s.VotedInputs(&parts), "an exit vote runs nothing");
-  Vote carried = V(7, 123, true), back;
-  carried.data = std::string("\0\1binary", 8);
-  Check(Deserialize(Serialize(carried), &back).ok() && back.data == carried.data,
+  const std::string binary("\0\1binary", 8);
+  Vote back;
+  Check(Deserialize(Serialize(Carrying(5, true, binary)), &back).ok() && back.input_size == 8 &&
+            std::string(back.input(), back.input_size) == binary && back.position == 5 && back.ready,
         "a vote's input round trip");
+  std::string cut = Serialize(Carrying(5, true, binary));
+  cut.pop_back();
+  Check(!Deserialize(cut, &back).ok(), "a vote whose input is cut short is refused");
 }
 
 void TestMessages() {
