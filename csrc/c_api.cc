@@ -84,7 +84,7 @@ int Enqueue(Runtime& rt, const hvdlite_op* op, int64_t* handle, char* err, size_
   r.process_set = op->process_set;
   r.device = op->device < 0 ? -1 : op->device;
   if (op->splits) r.splits.assign(op->splits, op->splits + op->nsplits);
-  return Report(rt.Enqueue(r, op->data, handle, op->stream), err, err_len);
+  return Report(rt.Enqueue(std::move(r), op->data, handle, op->stream), err, err_len);
 }
 
 }  // namespace

@@ -103,8 +103,13 @@ void ResponseCache::Acknowledge(int rank, int64_t seq) {
 }
 
 void LocalRequestCache::Compact(Request* r) const {
-  auto it = by_name_.find(r->name);
-  if (it != by_name_.end() && it->second.second.SameSignature(*r)) r->cache_id = it->second.first;
+  const int32_t id = CachedId(*r);
+  if (id >= 0) r->cache_id = id;
+}
+
+int32_t LocalRequestCache::CachedId(const Request& r) const {
+  auto it = by_name_.find(r.name);
+  return it != by_name_.end() && it->second.second.SameSignature(r) ? it->second.first : -1;
 }
 
 void LocalRequestCache::Remember(const Request& r, int32_t id) {

@@ -92,6 +92,8 @@ class LocalRequestCache {
  public:
   // Rewrites `r` to its compact form when an identical request is cached.
   void Compact(Request* r) const;
+  // The cache id of an identical cached request, or -1.
+  int32_t CachedId(const Request& r) const;
   // Called when a response executes: `id` < 0 forgets the name.
   void Remember(const Request& r, int32_t id);
   // Eviction notices of a received ResponseList; applied by ApplyEvictions,

@@ -55,26 +55,27 @@ Status Runtime::AdmitCudaTensor(const Request& request) {
   return Status::OK();
 }
 
-Status Runtime::Enqueue(const Request& request, void* data, int64_t* handle, void* stream) {
+Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stream) {
   if (request.device >= 0) HVD_RETURN_IF_ERROR(AdmitCudaTensor(request));
   std::lock_guard<std::mutex> lock(state_mu_);
   if (stopped_) {
     return broken_.WithContext(std::string("cannot run ") + OpTypeName(request.type) + " of tensor '" +
                                request.name + "'");
   }
+  if (timeline_.Active()) timeline_.Begin(request.name, "QUEUE");
   TensorEntry e;
-  e.request = request;
+  e.request = std::move(request);
   e.request.rank = topo_.rank;
   e.data = data;
   e.stream = stream;
   e.handle = handles_.Create();
-  if (timeline_.Active()) timeline_.Begin(request.name, "QUEUE");
-  Status st = queue_.Push(e);
+  const int64_t h = e.handle;
+  Status st = queue_.Push(std::move(e));
   if (!st.ok()) {
-    handles_.Release(e.handle);
+    handles_.Release(h);
     return st;
   }
-  *handle = e.handle;
+  *handle = h;
   return Status::OK();
 }
 

@@ -58,7 +58,7 @@ class Runtime {
   // Fails at once (no handle) when the runtime is broken or shut down, or the
   // name is already in flight. CUDA data (request.device >= 0) is read once
   // the work queued so far on `stream` is done (null = the legacy default stream).
-  Status Enqueue(const Request& request, void* data, int64_t* handle, void* stream = nullptr);
+  Status Enqueue(Request request, void* data, int64_t* handle, void* stream = nullptr);
   // Waits up to timeout_s for the handle's operation, driving the engine
   // meanwhile when it can take it over; the result is the operation's status,
   // Timeout when still pending, InvalidArgument for an unknown handle.

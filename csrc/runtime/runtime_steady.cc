@@ -53,9 +53,7 @@ void Runtime::HoldNewRequests() {
     if (r.type == OpType::kShutdown || r.process_set != 0 || !steady_.Find(r.name, &id, &group)) {
       unexpected_held_ = true;
     } else {
-      Request compact = r;
-      local_cache_.Compact(&compact);
-      unexpected_held_ |= compact.cache_id != id;  // a changed signature: the coordinator must see it
+      unexpected_held_ |= local_cache_.CachedId(r) != id;  // a changed signature: the coordinator must see it
     }
     held_.push_back(std::move(r));
   }

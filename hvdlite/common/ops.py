@@ -97,7 +97,8 @@ def run(
         _WAIT_SLICE_S,
     )
     if handle == 0:  # over: the core released the handle and ended the wait
-        exceptions.raise_for_status(code, message)
+        if code:
+            exceptions.raise_for_status(code, message)
         return
     try:
         _wait_one(handle)  # releases the handle on error
