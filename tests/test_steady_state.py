@@ -137,6 +137,32 @@ def test_small_allreduces_reduce_the_inputs_votes_carried(size, env):
     )
 
 
+def _with_barriers(steps):
+    """A loop that calls barrier() before every step (as a benchmark's repetitions do),
+    one step also with an allreduce in flight across the barrier."""
+    import hvdlite as hvd
+    from hvdlite.common.basics import runtime_stats
+
+    hvd.init()
+    for it in range(steps):
+        hvd.barrier()
+        for value in _step(hvd, it).values():
+            assert (value == _expect(hvd, it)).all(), (it, value)
+    handle = hvd.allreduce_async(np.full(3, 1.0, np.float32), name="across", op=hvd.Sum)
+    hvd.barrier()
+    assert (hvd.synchronize(handle) == hvd.size()).all()
+    stats = runtime_stats()
+    hvd.shutdown()
+    return stats
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_barriers_between_steps_stay_in_schedule_mode(size):
+    for stats in run_ranks(_with_barriers, size, args=(STEPS,), timeout=120):
+        # every step after learning, and the barrier before it, ran without the coordinator
+        _assert_mostly_scheduled(stats, 2)
+
+
 def _orders(changing):
     import hvdlite as hvd
     from hvdlite.common.basics import runtime_stats

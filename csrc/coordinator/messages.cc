@@ -308,7 +308,7 @@ void SerializeWithRoom(Vote* vote, size_t input_size) {
   Writer w(ControlKind::kVote);
   w.I64(vote->epoch);
   w.I64(vote->position);
-  w.U8(vote->ready ? 1 : 0);
+  w.U8(vote->ready ? 1 : vote->barrier ? 2 : 0);
   w.I32(static_cast<int32_t>(input_size));
   vote->wire = w.Take();
   vote->input_offset = vote->wire.size();
@@ -321,6 +321,7 @@ std::string Serialize(const Vote& vote) {
   copy.epoch = vote.epoch;
   copy.position = vote.position;
   copy.ready = vote.ready;
+  copy.barrier = vote.barrier;
   SerializeWithRoom(&copy, vote.input_size);
   if (vote.input_size) std::memcpy(&copy.wire[copy.input_offset], vote.input(), vote.input_size);
   return std::move(copy.wire);
@@ -331,10 +332,12 @@ Status Deserialize(std::string bytes, Vote* out) {
   Reader rd(bytes);
   out->epoch = rd.I64();
   out->position = rd.I64();
-  out->ready = rd.U8() != 0;
+  const uint8_t kind = rd.U8();
+  out->ready = kind == 1;
+  out->barrier = kind == 2;
   const int32_t size = rd.I32();
   const size_t header = 1 + 8 + 8 + 1 + 4;
-  if (!rd.ok() || size < 0 || bytes.size() != header + static_cast<size_t>(size))
+  if (!rd.ok() || kind > 2 || size < 0 || bytes.size() != header + static_cast<size_t>(size))
     return Status::Internal("corrupt vote");
   out->input_offset = header;
   out->input_size = static_cast<size_t>(size);

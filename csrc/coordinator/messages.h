@@ -116,6 +116,7 @@ struct Vote {
   int64_t epoch = 0;
   int64_t position = 0;
   bool ready = false;
+  bool barrier = false;  // (with ready false) a barrier vote, not an exit (steady_state.h)
   // A ready vote for a small CPU allreduce group may carry the voter's packed,
   // prescaled input (steady_state.h, "Votes that carry the data"): bytes
   // [input_offset, input_offset + input_size) of `wire`, the serialized vote

@@ -7,7 +7,7 @@ namespace hvdlite {
 // Replayable: an error-free collective of the global set whose every tensor
 // is cached (so a rank can tell from its local cache that its request is
 // unchanged), with no joined members. Join, barrier, process-set ops and
-// shutdown never are.
+// shutdown never are (a barrier of the global set is skipped, see Observe).
 bool ScheduleLearner::Replayable(const Response& r) {
   switch (r.type) {
     case OpType::kAllreduce:
@@ -29,6 +29,9 @@ bool ScheduleLearner::Replayable(const Response& r) {
 }
 
 void ScheduleLearner::Observe(const Response& r, bool global) {
+  // A barrier of the global set neither belongs to a schedule nor ends one:
+  // schedule mode votes on barriers (steady_state.h).
+  if (global && r.type == OpType::kBarrier && r.process_set == 0 && r.error_code == StatusCode::kOk) return;
   if (!global || !Replayable(r)) return Reset();
   ResponseList one;
   one.responses.push_back(r);
@@ -75,6 +78,7 @@ void SteadySchedule::Enter(int64_t epoch, std::vector<Response> groups) {
   active_ = !groups.empty();
   epoch_ = epoch;
   position_ = 0;
+  groups_run_ = 0;
   groups_ = std::move(groups);
   ids_.clear();
   for (size_t k = 0; k < groups_.size(); ++k) {
@@ -113,7 +117,7 @@ SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
 void SteadySchedule::Cast(const Slot& at, int rank, Vote v) {
   Ballot& b = Tally(at);
   if (b.votes[rank] >= 0) return;
-  b.votes[rank] = v.ready ? 1 : 0;
+  b.votes[rank] = v.ready ? kReadyVote : v.barrier ? kBarrierVote : kExitVote;
   if (v.ready) b.ready[rank] = std::move(v);
 }
 
@@ -133,6 +137,12 @@ void SteadySchedule::VoteSelf(bool ready) {
 
 void SteadySchedule::VoteSelf(Vote own) { Cast(Slot{epoch_, position_}, rank_, std::move(own)); }
 
+void SteadySchedule::VoteSelfBarrier() {
+  Vote v;
+  v.barrier = true;
+  Cast(Slot{epoch_, position_}, rank_, std::move(v));
+}
+
 bool SteadySchedule::Voted(int rank) const {
   auto it = votes_.find(Slot{epoch_, position_});
   return it != votes_.end() && it->second.votes[rank] >= 0;
@@ -150,12 +160,16 @@ bool SteadySchedule::AnyVote() const {
 SteadySchedule::Outcome SteadySchedule::Decide() const {
   auto it = votes_.find(Slot{epoch_, position_});
   if (!active_ || it == votes_.end()) return Outcome::kWait;
-  bool all_ready = true;
+  bool all = true, ready = false, barrier = false;
   for (int8_t v : it->second.votes) {
-    if (v == 0) return Outcome::kExit;
-    all_ready &= v == 1;
+    if (v == kExitVote) return Outcome::kExit;
+    all &= v >= 0;
+    ready |= v == kReadyVote;
+    barrier |= v == kBarrierVote;
   }
-  return all_ready ? Outcome::kRun : Outcome::kWait;
+  if (!all) return Outcome::kWait;
+  if (ready && barrier) return Outcome::kExit;  // the ranks are not at the same point
+  return barrier ? Outcome::kBarrier : Outcome::kRun;
 }
 
 bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
@@ -170,8 +184,10 @@ bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
 }
 
 void SteadySchedule::Advance() {
+  const bool ran_group = Decide() != Outcome::kBarrier;
   votes_.erase(Slot{epoch_, position_});
   ++position_;
+  if (ran_group) ++groups_run_;
 }
 
 }  // namespace hvdlite

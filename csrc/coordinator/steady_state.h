@@ -16,7 +16,7 @@
 //     ready(p) when its caller has submitted every tensor of the group with a
 //     request identical to the cached one, exit(p) as soon as it holds
 //     anything the schedule does not expect (a new name, a changed signature,
-//     join, barrier, a process-set op, shutdown...), or when its wait at p
+//     join, a process-set op, shutdown...), or when its wait at p
 //     ran out of patience (it holds part of the group but its caller is
 //     blocked, or waited too long; or peers voted and it did not).
 //     Position p runs, on every rank, iff every rank voted ready(p): the group
@@ -25,8 +25,15 @@
 //     the coordinator, which negotiates them as always (so mismatches fail
 //     with exactly today's errors, stalls warn as today), and learns afresh.
 //  Because each rank casts exactly one vote per position and ranks advance
-//  only on unanimous ready, every rank takes the same decision at every
+//  only on a unanimous vote, every rank takes the same decision at every
 //  position; a rank is at most one position ahead of another.
+//  Barriers: a rank whose caller waits in a barrier of the global set, and
+//  that holds nothing of the current group, votes barrier(p) instead. When
+//  every rank voted barrier(p), the barrier completes on every rank (every
+//  rank has reached it: that is all a barrier promises) and the next position
+//  p + 1 takes the same group; any other mix of votes is an exit. So a loop
+//  that calls barrier() between its steps (a benchmark's repetitions) stays
+//  in schedule mode. Positions count votes, groups(): the groups run.
 //  Hand-over: a rank that has requests at the coordinator when the schedule
 //  arrives (sent before it, undecided) votes exit(0), so a schedule runs only
 //  when nothing was in flight to the coordinator from any rank.
@@ -77,7 +84,8 @@ class ScheduleLearner {
   // Longest period (in fused responses) it looks for.
   explicit ScheduleLearner(size_t max_period = 512) : max_period_(max_period) {}
   // One decided (fused) response in the global order; `global`: it went to
-  // every rank. A response a schedule cannot replay starts learning afresh.
+  // every rank. A response a schedule cannot replay starts learning afresh,
+  // except a barrier of the global set, which is skipped.
   void Observe(const Response& r, bool global);
   void Reset();
   // True when the responses observed since the last reset end with one period
@@ -101,12 +109,12 @@ class SteadySchedule {
   bool active() const { return active_; }
   int64_t epoch() const { return epoch_; }
   int64_t position() const { return position_; }
-  // The group to run at position().
+  // The group to run next (position() may be a barrier's instead).
   const Response& group() const { return groups_[group_index()]; }
   // The cache id the schedule expects `name` (global set) under, and the index
   // of its group; false when the schedule does not contain it.
   bool Find(const std::string& name, int32_t* cache_id, size_t* group) const;
-  size_t group_index() const { return static_cast<size_t>(position_ % groups_.size()); }
+  size_t group_index() const { return static_cast<size_t>(groups_run_ % groups_.size()); }
   // Takes a peer's vote. Votes of epochs that are over are dropped; votes of
   // an epoch not entered yet are kept for it. A second vote of a rank for one
   // position is ignored.
@@ -117,20 +125,25 @@ class SteadySchedule {
   void VoteSelf(Vote own);
   bool Voted(int rank) const;  // `rank` has voted at position()
   bool AnyVote() const;        // some rank has voted at position()
-  enum class Outcome { kWait, kRun, kExit };
-  // kRun: every rank voted ready(position()); kExit: some rank voted exit;
-  // kWait: neither yet.
+  // A barrier(position()) vote of this rank (sent like VoteSelf's).
+  void VoteSelfBarrier();
+  enum class Outcome { kWait, kRun, kBarrier, kExit };
+  // kRun: every rank voted ready(position()); kBarrier: every rank voted
+  // barrier; kExit: some rank voted exit, or every rank voted and they differ;
+  // kWait: not every rank has voted yet.
   Outcome Decide() const;
   // When Decide() is kRun and every rank's ready vote carried an input of one
   // length: true, with parts[r] = rank r's input (valid until Advance()).
   bool VotedInputs(std::vector<const char*>* parts) const;
-  // After running position(): on to the next one.
+  // After running position(): on to the next one (and, when it ran the
+  // group rather than a barrier, to the next group).
   void Advance();
 
  private:
   using Slot = std::pair<int64_t, int64_t>;  // (epoch, position)
+  static constexpr int8_t kExitVote = 0, kReadyVote = 1, kBarrierVote = 2;
   struct Ballot {
-    std::vector<int8_t> votes;  // per rank: -1 none, 0 exit, 1 ready
+    std::vector<int8_t> votes;  // per rank: -1 none, kExit, kReady, kBarrier
     std::vector<Vote> ready;    // per rank: its ready vote (the input it carried)
   };
   Ballot& Tally(const Slot& at);
@@ -139,6 +152,7 @@ class SteadySchedule {
   bool active_ = false;
   int64_t epoch_ = 0;  // the epoch entered last (active or not)
   int64_t position_ = 0;
+  int64_t groups_run_ = 0;  // in this epoch: positions that ran the group
   std::vector<Response> groups_;
   std::unordered_map<std::string, std::pair<int32_t, size_t>> ids_;  // name -> (cache id, group)
   std::map<Slot, Ballot> votes_;

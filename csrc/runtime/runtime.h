@@ -96,12 +96,15 @@ class Runtime {
   void Leave();
   // Steady state (runtime_steady.cc; coordinator/steady_state.h).
   void HoldNewRequests();
-  bool ChooseVote(bool* ready);
-  Status SendVote(bool ready);
+  // The vote this rank casts (v->ready, v->barrier; neither: exit), if it can yet.
+  bool ChooseVote(Vote* v);
+  Status SendVote(Vote v);
+  const Request* HeldBarrier() const;
   Status CountDepartedAsExit();
   Status CheckVoteWait();
   Status RunSchedule();
   Status RunScheduledGroup();
+  Status RunScheduledBarrier();
   Status LeaveSchedule();
   Status EnterAnnouncedSchedule();
   int ScheduleBudgetMs() const;
@@ -139,6 +142,7 @@ class Runtime {
   bool unexpected_held_ = false;  // held_ has something the schedule does not expect
   RankWaits held_waits_;          // the blocked callers' report, when it changed in schedule mode
   bool held_has_waits_ = false;
+  bool voted_barrier_ = false;     // this rank's last vote was barrier (CheckVoteWait's message)
   bool patience_started_ = false;  // this rank waits at the current position since patience_since_
   Clock::time_point patience_since_;
   Clock::time_point voted_at_, last_vote_warning_;  // this rank's vote at the current position

@@ -50,7 +50,9 @@ void Runtime::HoldNewRequests() {
   for (auto& r : fresh) {
     int32_t id = -1;
     size_t group = 0;
-    if (r.type == OpType::kShutdown || r.process_set != 0 || !steady_.Find(r.name, &id, &group)) {
+    if (r.type == OpType::kBarrier && r.process_set == 0) {
+      // a barrier of the global set: voted on as such (steady_state.h)
+    } else if (r.type == OpType::kShutdown || r.process_set != 0 || !steady_.Find(r.name, &id, &group)) {
       unexpected_held_ = true;
     } else {
       unexpected_held_ |= local_cache_.CachedId(r) != id;  // a changed signature: the coordinator must see it
@@ -59,10 +61,18 @@ void Runtime::HoldNewRequests() {
   }
 }
 
+// The oldest held barrier of the global set, or null.
+const Request* Runtime::HeldBarrier() const {
+  for (const Request& r : held_) {
+    if (r.type == OpType::kBarrier && r.process_set == 0) return &r;
+  }
+  return nullptr;
+}
+
 // Decides this rank's vote at the current position, if it can yet: true with
-// *ready set, or false (no vote yet).
-bool Runtime::ChooseVote(bool* ready) {
-  *ready = false;
+// v->ready or v->barrier set (neither: exit), or false (no vote yet).
+bool Runtime::ChooseVote(Vote* v) {
+  v->ready = v->barrier = false;
   if (unexpected_held_ || shutdown_requested_.load()) return true;
   const size_t want = steady_.group_index();
   size_t in_group = 0;
@@ -72,7 +82,11 @@ bool Runtime::ChooseVote(bool* ready) {
     if (steady_.Find(r.name, &id, &group) && group == want) ++in_group;
   }
   if (in_group == steady_.group().names.size()) {
-    *ready = true;
+    v->ready = true;
+    return true;
+  }
+  if (in_group == 0 && HeldBarrier() != nullptr) {
+    v->barrier = true;
     return true;
   }
   if (held_.empty() && !steady_.AnyVote()) {
@@ -94,18 +108,21 @@ bool Runtime::ChooseVote(bool* ready) {
 
 // A ready vote carries this rank's input when the group allows it
 // (Executor::VotedInput; coordinator/steady_state.h).
-Status Runtime::SendVote(bool ready) {
-  Vote v;
+Status Runtime::SendVote(Vote v) {
   v.epoch = steady_.epoch();
   v.position = steady_.position();
-  v.ready = ready;
-  if (!ready || !executor_->VotedInput(steady_.group(), &v)) v.wire = Serialize(v);
+  if (!v.ready || !executor_->VotedInput(steady_.group(), &v)) v.wire = Serialize(v);
   voted_at_ = last_vote_warning_ = Clock::now();
   for (int peer = 0; peer < topo_.size; ++peer) {
     if (peer == topo_.rank || transport_->PeerDeparted(peer)) continue;
     HVD_RETURN_IF_ERROR(transport_->SendControl(peer, v.wire));
   }
-  steady_.VoteSelf(std::move(v));
+  voted_barrier_ = v.barrier;
+  if (v.barrier) {
+    steady_.VoteSelfBarrier();
+  } else {
+    steady_.VoteSelf(std::move(v));
+  }
   return Status::OK();
 }
 
@@ -147,8 +164,13 @@ Status Runtime::CheckVoteWait() {
   const Response& g = steady_.group();
   std::ostringstream os;
   os << "ranks " << missing << " sent no steady-state vote for " << static_cast<int>(waited)
-     << " s while rank " << topo_.rank << " waits to run tensor '" << g.names[0] << "'";
-  if (g.names.size() > 1) os << " (and " << g.names.size() - 1 << " more)";
+     << " s while rank " << topo_.rank;
+  if (voted_barrier_ && HeldBarrier() != nullptr) {
+    os << " waits in barrier '" << HeldBarrier()->name << "'";
+  } else {
+    os << " waits to run tensor '" << g.names[0] << "'";
+    if (g.names.size() > 1) os << " (and " << g.names.size() - 1 << " more)";
+  }
   if (fail) {
     return Status::Timeout(os.str() +
                            ": their hvdlite engine does not run (a stopped or hung process). "
@@ -163,8 +185,8 @@ Status Runtime::CheckVoteWait() {
 // leaves schedule mode at the first one some rank voted exit for.
 Status Runtime::RunSchedule() {
   while (steady_.active()) {
-    bool ready = false;
-    if (!steady_.Voted(topo_.rank) && ChooseVote(&ready)) HVD_RETURN_IF_ERROR(SendVote(ready));
+    Vote vote;
+    if (!steady_.Voted(topo_.rank) && ChooseVote(&vote)) HVD_RETURN_IF_ERROR(SendVote(std::move(vote)));
     HVD_RETURN_IF_ERROR(CountDepartedAsExit());
     switch (steady_.Decide()) {
       case SteadySchedule::Outcome::kWait:
@@ -173,6 +195,9 @@ Status Runtime::RunSchedule() {
         return LeaveSchedule();
       case SteadySchedule::Outcome::kRun:
         HVD_RETURN_IF_ERROR(RunScheduledGroup());
+        break;
+      case SteadySchedule::Outcome::kBarrier:
+        HVD_RETURN_IF_ERROR(RunScheduledBarrier());
         break;
     }
   }
@@ -195,6 +220,21 @@ Status Runtime::RunScheduledGroup() {
   std::vector<const char*> inputs;
   const bool voted_inputs = steady_.VotedInputs(&inputs);
   Status st = executor_->ExecuteScheduled(group, voted_inputs ? &inputs : nullptr);
+  steady_.Advance();
+  patience_started_ = false;
+  return st;
+}
+
+// Every rank voted barrier: each completes its oldest held barrier (there is
+// nothing to exchange: every rank has reached it).
+Status Runtime::RunScheduledBarrier() {
+  const Request* held = HeldBarrier();
+  Response barrier;
+  barrier.type = OpType::kBarrier;
+  barrier.names = {held->name};
+  held_.erase(held_.begin() + (held - held_.data()));
+  if (timeline_.Active()) timeline_.End(barrier.names[0], "QUEUE");
+  Status st = executor_->ExecuteScheduled(barrier);
   steady_.Advance();
   patience_started_ = false;
   return st;
@@ -223,7 +263,7 @@ Status Runtime::EnterAnnouncedSchedule() {
                                                      << steady_.group().names.size() << "+ tensors");
   // Requests of this rank are at the coordinator, undecided: hand them over
   // by falling back at once (coordinator/steady_state.h).
-  if (queue_.TakenWaiting() > 0) return SendVote(false);
+  if (queue_.TakenWaiting() > 0) return SendVote(Vote{});
   return Status::OK();
 }
 

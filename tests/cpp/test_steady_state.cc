@@ -134,6 +134,17 @@ void TestLearnerPeriod() {
   learner.Observe(resp("y", -1), true);  // not cached: not replayable
   learner.Observe(resp("y", -1), true);
   Check(!learner.Period(&period), "uncached responses are never replayed");
+  Response barrier;
+  barrier.type = OpType::kBarrier;
+  barrier.names = {"barrier.noname.0"};
+  learner.Observe(resp("x", 1), true);
+  learner.Observe(barrier, true);
+  learner.Observe(resp("x", 1), true);
+  Check(learner.Period(&period) && period.size() == 1 && period[0].names[0] == "x",
+        "a barrier of the global set is skipped, not learned");
+  barrier.process_set = 1;
+  learner.Observe(barrier, true);
+  Check(!learner.Period(&period), "a barrier of another set restarts learning");
 }
 
 Response Group(const std::vector<std::string>& names) {
@@ -222,6 +233,34 @@ void TestVotedInputs() {
   Check(!Deserialize(cut, &back).ok(), "a vote whose input is cut short is refused");
 }
 
+Vote Barrier(int64_t position) {
+  Vote v = V(1, position, false);
+  v.barrier = true;
+  return v;
+}
+
+void TestBarrierVotes() {
+  SteadySchedule s(/*rank=*/0, /*size=*/2);
+  s.Enter(1, {Group({"a"}), Group({"b"})});
+  s.VoteSelfBarrier();
+  Check(s.Decide() == SteadySchedule::Outcome::kWait, "a barrier waits for every rank");
+  s.OnVote(1, Barrier(0));
+  Check(s.Decide() == SteadySchedule::Outcome::kBarrier, "every rank at the barrier");
+  s.Advance();
+  Check(s.position() == 1 && s.group_index() == 0, "a barrier keeps the group");
+  s.VoteSelf(true);
+  s.OnVote(1, V(1, 1, true));
+  Check(s.Decide() == SteadySchedule::Outcome::kRun, "then the group runs");
+  s.Advance();
+  Check(s.group_index() == 1, "and the next group follows");
+  s.VoteSelf(true);
+  s.OnVote(1, Barrier(2));
+  Check(s.Decide() == SteadySchedule::Outcome::kExit, "ready against barrier: the ranks diverged");
+  Vote back;
+  Check(Deserialize(Serialize(Barrier(3)), &back).ok() && back.barrier && !back.ready && back.position == 3,
+        "a barrier vote round trip");
+}
+
 void TestMessages() {
   Vote v = V(7, 123456789012, true), back;
   Check(
@@ -250,6 +289,7 @@ int main() {
   TestLearnerPeriod();
   TestVotes();
   TestVotedInputs();
+  TestBarrierVotes();
   TestMessages();
   return Report();
 }
