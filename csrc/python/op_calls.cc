@@ -139,13 +139,14 @@ PyObject* Enqueue(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Result(code, code ? err : "", {handle});
 }
 
-// submit_wait(<enqueue's 13 arguments>, slice_s) -> (code, message, handle, token):
+// submit_wait(<enqueue's 13 arguments>, slice_s) -> None | (code, message, handle, token):
 // enqueue, register the wait (deadlock detector), and wait up to `slice_s`
-// with the GIL released once. handle 0 when it is over (the core handle
-// released, the wait ended; code/message are the enqueue's or the wait's);
-// otherwise the operation is still pending after the slice, and the caller
-// goes on waiting on `handle` as after enqueue + wait_begin (ops._wait_one),
-// then calls wait_end(token) and release.
+// with the GIL released once. None when the operation is over and succeeded
+// (the common case: no tuple to build). Otherwise handle 0 when it is over
+// with an error (the core handle released, the wait ended; code/message are
+// the enqueue's or the wait's); else the operation is still pending after
+// the slice, and the caller goes on waiting on `handle` as after enqueue +
+// wait_begin (ops._wait_one), then calls wait_end(token) and release.
 PyObject* SubmitWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 14) {
     PyErr_Format(PyExc_TypeError, "submit_wait() takes 14 arguments (%zd given)", nargs);
@@ -162,6 +163,7 @@ PyObject* SubmitWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_BEGIN_ALLOW_THREADS;
   code = hvdlite_submit_wait(&a.op, slice_s, &handle, &token, err, kErrLen);
   Py_END_ALLOW_THREADS;
+  if (code == 0 && handle == 0) Py_RETURN_NONE;
   // Still pending after the slice: the code says so (a timeout), with no message.
   return Result(code, code && handle == 0 ? err : "", {handle, token});
 }

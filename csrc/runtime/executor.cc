@@ -82,7 +82,8 @@ CollectiveContext Executor::Context(int32_t process_set) {
   CollectiveContext ctx;
   ctx.process_set = process_set;
   ctx.ranks = sets_->Ranks(process_set);
-  ctx.me = sets_->MemberIndex(process_set, rank_);
+  auto me = std::lower_bound(ctx.ranks.begin(), ctx.ranks.end(), rank_);  // (ascending: Ranks())
+  ctx.me = me != ctx.ranks.end() && *me == rank_ ? static_cast<int>(me - ctx.ranks.begin()) : -1;
   ctx.tag = (sequence_[process_set]++ & 0xFFFFu) << 16;
   return ctx;
 }

@@ -80,7 +80,7 @@ def run(
     wait() would raise. Blocks until done; Python regains control every wait slice.
     The core converts the numbers (Python ints and floats, or anything with __index__ /
     __float__), as submit() does with int() and float(); this runs per operation."""
-    code, message, handle, token = _core.submit_wait(
+    pending = _core.submit_wait(
         op_type,
         name,
         ptr,
@@ -96,9 +96,11 @@ def run(
         stream,
         _WAIT_SLICE_S,
     )
-    if handle == 0:  # over: the core released the handle and ended the wait
-        if code:
-            exceptions.raise_for_status(code, message)
+    if pending is None:  # over, and it succeeded
+        return
+    code, message, handle, token = pending
+    if handle == 0:  # over with an error: the core released the handle and ended the wait
+        exceptions.raise_for_status(code, message)
         return
     try:
         _wait_one(handle)  # releases the handle on error
