@@ -19,16 +19,18 @@ TensorQueue::~TensorQueue() {
 Status TensorQueue::Push(TensorEntry entry) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto key = std::make_pair(entry.request.process_set, entry.request.name);
-    if (entry.request.type != OpType::kShutdown && in_flight_.count(key)) {
-      return Status::Precondition("a tensor named '" + entry.request.name +
-                                  "' is already in flight; wait for it (synchronize) or give each "
-                                  "concurrent operation a unique name");
-    }
-    fresh_.push_back(entry.request);
     if (entry.request.type != OpType::kShutdown) {
-      by_handle_[entry.handle] = WaitKey{key.first, key.second};
-      in_flight_.emplace(key, Slot{std::move(entry), false});
+      auto placed = in_flight_.try_emplace(Key{entry.request.process_set, entry.request.name});
+      if (!placed.second) {
+        return Status::Precondition("a tensor named '" + entry.request.name +
+                                    "' is already in flight; wait for it (synchronize) or give each "
+                                    "concurrent operation a unique name");
+      }
+      fresh_.push_back(entry.request);
+      by_handle_[entry.handle] = &placed.first->first;
+      placed.first->second.entry = std::move(entry);
+    } else {
+      fresh_.push_back(entry.request);
     }
     pushed_.fetch_add(1, std::memory_order_seq_cst);
   }
@@ -69,7 +71,7 @@ int64_t TensorQueue::BeginWait(const std::vector<int64_t>& handles) {
   std::lock_guard<std::mutex> lock(mu_);
   for (int64_t h : handles) {
     auto it = by_handle_.find(h);
-    if (it != by_handle_.end()) w.keys.push_back(it->second);
+    if (it != by_handle_.end()) w.keys.push_back(WaitKey{it->second->first, it->second->second});
   }
   if (w.keys.empty()) return 0;
   const int64_t token = g_next_wait_token.fetch_add(1);
@@ -119,7 +121,7 @@ bool TensorQueue::CallerBlocked() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& kv : waiters_) {
     for (const WaitKey& k : kv.second.keys) {
-      auto it = in_flight_.find({k.process_set, k.name});
+      auto it = in_flight_.find(View(k.process_set, k.name));
       if (it != in_flight_.end() && !it->second.executing) return true;
     }
   }
@@ -128,13 +130,13 @@ bool TensorQueue::CallerBlocked() const {
 
 const TensorEntry* TensorQueue::Find(int32_t process_set, const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = in_flight_.find({process_set, name});
+  auto it = in_flight_.find(View(process_set, name));
   return it == in_flight_.end() || it->second.executing ? nullptr : &it->second.entry;
 }
 
 bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = in_flight_.find({process_set, name});
+  auto it = in_flight_.find(View(process_set, name));
   if (it == in_flight_.end() || it->second.executing) return false;
   by_handle_.erase(it->second.entry.handle);
   *out = std::move(it->second.entry);
@@ -144,7 +146,7 @@ bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry*
 
 void TensorQueue::Finish(int32_t process_set, const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = in_flight_.find({process_set, name});
+  auto it = in_flight_.find(View(process_set, name));
   if (it != in_flight_.end() && it->second.executing) in_flight_.erase(it);
 }
 

@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -89,8 +90,21 @@ class TensorQueue {
     TensorEntry entry;
     bool executing = false;  // moved out by Pop, not finished yet
   };
-  std::map<std::pair<int32_t, std::string>, Slot> in_flight_;
-  std::map<int64_t, WaitKey> by_handle_;  // in_flight_ entries not executing, by handle
+  // (process set, name); looked up by (process set, string_view) without
+  // building a string: every operation does several lookups.
+  using Key = std::pair<int32_t, std::string>;
+  struct KeyLess {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return a.first != b.first ? a.first < b.first : std::string_view(a.second) < std::string_view(b.second);
+    }
+  };
+  static std::pair<int32_t, std::string_view> View(int32_t process_set, const std::string& name) {
+    return {process_set, name};
+  }
+  std::map<Key, Slot, KeyLess> in_flight_;
+  std::map<int64_t, const Key*> by_handle_;  // in_flight_ entries not executing, by handle (their keys)
   struct Waiter {
     Clock::time_point since;
     std::vector<WaitKey> keys;
