@@ -229,6 +229,8 @@ Status Runtime::RunScheduledGroup() {
 // nothing to exchange: every rank has reached it).
 Status Runtime::RunScheduledBarrier() {
   const Request* held = HeldBarrier();
+  if (held == nullptr)
+    return Status::Internal("steady state: every rank voted barrier, but this rank holds none");
   Response barrier;
   barrier.type = OpType::kBarrier;
   barrier.names = {held->name};

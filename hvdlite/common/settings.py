@@ -77,8 +77,9 @@ SETTINGS = (
         "bool",
         True,
         "once every rank has submitted the same named tensors in the same order twice, run them"
-        " without the round trip to the coordinator (each rank tells the others it is ready); any"
-        " change falls back to full negotiation. 0 = always negotiate",
+        " without the round trip to the coordinator (each rank tells the others it is ready, and"
+        " a small allreduce's input travels in that message; barrier() between steps keeps it);"
+        " any change falls back to full negotiation. 0 = always negotiate",
     ),
     Setting("STALL_CHECK_DISABLE", "bool", False, "disable the stall inspector"),
     Setting(
