@@ -82,7 +82,7 @@ class Runtime {
   void Loop();
   Status Turn();
   Status WaitForWork(Spinner* spin, int budget_ms, bool for_driver);
-  Status Drive(int64_t handle, Clock::time_point until);
+  bool Drive(int64_t handle, Clock::time_point until, Status* result);
   void StandBy(std::unique_lock<std::mutex>* engine);
   bool SpinYields() const;
   // Runtime (runtime.cc).

@@ -141,37 +141,40 @@ Status Runtime::Wait(int64_t handle, double timeout_s) {
   if (!known) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
   drive_requests_.fetch_add(1);
   queue_.Kick();
+  bool done = false;
   {
     std::unique_lock<std::mutex> engine(engine_mu_);
-    Drive(handle, until);
+    done = Drive(handle, until, &result);
   }
   drive_requests_.fetch_sub(1);
+  const Clock::time_point now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(standby_mu_);
-    last_drive_end_ = Clock::now();
+    last_drive_end_ = now;
   }
-  const double left = std::chrono::duration<double>(until - Clock::now()).count();
-  return handles_.Wait(handle, std::max(0.0, left));
+  if (done) return result;
+  return handles_.Wait(handle, std::max(0.0, std::chrono::duration<double>(until - now).count()));
 }
 
-// A caller runs the engine until `handle` is done (or failed), the engine
-// can no longer run, or `until` passes.
-Status Runtime::Drive(int64_t handle, Clock::time_point until) {
+// A caller runs the engine until `handle` is done (true, with its *result),
+// the handle is unknown, the engine can no longer run, or `until` passes
+// (false: Wait asks the handle table).
+bool Runtime::Drive(int64_t handle, Clock::time_point until, Status* result) {
   Spinner spin(&engine_spin_, SpinYields());
   uint64_t seen = ~uint64_t{0};
   for (;;) {
-    if (engine_broken_ || finished_) return Status::OK();
+    if (engine_broken_ || finished_) return false;
     const uint64_t completions = handles_.completions();
     if (completions != seen) {
       seen = completions;
-      Status result;
       bool known = false;
-      if (handles_.Done(handle, &result, &known) || !known) return Status::OK();
+      if (handles_.Done(handle, result, &known)) return true;
+      if (!known) return false;
     }
     Status st = Turn();
     if (st.ok() && handles_.completions() != seen) continue;  // look at the handle first
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (st.ok() && left <= 0) return Status::OK();
+    if (st.ok() && left <= 0) return false;
     if (st.ok()) {
       const int budget =
           static_cast<int>(std::min<long long>(left, WaitBudgetMs(shutdown_requested_.load())));
@@ -179,7 +182,7 @@ Status Runtime::Drive(int64_t handle, Clock::time_point until) {
     }
     if (!st.ok()) {
       Break(st);
-      return st;
+      return false;
     }
   }
 }
