@@ -136,8 +136,8 @@ int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, i
   int64_t h = 0;
   const int code = Enqueue(*rt, op, &h, err, err_len);
   if (code != 0) return code;
-  const int64_t t = rt->BeginWait(std::vector<int64_t>{h});
-  Status st = rt->Wait(h, slice_s);
+  int64_t t = 0;  // registered by Wait only if the wait lasts (Runtime::Wait)
+  Status st = rt->Wait(h, slice_s, &t);
   if (StillPending(*rt, st, h)) {
     *handle = h;
     *token = t;

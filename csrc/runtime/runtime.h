@@ -62,7 +62,12 @@ class Runtime {
   // Waits up to timeout_s for the handle's operation, driving the engine
   // meanwhile when it can take it over; the result is the operation's status,
   // Timeout when still pending, InvalidArgument for an unknown handle.
-  Status Wait(int64_t handle, double timeout_s);
+  // `lazy_token` (may be null): this wait is not registered with the deadlock
+  // detector yet (BeginWait). Wait registers it, setting *lazy_token, only once
+  // it has lasted kLazyWaitRegistration, before it blocks behind another
+  // caller that drives, and before it returns with the handle pending: a
+  // small operation that completes at once registers nothing.
+  Status Wait(int64_t handle, double timeout_s, int64_t* lazy_token = nullptr);
   // Any thread: the caller is about to block until every one of `handles`
   // completes, and is done (EndWait with the token): the deadlock detector's
   // input (TensorQueue::BeginWait).
@@ -82,7 +87,8 @@ class Runtime {
   void Loop();
   Status Turn();
   Status WaitForWork(Spinner* spin, int budget_ms, bool for_driver);
-  bool Drive(int64_t handle, Clock::time_point until, Status* result);
+  bool Drive(int64_t handle, Clock::time_point until, Status* result, int64_t* lazy_token);
+  void RegisterWait(int64_t handle, int64_t* lazy_token);
   void StandBy(std::unique_lock<std::mutex>* engine);
   bool SpinYields() const;
   // Runtime (runtime.cc).

@@ -32,6 +32,10 @@ namespace hvdlite {
 namespace {
 
 constexpr auto kStandByGrace = std::chrono::milliseconds(2);
+// A wait registers with the deadlock detector only after this long (Wait's
+// lazy_token): far below the detector's report delay and the steady state's
+// patience, far above a small operation's whole time.
+constexpr auto kLazyWaitRegistration = std::chrono::microseconds(20);
 
 }  // namespace
 
@@ -132,7 +136,11 @@ void Runtime::StandBy(std::unique_lock<std::mutex>* engine) {
   engine->lock();
 }
 
-Status Runtime::Wait(int64_t handle, double timeout_s) {
+void Runtime::RegisterWait(int64_t handle, int64_t* lazy_token) {
+  if (lazy_token != nullptr && *lazy_token == 0) *lazy_token = queue_.BeginWait({handle});
+}
+
+Status Runtime::Wait(int64_t handle, double timeout_s, int64_t* lazy_token) {
   const Clock::time_point until =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   Status result;
@@ -143,8 +151,12 @@ Status Runtime::Wait(int64_t handle, double timeout_s) {
   queue_.Kick();
   bool done = false;
   {
-    std::unique_lock<std::mutex> engine(engine_mu_);
-    done = Drive(handle, until, &result);
+    std::unique_lock<std::mutex> engine(engine_mu_, std::try_to_lock);
+    if (!engine.owns_lock()) {  // another caller drives: this one blocks
+      RegisterWait(handle, lazy_token);
+      engine.lock();
+    }
+    done = Drive(handle, until, &result, lazy_token);
   }
   drive_requests_.fetch_sub(1);
   const Clock::time_point now = Clock::now();
@@ -153,14 +165,16 @@ Status Runtime::Wait(int64_t handle, double timeout_s) {
     last_drive_end_ = now;
   }
   if (done) return result;
+  RegisterWait(handle, lazy_token);
   return handles_.Wait(handle, std::max(0.0, std::chrono::duration<double>(until - now).count()));
 }
 
 // A caller runs the engine until `handle` is done (true, with its *result),
 // the handle is unknown, the engine can no longer run, or `until` passes
 // (false: Wait asks the handle table).
-bool Runtime::Drive(int64_t handle, Clock::time_point until, Status* result) {
+bool Runtime::Drive(int64_t handle, Clock::time_point until, Status* result, int64_t* lazy_token) {
   Spinner spin(&engine_spin_, SpinYields());
+  const Clock::time_point register_at = Clock::now() + kLazyWaitRegistration;
   uint64_t seen = ~uint64_t{0};
   for (;;) {
     if (engine_broken_ || finished_) return false;
@@ -173,7 +187,9 @@ bool Runtime::Drive(int64_t handle, Clock::time_point until, Status* result) {
     }
     Status st = Turn();
     if (st.ok() && handles_.completions() != seen) continue;  // look at the handle first
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    const Clock::time_point now = Clock::now();
+    if (now >= register_at) RegisterWait(handle, lazy_token);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count();
     if (st.ok() && left <= 0) return false;
     if (st.ok()) {
       const int budget =

@@ -70,8 +70,9 @@ int hvdlite_wait(int64_t handle, double timeout_s, char* err, size_t err_len);
  * is ignored. Neither call blocks. */
 int64_t hvdlite_wait_begin(const int64_t* handles, int32_t n);
 void hvdlite_wait_end(int64_t token);
-/* A blocking operation in one call: enqueue, wait_begin, and one wait of up to
- * slice_s. Finished (done or failed, or refused by enqueue): wait_end and
+/* A blocking operation in one call: enqueue, wait_begin (only once the wait
+ * has lasted ~20 us: an operation done sooner never registers), and one wait
+ * of up to slice_s. Finished (done or failed, or refused by enqueue): wait_end and
  * release have run, *handle and *token are 0, and the status is returned.
  * Still pending after slice_s: returns 4 (Timeout) with *handle and *token
  * set; the caller goes on with hvdlite_wait, then wait_end and release. */
