@@ -33,7 +33,8 @@
 //  rank has reached it: that is all a barrier promises) and the next position
 //  p + 1 takes the same group; any other mix of votes is an exit. So a loop
 //  that calls barrier() between its steps (a benchmark's repetitions) stays
-//  in schedule mode. Positions count votes, groups(): the groups run.
+//  in schedule mode. position() counts the decisions (groups run and
+//  barriers), group_index() only the groups run.
 //  Hand-over: a rank that has requests at the coordinator when the schedule
 //  arrives (sent before it, undecided) votes exit(0), so a schedule runs only
 //  when nothing was in flight to the coordinator from any rank.
@@ -48,7 +49,7 @@
 //  Votes that carry the data: a ready vote for a group that is one small CPU
 //  allreduce (below the size where Allreduce switches from recursive doubling
 //  to the ring, on a backend that would run recursive doubling for it) carries
-//  the voter's packed, prescaled input (Executor::Contribution). Once every
+//  the voter's packed, prescaled input (Executor::VotedInput). Once every
 //  rank voted ready with its input, every rank holds every input and reduces
 //  them itself, along recursive doubling's tree (the same bits as running it),
 //  so the group costs one message per peer instead of a vote and then the
