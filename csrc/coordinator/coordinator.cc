@@ -351,10 +351,10 @@ void Coordinator::FuseInto(std::vector<Decided>* out) {
 }
 
 bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
-  per_rank->assign(world_size_, ResponseList{});
   bool announce = AllRanksShutDown() && !shutdown_announced_;
-  if (decided_.empty() && !announce) return false;
+  if (decided_.empty() && !announce) return false;  // (every turn in the steady state: no allocation)
   if (!announce && cycle_time_ms_ > 0 && MsUntilDue() > 0) return false;  // hold for fusion
+  per_rank->assign(world_size_, ResponseList{});
   std::vector<Decided> fused;
   FuseInto(&fused);
   for (auto& d : fused) {

@@ -51,9 +51,9 @@ class Coordinator {
   // (coordinator/deadlock.h); HVDLITE_DEADLOCK_CHECK_DISABLE turns that off.
   void Add(int rank, const RequestList& list);
   // Moves the decided responses into per-rank lists (index = global rank).
-  // Returns false when there is nothing to send. With HVDLITE_STEADY_STATE,
-  // it may end the lists with a learned schedule (coordinator/steady_state.h);
-  // it announces no other until EndSchedule().
+  // Returns false when there is nothing to send (*per_rank untouched). With
+  // HVDLITE_STEADY_STATE, it may end the lists with a learned schedule
+  // (coordinator/steady_state.h); it announces no other until EndSchedule().
   bool Drain(std::vector<ResponseList>* per_rank);
   // Rank 0 left schedule mode: learn from scratch again.
   void EndSchedule() {
