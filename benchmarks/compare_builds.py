@@ -264,6 +264,17 @@ def value(results, measure, who):
     return statistics.median(mine.values()) if mine else None
 
 
+def ratio(results, measure):
+    """Median over rounds of that round's after ÷ peer: the two ran minutes apart at most, so
+    when the machine changes speed between rounds (this VM does), each ratio still compares
+    like with like, as the end-to-end rows' per-round floors do. None without a common round."""
+    group, variant, field = measure["key"]
+    after = _per_round(results, group, variant, "after", field)
+    peer = _per_round(results, group, variant, "peer", field)
+    both = [after[i] / peer[i] for i in after if peer.get(i)]
+    return statistics.median(both) if both else None
+
+
 def measures(args):
     """The table's rows, in order: label, key (group, variant, field), how a value is shown, the
     peer's name, and the goal (`after` or `after/peer` compared with a bound; None: information)."""
@@ -318,12 +329,12 @@ def measures(args):
     return [m for m in out if m["key"][0] in args.only]
 
 
-def _goal_cell(goal, after, peer):
+def _goal_cell(goal, after, after_over_peer):
     if goal is None:
         return "(information)"
     what, op, bound = goal
     text = "%s %s %g×" % (what, "≤" if op == "<=" else "≥", bound)
-    x = after if what == "after" else (after / peer if after is not None and peer else None)
+    x = after if what == "after" else after_over_peer
     if x is None:
         return text
     met = x <= bound if op == "<=" else x >= bound
@@ -338,10 +349,10 @@ def table(results, args):
         shown = [m["fmt"](v) if v is not None else "" for v in (before, after, peer)]
         if m["peer"] and shown[2]:
             shown[2] = "%s %s" % (m["peer"], shown[2])
-        ratio = "%.2f×" % (after / peer) if after is not None and peer else ""
+        over = ratio(results, m) if m["peer"] else None
         lines.append(
             "| %s | %s | %s | %s | %s | %s |"
-            % (m["label"], *shown, ratio, _goal_cell(m["goal"], after, peer))
+            % (m["label"], *shown, "%.2f×" % over if over else "", _goal_cell(m["goal"], after, over))
         )
     return lines
 
@@ -366,7 +377,9 @@ def notes(args, results, skipped, rounds_run, wall_s, load):
             if rounds_run < max(m["rounds"], m["e2e_rounds"])
             else "all planned",
         ),
-        "- after/peer: after's value ÷ the peer's (times: > 1 is slower than the peer; busbw: > 1 is faster)",
+        "- after/peer: the median over rounds of that round's after ÷ peer (times: > 1 is slower than "
+        "the peer; busbw: > 1 is faster), so a round run while the machine was slower compares "
+        "with its own peer; the before/after/peer columns are medians over rounds",
         "- load: %s at the start, %s at the end (1/5/15-minute load averages); others used median %.0f%%, "
         "max %.0f%% of the machine during the timed windows ('!' above %.0f%%: rerun on a quieter machine)"
         % (
