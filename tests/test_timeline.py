@@ -106,3 +106,25 @@ def test_hvdliterun_timeline_filename(tmp_path):
     assert out.returncode == 0, out.stderr
     rows, spans, _ = _events(path)
     assert "x" in rows.values() and any(phase == "ALLREDUCE" for _, phase, _ in spans)
+
+
+def _steady_loop():
+    import hvdlite as hvd
+
+    hvd.init()
+    for _ in range(30):
+        hvd.allreduce(np.ones(256, np.float32), name="small")
+    hvd.shutdown()
+
+
+def test_timeline_marks_allreduces_reduced_from_voted_inputs(tmp_path):
+    # Once the loop runs from the steady-state schedule, its small allreduce reduces the inputs
+    # the ranks' votes carried; the timeline says so on the collective's span.
+    path = str(tmp_path / "timeline.json")
+    run_ranks(_steady_loop, 2, env={"HVDLITE_TIMELINE": path}, timeout=60)
+    _, spans, _ = _events(path)
+    collective = [args for tensor, phase, args in spans if tensor == "small" and phase == "ALLREDUCE"]
+    assert len(collective) == 30, len(collective)
+    voted = [a for a in collective if a.get("voted_inputs")]
+    assert 0 < len(voted) < 30, collective  # the first ones were negotiated
+    assert all(a["algorithm"] == "ring/recursive_doubling" for a in voted), voted

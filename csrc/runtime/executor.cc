@@ -156,7 +156,8 @@ Status Executor::Execute(const Response& response, bool remember) {
   }
   if (tracing)
     TraceEnd(entries, phase,
-             Describe(response, entries) + (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
+             Describe(response, entries) + (voted_inputs_ ? ", \"voted_inputs\": true" : "") +
+                 (st.ok() ? "" : ", \"error\": " + JsonString(st.message())));
   if (!st.ok()) {
     std::string what = std::string(OpTypeName(response.type)) + " of tensor '" + response.names[0] + "'";
     if (response.names.size() > 1)
