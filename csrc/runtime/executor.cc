@@ -24,6 +24,35 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+size_t TensorBytes(const TensorEntry& e) {
+  return static_cast<size_t>(NumElements(e.request.shape)) * DataTypeSize(e.request.dtype);
+}
+
+const TensorEntry& Ref(const TensorEntry& e) { return e; }
+const TensorEntry& Ref(const TensorEntry* e) { return *e; }
+
+// The fusion buffer's layout: the tensors of `entries` (TensorEntry values or
+// pointers) back to back, in order.
+template <class Entries>
+void PackTensors(const Entries& entries, char* out) {
+  for (const auto& item : entries) {
+    const TensorEntry& e = Ref(item);
+    const size_t n = TensorBytes(e);
+    if (n) std::memcpy(out, e.data, n);
+    out += n;
+  }
+}
+
+template <class Entries>
+void UnpackTensors(const char* in, const Entries& entries) {
+  for (const auto& item : entries) {
+    const TensorEntry& e = Ref(item);
+    const size_t n = TensorBytes(e);
+    if (n) std::memcpy(e.data, in, n);
+    in += n;
+  }
+}
+
 // What a backend applies for request `r` over `set_size` members: Sum and
 // Min/Max/Product reduce as themselves; Average reduces as Sum and divides
 // afterwards (a postscale of 1/size on top of the caller's).
@@ -253,22 +282,12 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
   int64_t total = 0;
   for (auto* e : packed) total += NumElements(e->request.shape);
   char* fused = static_cast<char*>(Scratch(total * esize));
-  int64_t offset = 0;
   TraceBegin(entries, "MEMCPY_IN_FUSION_BUFFER");
-  for (auto* e : packed) {
-    const size_t bytes = static_cast<size_t>(NumElements(e->request.shape) * esize);
-    if (bytes) std::memcpy(fused + offset, e->data, bytes);
-    offset += static_cast<int64_t>(bytes);
-  }
+  PackTensors(packed, fused);
   TraceEnd(entries, "MEMCPY_IN_FUSION_BUFFER");
   HVD_RETURN_IF_ERROR(ReduceInPlace(next_ctx(), q, fused, total));
-  offset = 0;
   TraceBegin(entries, "MEMCPY_OUT_FUSION_BUFFER");
-  for (auto* e : packed) {
-    const size_t bytes = static_cast<size_t>(NumElements(e->request.shape) * esize);
-    if (bytes) std::memcpy(e->data, fused + offset, bytes);
-    offset += static_cast<int64_t>(bytes);
-  }
+  UnpackTensors(fused, packed);
   TraceEnd(entries, "MEMCPY_OUT_FUSION_BUFFER");
   return Status::OK();
 }
@@ -281,7 +300,7 @@ bool Executor::VotedInput(const Response& response, Vote* vote) {
     const TensorEntry* e = queue_->Find(response.process_set, name);
     if (e == nullptr || e->request.device >= 0) return false;
     entries.push_back(e);
-    bytes += NumElements(e->request.shape) * static_cast<int64_t>(DataTypeSize(e->request.dtype));
+    bytes += static_cast<int64_t>(TensorBytes(*e));
   }
   const int members = sets_->Size(response.process_set);
   if (bytes == 0 || members < 2 || bytes * (members - 1) > kVotedInputMaxBytes ||
@@ -289,12 +308,7 @@ bool Executor::VotedInput(const Response& response, Vote* vote) {
     return false;
   SerializeWithRoom(vote, static_cast<size_t>(bytes));
   char* input = &vote->wire[vote->input_offset];
-  size_t offset = 0;
-  for (const TensorEntry* e : entries) {
-    const size_t n = static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(e->request.dtype);
-    if (n) std::memcpy(input + offset, e->data, n);
-    offset += n;
-  }
+  PackTensors(entries, input);
   const Request& q = entries[0]->request;
   if (ScaleBuffer(input, bytes / static_cast<int64_t>(DataTypeSize(q.dtype)), q.dtype, q.prescale).ok())
     return true;
@@ -318,13 +332,7 @@ Status Executor::ReduceVotedInputs(const CollectiveContext& ctx, std::vector<Ten
   char* result = static_cast<char*>(entries.size() == 1 ? entries[0].data : Scratch(count * esize));
   HVD_RETURN_IF_ERROR(ReduceAsRecursiveDoubling(*voted_inputs_, result, count, red.dtype, red.op));
   HVD_RETURN_IF_ERROR(ScaleBuffer(result, count, red.dtype, red.postscale));
-  if (entries.size() == 1) return Status::OK();
-  int64_t offset = 0;
-  for (auto& e : entries) {
-    const size_t bytes = static_cast<size_t>(NumElements(e.request.shape) * esize);
-    if (bytes) std::memcpy(e.data, result + offset, bytes);
-    offset += static_cast<int64_t>(bytes);
-  }
+  if (entries.size() > 1) UnpackTensors(result, entries);
   return Status::OK();
 }
 
