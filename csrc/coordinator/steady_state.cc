@@ -137,12 +137,6 @@ void SteadySchedule::VoteSelf(bool ready) {
 
 void SteadySchedule::VoteSelf(Vote own) { Cast(Slot{epoch_, position_}, rank_, std::move(own)); }
 
-void SteadySchedule::VoteSelfBarrier() {
-  Vote v;
-  v.barrier = true;
-  Cast(Slot{epoch_, position_}, rank_, std::move(v));
-}
-
 bool SteadySchedule::Voted(int rank) const {
   auto it = votes_.find(Slot{epoch_, position_});
   return it != votes_.end() && it->second.votes[rank] >= 0;

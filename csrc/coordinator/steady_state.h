@@ -120,14 +120,12 @@ class SteadySchedule {
   // an epoch not entered yet are kept for it. A second vote of a rank for one
   // position is ignored.
   void OnVote(int peer, Vote v);
-  // This rank's vote at position() (the runtime sends it to every peer);
-  // the second form keeps the input `own` carries (own.ready: the vote).
+  // This rank's vote at position() (the runtime sends it to every peer): ready
+  // or exit; or `own` (ready, barrier or exit), keeping the input it carries.
   void VoteSelf(bool ready);
   void VoteSelf(Vote own);
   bool Voted(int rank) const;  // `rank` has voted at position()
   bool AnyVote() const;        // some rank has voted at position()
-  // A barrier(position()) vote of this rank (sent like VoteSelf's).
-  void VoteSelfBarrier();
   enum class Outcome { kWait, kRun, kBarrier, kExit };
   // kRun: every rank voted ready(position()); kBarrier: every rank voted
   // barrier; kExit: some rank voted exit, or every rank voted and they differ;

@@ -152,7 +152,7 @@ Status Runtime::Wait(int64_t handle, double timeout_s, int64_t* lazy_token) {
   bool done = false;
   {
     std::unique_lock<std::mutex> engine(engine_mu_, std::try_to_lock);
-    if (!engine.owns_lock()) {  // another caller drives: this one blocks
+    if (!engine.owns_lock()) {  // held by the background thread until it stands by, or by another caller
       RegisterWait(handle, lazy_token);
       engine.lock();
     }

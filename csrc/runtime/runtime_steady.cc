@@ -118,11 +118,7 @@ Status Runtime::SendVote(Vote v) {
     HVD_RETURN_IF_ERROR(transport_->SendControl(peer, v.wire));
   }
   voted_barrier_ = v.barrier;
-  if (v.barrier) {
-    steady_.VoteSelfBarrier();
-  } else {
-    steady_.VoteSelf(std::move(v));
-  }
+  steady_.VoteSelf(std::move(v));
   return Status::OK();
 }
 

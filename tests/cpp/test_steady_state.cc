@@ -242,7 +242,7 @@ Vote Barrier(int64_t position) {
 void TestBarrierVotes() {
   SteadySchedule s(/*rank=*/0, /*size=*/2);
   s.Enter(1, {Group({"a"}), Group({"b"})});
-  s.VoteSelfBarrier();
+  s.VoteSelf(Barrier(0));
   Check(s.Decide() == SteadySchedule::Outcome::kWait, "a barrier waits for every rank");
   s.OnVote(1, Barrier(0));
   Check(s.Decide() == SteadySchedule::Outcome::kBarrier, "every rank at the barrier");
