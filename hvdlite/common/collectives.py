@@ -103,8 +103,7 @@ def _direct(adapter, tensor, name):
 
 def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
     """An in-place operation (allreduce, broadcast) on `tensor`; finish() returns `tensor`."""
-    if name.__class__ is not str:  # (the common case skips a call: this runs per operation)
-        name = naming.auto_name(kind, name)
+    name = naming.auto_name(kind, name)
     direct = adapter.host_direct(tensor)
     if direct is not None:  # a host tensor the core uses as it is: skip the general checks
         work = tensor
