@@ -1,4 +1,4 @@
-# Type stub of the pybind11 module built from csrc/python/binding.cc (the C ABI of
+# Type stub of the module built from csrc/python/binding.cc and op_calls.cc (the C ABI of
 # csrc/include/hvdlite/c_api.h). Status-returning calls give (code, message, ...): code 0 is OK,
 # other codes are exceptions.STATUS_CODES. tests/test_core_stub.py keeps the names in step.
 from collections.abc import Sequence
