@@ -84,6 +84,14 @@ def test_loop_with_setting_off_never_schedules():
 DTYPES = {"w0": np.float32, "w1": np.float64, "w2": np.int32, "w3": np.float32}
 
 
+def _voted_inputs(rank):
+    """This rank's inputs to _voted: four small float32 tensors by name, a float64 one (its
+    own response: another dtype) and a 160 KB one (the ring: never voted)."""
+    rng = np.random.default_rng(1234 + rank)
+    small = {n: rng.standard_normal(5 + 97 * k).astype(np.float32) for k, n in enumerate(NAMES)}
+    return small, rng.standard_normal(1000), rng.standard_normal(40000).astype(np.float32)
+
+
 def _voted(steps):
     """Small allreduces (fused and alone, with scales, Average and Max) of the same random
     inputs every step: the first steps negotiate and run the backend's recursive doubling,
@@ -93,10 +101,7 @@ def _voted(steps):
     from hvdlite.common.basics import runtime_stats
 
     hvd.init()
-    rng = np.random.default_rng(1234 + hvd.rank())
-    small = {n: rng.standard_normal(5 + 97 * k).astype(np.float32) for k, n in enumerate(NAMES)}
-    alone = rng.standard_normal(1000)  # float64, its own response (other dtype)
-    large = rng.standard_normal(40000).astype(np.float32)  # 160 KB: the ring, never voted
+    small, alone, large = _voted_inputs(hvd.rank())
     seen = {}
     for _ in range(steps):
         handles = {
@@ -124,17 +129,13 @@ def test_small_allreduces_reduce_the_inputs_votes_carried(size, env):
         n: np.frombuffer(next(iter(r)), np.float64 if n == "alone" else np.float32)
         for n, r in runs[0][0].items()
     }
-    rngs = [np.random.default_rng(1234 + r) for r in range(size)]
-    inputs = [
-        {n: g.standard_normal(5 + 97 * k).astype(np.float32) for k, n in enumerate(NAMES)} for g in rngs
-    ]
+    inputs = [_voted_inputs(r) for r in range(size)]
     for n in NAMES:
-        np.testing.assert_allclose(got[n], sum(0.5 * i[n] for i in inputs), rtol=1e-5, atol=1e-6)
-    alone = [g.standard_normal(1000) for g in rngs]
-    np.testing.assert_allclose(got["alone"], 3.0 * sum(alone) / size, rtol=1e-12)
-    np.testing.assert_array_equal(
-        got["large"], np.max([g.standard_normal(40000).astype(np.float32) for g in rngs], 0)
-    )
+        np.testing.assert_allclose(
+            got[n], sum(0.5 * small[n] for small, _, _ in inputs), rtol=1e-5, atol=1e-6
+        )
+    np.testing.assert_allclose(got["alone"], 3.0 * sum(alone for _, alone, _ in inputs) / size, rtol=1e-12)
+    np.testing.assert_array_equal(got["large"], np.max([large for _, _, large in inputs], 0))
 
 
 def _with_barriers(steps):

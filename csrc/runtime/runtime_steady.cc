@@ -111,7 +111,7 @@ bool Runtime::ChooseVote(Vote* v) {
 Status Runtime::SendVote(Vote v) {
   v.epoch = steady_.epoch();
   v.position = steady_.position();
-  if (!v.ready || !executor_->VotedInput(steady_.group(), &v)) v.wire = Serialize(v);
+  if (!v.ready || !executor_->VotedInput(steady_.group(), &v)) SerializeWithRoom(&v, 0);
   voted_at_ = last_vote_warning_ = Clock::now();
   for (int peer = 0; peer < topo_.size; ++peer) {
     if (peer == topo_.rank || transport_->PeerDeparted(peer)) continue;
