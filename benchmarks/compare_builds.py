@@ -49,12 +49,12 @@ GROUPS = ("latency", "fusion", "torch", "tf")
 MODES = {
     "default": {
         "rounds": 5,
-        "e2e_rounds": 2,
+        "e2e_rounds": 3,
         "sizes": (4096, 1 << 20, 64 << 20),
         "reps": 10,
         "min_window": 0.3,
         "fusion_reps": 8,
-        "steps": 5,
+        "steps": 20,
         "idle_wait": 1.0,
         "budget_s": 570.0,
     },
@@ -81,7 +81,7 @@ def parse_args(argv):
     p.add_argument("--after", default=ROOT, help="the new tree, built in place (default: %(default)s)")
     p.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS), help="a subset of the measures")
     p.add_argument("--rounds", type=int, help="rounds of latency and fusion (default 5; --quick 2)")
-    p.add_argument("--e2e-rounds", type=int, help="rounds of torch and tf (default 2; --quick 1)")
+    p.add_argument("--e2e-rounds", type=int, help="rounds of torch and tf (default 3; --quick 1)")
     p.add_argument(
         "--budget-s",
         type=float,
