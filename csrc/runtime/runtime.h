@@ -87,7 +87,8 @@ class Runtime {
   void Loop();
   Status Turn();
   Status WaitForWork(Spinner* spin, int budget_ms, bool for_driver);
-  bool Drive(int64_t handle, Clock::time_point until, Status* result, int64_t* lazy_token);
+  bool Drive(int64_t handle, Clock::time_point until, Clock::time_point register_at, Status* result,
+             int64_t* lazy_token);
   void RegisterWait(int64_t handle, int64_t* lazy_token);
   void StandBy(std::unique_lock<std::mutex>* engine);
   bool SpinYields() const;

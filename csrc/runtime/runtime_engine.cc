@@ -141,8 +141,9 @@ void Runtime::RegisterWait(int64_t handle, int64_t* lazy_token) {
 }
 
 Status Runtime::Wait(int64_t handle, double timeout_s, int64_t* lazy_token) {
+  const Clock::time_point start = Clock::now();
   const Clock::time_point until =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   Status result;
   bool known = false;
   if (handles_.Done(handle, &result, &known)) return result;
@@ -156,7 +157,7 @@ Status Runtime::Wait(int64_t handle, double timeout_s, int64_t* lazy_token) {
       RegisterWait(handle, lazy_token);
       engine.lock();
     }
-    done = Drive(handle, until, &result, lazy_token);
+    done = Drive(handle, until, start + kLazyWaitRegistration, &result, lazy_token);
   }
   drive_requests_.fetch_sub(1);
   const Clock::time_point now = Clock::now();
@@ -171,10 +172,11 @@ Status Runtime::Wait(int64_t handle, double timeout_s, int64_t* lazy_token) {
 
 // A caller runs the engine until `handle` is done (true, with its *result),
 // the handle is unknown, the engine can no longer run, or `until` passes
-// (false: Wait asks the handle table).
-bool Runtime::Drive(int64_t handle, Clock::time_point until, Status* result, int64_t* lazy_token) {
+// (false: Wait asks the handle table). From `register_at` on, the wait is
+// registered with the deadlock detector (RegisterWait).
+bool Runtime::Drive(int64_t handle, Clock::time_point until, Clock::time_point register_at, Status* result,
+                    int64_t* lazy_token) {
   Spinner spin(&engine_spin_, SpinYields());
-  const Clock::time_point register_at = Clock::now() + kLazyWaitRegistration;
   uint64_t seen = ~uint64_t{0};
   for (;;) {
     if (engine_broken_ || finished_) return false;

@@ -53,6 +53,10 @@ void TensorQueue::TakeNew(std::vector<Request>* out, RankWaits* waits, bool* wai
   out->swap(fresh_);
   fresh_.clear();
   if (!waits) return;
+  if (waiters_.empty() && reported_.empty()) {  // the common case, without a clock read
+    *waits_changed = false;
+    return;
+  }
   const Clock::time_point due = Clock::now() - kWaitReportDelay;
   std::vector<int64_t> now_blocked;
   for (const auto& kv : waiters_) {

@@ -122,11 +122,14 @@ Status ShmTransport::Exchange(int send_peer, uint32_t send_tag, const void* send
 
 // Progresses the transfer until done: poll without syscalls for the spin
 // budget after the last progress, then sleep (Sleep) until nudged, a socket
-// event or 50 ms; fails when nothing moved for io_timeout_s.
+// event or 50 ms; fails when nothing moved for io_timeout_s, counted from the
+// first pass after the last progress that moved nothing (so a transfer that
+// never stalls, such as a vote, reads no clock).
 Status ShmTransport::Run(Transfer* t) {
   using Clock = std::chrono::steady_clock;
   Spinner spin(&data_spin_, yield_);
-  Clock::time_point last_progress = Clock::now();
+  bool stalled = false;  // since stalled_since
+  Clock::time_point stalled_since;
   for (;;) {
     bool progressed = false;
     HVD_RETURN_IF_ERROR(Step(t, &progressed));
@@ -136,11 +139,16 @@ Status ShmTransport::Run(Transfer* t) {
     }
     if (progressed) {
       spin.Reset();
-      last_progress = Clock::now();
+      stalled = false;
       continue;
     }
     HVD_RETURN_IF_ERROR(DrainControl());
-    if (std::chrono::duration<double>(Clock::now() - last_progress).count() >= io_timeout_s_) {
+    const Clock::time_point now = Clock::now();
+    if (!stalled) {
+      stalled = true;
+      stalled_since = now;
+    }
+    if (std::chrono::duration<double>(now - stalled_since).count() >= io_timeout_s_) {
       return TimeoutError(*t);
     }
     if (spin.Spin()) continue;
