@@ -1,6 +1,6 @@
 """Two hvdlite source trees side by side in one run, with the peers: the before/after table.
 
-    python benchmarks/compare_builds.py --before /work/before                # ~10 minutes on 2 cores
+    python benchmarks/compare_builds.py --before /work/before                # ~4 minutes on 2 cores
     python benchmarks/compare_builds.py --before /work/before --quick        # ~3 minutes
     python benchmarks/compare_builds.py --before A --after B --only latency fusion
 

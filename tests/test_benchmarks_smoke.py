@@ -68,11 +68,12 @@ def _run_helper(name, *args):
 
 
 def test_allreduce_busbw_helper_reports_no_wrong_elements():
-    out = _run_helper("_allreduce_busbw.py", "--sizes", "4K,64K", "--reps", "2")
+    out = _run_helper("_allreduce_busbw.py", "--sizes", "4K,64K", "--reps", "2", "--floor")
     rows = [line.split(":", 1)[1].split() for line in out.splitlines()]
     rows = [r for r in rows if r and r[0].isdigit()]
     assert [r[0] for r in rows] == ["4096", "65536"], out
     assert all(r[5] == "0" for r in rows), out  # the #wrong column
+    assert all(len(r) == 9 and float(r[7]) > 0 and float(r[8]) > 0 for r in rows), out  # floor_us, x_floor
 
 
 def test_allreduce_latency_and_fusion_helpers_run():
