@@ -140,7 +140,8 @@ Status ReduceAsRecursiveDoubling(const std::vector<const char*>& parts, char* ou
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
   int p2 = 1;
   while (p2 * 2 <= p) p2 *= 2;
-  std::vector<const char*> value(parts.begin(), parts.begin() + p2);
+  thread_local std::vector<const char*> value;  // reused: no allocation per call
+  value.assign(parts.begin(), parts.begin() + p2);
   std::vector<char> work;
   auto writable = [&](int r) {
     if (r > 0 && work.empty()) work.resize(bytes * static_cast<size_t>(p2 - 1));

@@ -144,7 +144,8 @@ Status Executor::ExecuteScheduled(const Response& response, const std::vector<co
 }
 
 Status Executor::Execute(const Response& response, bool remember) {
-  std::vector<TensorEntry> entries;
+  std::vector<TensorEntry>& entries = entries_;  // reused: no allocation per response
+  entries.clear();
   stand_in_buffers_.clear();
   for (size_t i = 0; i < response.names.size(); ++i) {
     TensorEntry e;
@@ -208,6 +209,7 @@ Status Executor::Execute(const Response& response, bool remember) {
     handles_->Complete(entries[i].handle, std::move(r));
   }
   if (!result_taken) FreeOutput(result.output);
+  entries.clear();
   return st;
 }
 
@@ -294,7 +296,8 @@ Status Executor::RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEn
 
 bool Executor::VotedInput(const Response& response, Vote* vote) {
   if (response.type != OpType::kAllreduce || response.error_code != StatusCode::kOk) return false;
-  std::vector<const TensorEntry*> entries;
+  std::vector<const TensorEntry*>& entries = voted_entries_;  // reused: no allocation per vote
+  entries.clear();
   int64_t bytes = 0;
   for (const std::string& name : response.names) {
     const TensorEntry* e = queue_->Find(response.process_set, name);

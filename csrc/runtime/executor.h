@@ -102,6 +102,8 @@ class Executor {
   int allreduce_responses_ = 0;
   Stats stats_;
   std::vector<std::vector<char>> stand_in_buffers_;         // live during one Execute()
+  std::vector<TensorEntry> entries_;                        // Execute()'s, reused (capacity only)
+  std::vector<const TensorEntry*> voted_entries_;           // VotedInput()'s, reused
   const std::vector<const char*>* voted_inputs_ = nullptr;  // set during one ExecuteScheduled()
 };
 

@@ -140,6 +140,12 @@ class Runtime {
   std::mutex engine_mu_;
   std::vector<ControlMessage> incoming_;
   std::vector<Response> todo_;
+  // Scratch reused every turn, so that the steady state allocates less per
+  // operation: the requests a turn takes from the queue (TakeNew swaps its
+  // buffer with the queue's, so both keep their capacity) and the inputs a
+  // scheduled group's votes carried.
+  std::vector<Request> taken_;
+  std::vector<const char*> voted_inputs_;
   bool finished_ = false;       // every rank shut down: the background thread leaves
   bool engine_broken_ = false;  // Break() ran: nobody may run the engine again
   SpinBudget engine_spin_;      // how long the engine holder polls for work before sleeping

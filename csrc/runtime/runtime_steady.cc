@@ -35,19 +35,19 @@ double Runtime::SchedulePatienceSeconds() const {
 // held too (sent on leaving), so the queue counts it as reported and the
 // engine does not wake for it again and again.
 void Runtime::HoldNewRequests() {
-  std::vector<Request> fresh;
+  taken_.clear();
   if (cfg_.DEADLOCK_CHECK_DISABLE) {
-    queue_.TakeNew(&fresh);
+    queue_.TakeNew(&taken_);
   } else {
     RankWaits waits;
     bool changed = false;
-    queue_.TakeNew(&fresh, &waits, &changed);
+    queue_.TakeNew(&taken_, &waits, &changed);
     if (changed) {
       held_waits_ = std::move(waits);
       held_has_waits_ = true;
     }
   }
-  for (auto& r : fresh) {
+  for (auto& r : taken_) {
     int32_t id = -1;
     size_t group = 0;
     if (r.type == OpType::kBarrier && r.process_set == 0) {
@@ -59,6 +59,7 @@ void Runtime::HoldNewRequests() {
     }
     held_.push_back(std::move(r));
   }
+  taken_.clear();
 }
 
 // The oldest held barrier of the global set, or null.
@@ -213,9 +214,8 @@ Status Runtime::RunScheduledGroup() {
   if (timeline_.Active()) {
     for (const std::string& name : group.names) timeline_.End(name, "QUEUE");
   }
-  std::vector<const char*> inputs;
-  const bool voted_inputs = steady_.VotedInputs(&inputs);
-  Status st = executor_->ExecuteScheduled(group, voted_inputs ? &inputs : nullptr);
+  const bool voted_inputs = steady_.VotedInputs(&voted_inputs_);
+  Status st = executor_->ExecuteScheduled(group, voted_inputs ? &voted_inputs_ : nullptr);
   steady_.Advance();
   patience_started_ = false;
   return st;
