@@ -106,10 +106,9 @@ bool SteadySchedule::Find(const std::string& name, int32_t* cache_id, size_t* gr
 SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
   auto it = votes_.find(at);
   if (it == votes_.end()) {
-    Ballot b;
-    b.votes.assign(size_, -1);
-    b.ready.resize(size_);
-    it = votes_.emplace(at, std::move(b)).first;
+    it = ballot_pool_.Insert(&votes_, [&](Slot& key) { key = at; });
+    it->second.votes.assign(size_, -1);  // a recycled ballot keeps its vectors' capacity
+    it->second.ready.resize(size_);
   }
   return it->second;
 }
@@ -179,7 +178,11 @@ bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
 
 void SteadySchedule::Advance() {
   const bool ran_group = Decide() != Outcome::kBarrier;
-  votes_.erase(Slot{epoch_, position_});
+  auto it = votes_.find(Slot{epoch_, position_});
+  if (it != votes_.end()) {
+    for (Vote& v : it->second.ready) v = Vote();  // frees the inputs now, keeps the vector
+    ballot_pool_.Erase(&votes_, it);
+  }
   ++position_;
   if (ran_group) ++groups_run_;
 }

@@ -75,6 +75,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/node_pool.h"
 #include "coordinator/messages.h"
 
 namespace hvdlite {
@@ -155,6 +156,7 @@ class SteadySchedule {
   std::vector<Response> groups_;
   std::unordered_map<std::string, std::pair<int32_t, size_t>> ids_;  // name -> (cache id, group)
   std::map<Slot, Ballot> votes_;
+  NodePool<std::map<Slot, Ballot>> ballot_pool_;  // a ballot per position: votes_'s nodes, recycled
 };
 
 }  // namespace hvdlite

@@ -8,7 +8,7 @@ namespace hvdlite {
 int64_t HandleTable::Create() {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t h = next_++;
-  states_.emplace(h, State{});
+  pool_.Insert(&states_, [h](int64_t& key) { key = h; })->second = State{};
   return h;
 }
 
@@ -79,7 +79,8 @@ bool HandleTable::Take(int64_t handle, HandleResult* out) {
   auto it = states_.find(handle);
   if (it == states_.end() || !it->second.done) return false;
   *out = std::move(it->second.result);
-  states_.erase(it);
+  it->second = State{};
+  pool_.Erase(&states_, it);
   return true;
 }
 
@@ -90,7 +91,8 @@ void HandleTable::Release(int64_t handle) {
     auto it = states_.find(handle);
     if (it == states_.end()) return;
     orphan = it->second.result.output;
-    states_.erase(it);
+    it->second = State{};
+    pool_.Erase(&states_, it);
   }
   FreeOutput(orphan);
 }

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/node_pool.h"
 #include "common/status.h"
 
 namespace hvdlite {
@@ -63,6 +64,7 @@ class HandleTable {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::unordered_map<int64_t, State> states_;
+  NodePool<std::unordered_map<int64_t, State>> pool_;  // states_'s nodes, recycled (one per operation)
   int64_t next_ = 1;
 };
 

@@ -20,15 +20,22 @@ Status TensorQueue::Push(TensorEntry entry) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (entry.request.type != OpType::kShutdown) {
-      auto placed = in_flight_.try_emplace(Key{entry.request.process_set, entry.request.name});
-      if (!placed.second) {
-        return Status::Precondition("a tensor named '" + entry.request.name +
+      const int32_t set = entry.request.process_set;
+      const std::string& name = entry.request.name;
+      if (in_flight_.find(View(set, name)) != in_flight_.end()) {
+        return Status::Precondition("a tensor named '" + name +
                                     "' is already in flight; wait for it (synchronize) or give each "
                                     "concurrent operation a unique name");
       }
+      auto placed = in_flight_pool_.Insert(&in_flight_, [&](Key& key) {
+        key.first = set;
+        key.second.assign(name);
+      });
       fresh_.push_back(entry.request);
-      by_handle_[entry.handle] = &placed.first->first;
-      placed.first->second.entry = std::move(entry);
+      const int64_t handle = entry.handle;
+      by_handle_pool_.Insert(&by_handle_, [handle](int64_t& key) { key = handle; })->second = &placed->first;
+      placed->second.entry = std::move(entry);
+      placed->second.executing = false;
     } else {
       fresh_.push_back(entry.request);
     }
@@ -142,7 +149,8 @@ bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry*
   std::lock_guard<std::mutex> lock(mu_);
   auto it = in_flight_.find(View(process_set, name));
   if (it == in_flight_.end() || it->second.executing) return false;
-  by_handle_.erase(it->second.entry.handle);
+  auto indexed = by_handle_.find(it->second.entry.handle);
+  if (indexed != by_handle_.end()) by_handle_pool_.Erase(&by_handle_, indexed);
   *out = std::move(it->second.entry);
   it->second.executing = true;
   return true;
@@ -151,7 +159,7 @@ bool TensorQueue::Pop(int32_t process_set, const std::string& name, TensorEntry*
 void TensorQueue::Finish(int32_t process_set, const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = in_flight_.find(View(process_set, name));
-  if (it != in_flight_.end() && it->second.executing) in_flight_.erase(it);
+  if (it != in_flight_.end() && it->second.executing) in_flight_pool_.Erase(&in_flight_, it);
 }
 
 std::vector<TensorEntry> TensorQueue::TakeAll() {

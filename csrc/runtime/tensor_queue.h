@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/node_pool.h"
 #include "common/status.h"
 #include "coordinator/messages.h"
 
@@ -105,6 +106,9 @@ class TensorQueue {
   }
   std::map<Key, Slot, KeyLess> in_flight_;
   std::map<int64_t, const Key*> by_handle_;  // in_flight_ entries not executing, by handle (their keys)
+  // Both maps gain and lose an element per operation: their nodes are recycled.
+  NodePool<std::map<Key, Slot, KeyLess>> in_flight_pool_;
+  NodePool<std::map<int64_t, const Key*>> by_handle_pool_;
   struct Waiter {
     Clock::time_point since;
     std::vector<WaitKey> keys;

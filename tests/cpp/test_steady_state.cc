@@ -233,6 +233,34 @@ void TestVotedInputs() {
   Check(!Deserialize(cut, &back).ok(), "a vote whose input is cut short is refused");
 }
 
+// Ballots are recycled from one position to the next (NodePool): across many
+// positions, with a peer's vote for the next position arriving before this
+// one ran (two ballots live), each position sees exactly its own votes.
+void TestBallotsRecycledAcrossPositions() {
+  SteadySchedule s(/*rank=*/0, /*size=*/2);
+  s.Enter(1, {Group({"a"}), Group({"b"})});
+  std::vector<const char*> parts;
+  bool right = true;
+  s.OnVote(1, Carrying(0, true, "p0"));
+  for (int64_t k = 0; k < 40 && right; ++k) {
+    const std::string mine = "m" + std::to_string(k % 10), peer = "p" + std::to_string((k + 1) % 10);
+    s.VoteSelf(Carrying(k, true, mine));
+    if (k % 4 == 3) {  // the peer's next vote has no input: that position runs the collective
+      s.OnVote(1, V(1, k + 1, true));
+    } else {
+      s.OnVote(1, Carrying(k + 1, true, peer));
+    }
+    const bool voted = s.VotedInputs(&parts);
+    // Position k's peer vote was cast in step k - 1 (position 0's before the loop).
+    const bool expect_inputs = k % 4 != 0;
+    right = s.Decide() == SteadySchedule::Outcome::kRun && voted == (expect_inputs || k == 0) &&
+            (!voted || (parts.size() == 2 && std::string(parts[0], 2) == mine &&
+                        std::string(parts[1], 2) == (k == 0 ? "p0" : "p" + std::to_string(k % 10))));
+    s.Advance();
+  }
+  Check(right && s.position() == 40, "recycled ballots: every position sees only its own votes and inputs");
+}
+
 Vote Barrier(int64_t position) {
   Vote v = V(1, position, false);
   v.barrier = true;
@@ -289,6 +317,7 @@ int main() {
   TestLearnerPeriod();
   TestVotes();
   TestVotedInputs();
+  TestBallotsRecycledAcrossPositions();
   TestBarrierVotes();
   TestMessages();
   return Report();
