@@ -27,15 +27,23 @@ class NodePool {
 
   template <class SetKey>
   typename Map::iterator Insert(Map* map, SetKey&& set_key) {
+    return Insert(map, map->end(), std::forward<SetKey>(set_key));
+  }
+
+  // The same, with `hint` as std::map's insert takes it (the element the new
+  // one goes before, e.g. the lower_bound a caller already looked up): then
+  // the insert does not search the map again.
+  template <class SetKey>
+  typename Map::iterator Insert(Map* map, typename Map::const_iterator hint, SetKey&& set_key) {
     if (spare_.empty()) {
       Key key{};
       set_key(key);
-      return map->try_emplace(std::move(key)).first;
+      return map->try_emplace(hint, std::move(key));
     }
     typename Map::node_type node = std::move(spare_.back());
     spare_.pop_back();
     set_key(node.key());
-    return map->insert(std::move(node)).position;
+    return map->insert(hint, std::move(node));
   }
 
   void Erase(Map* map, typename Map::iterator it) {

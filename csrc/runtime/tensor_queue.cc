@@ -22,12 +22,13 @@ Status TensorQueue::Push(TensorEntry entry) {
     if (entry.request.type != OpType::kShutdown) {
       const int32_t set = entry.request.process_set;
       const std::string& name = entry.request.name;
-      if (in_flight_.find(View(set, name)) != in_flight_.end()) {
+      const auto after = in_flight_.lower_bound(View(set, name));
+      if (after != in_flight_.end() && !KeyLess()(View(set, name), after->first)) {
         return Status::Precondition("a tensor named '" + name +
                                     "' is already in flight; wait for it (synchronize) or give each "
                                     "concurrent operation a unique name");
       }
-      auto placed = in_flight_pool_.Insert(&in_flight_, [&](Key& key) {
+      auto placed = in_flight_pool_.Insert(&in_flight_, after, [&](Key& key) {
         key.first = set;
         key.second.assign(name);
       });

@@ -4,6 +4,7 @@
 // pool reuses nodes (an element inserted after an erase lives in the erased
 // element's node) while keeping no more spares than its bound. Pure logic.
 // Prints "N passed, M failed".
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -78,11 +79,35 @@ void TestReusesNodes() {
         "inserts take the spares first, then allocate");
 }
 
+// Inserts at the lower_bound hint a caller already looked up (TensorQueue::Push),
+// from spare nodes and from new ones, keep the map ordered and complete.
+void TestHintedInserts() {
+  std::map<Key, int> map, plain;
+  NodePool<std::map<Key, int>, 3> pool;
+  std::mt19937 rng(11);
+  for (int round = 0; round < 50; ++round) {
+    for (int i = 0; i < 5; ++i) {
+      const Key key{static_cast<int>(rng() % 3), std::to_string(rng() % 20)};
+      const auto hint = map.lower_bound(key);
+      if (hint != map.end() && hint->first == key) continue;
+      pool.Insert(&map, hint, [&](Key& k) { k = key; })->second = round;
+      plain[key] = round;
+    }
+    for (int i = 0; i < 4 && !map.empty(); ++i) {
+      auto victim = std::next(map.begin(), static_cast<long>(rng() % map.size()));
+      plain.erase(victim->first);
+      pool.Erase(&map, victim);
+    }
+  }
+  Check(map == plain, "inserts at a lower_bound hint keep the map ordered and complete");
+}
+
 }  // namespace
 
 int main() {
   TestMatchesPlainMaps();
   TestReusesNodes();
+  TestHintedInserts();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
