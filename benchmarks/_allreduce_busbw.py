@@ -63,9 +63,10 @@ def main():
         times = timed(hvd, a.reps, calls, lambda b=buf: hvd.allreduce_(b, op=hvd.Sum, name="t"))
         load = meter.stop()
         floor = timed(hvd, a.reps, calls, lambda b=buf: np.multiply(b, 1.0, out=b)) if a.floor else None
+        floor_median = floor[len(floor) // 2] if floor else None
         others = load["others_cpu_s"] / load["wall_s"]  # in cores
         factor = 2.0 * (n - 1) / n
-        rows.append((size, times[len(times) // 2], times[0], wrong, factor, others, floor))
+        rows.append((size, times[len(times) // 2], times[0], wrong, factor, others, floor_median))
     if r == 0:
         print("allreduce float32 sum through the runtime, %d ranks (in place)" % n)
         head = ("bytes", "median_us", "min_us", "busbw_GB/s", "best_busbw", "#wrong", "others")
@@ -84,7 +85,7 @@ def main():
                 others,
             )
             if floor:
-                line += " %12.1f %8.2f" % (floor[len(floor) // 2] * 1e6, med / floor[len(floor) // 2])
+                line += " %12.1f %8.2f" % (floor * 1e6, med / floor)
             print(line)
     hvd.shutdown()
 

@@ -35,7 +35,6 @@ double Runtime::SchedulePatienceSeconds() const {
 // held too (sent on leaving), so the queue counts it as reported and the
 // engine does not wake for it again and again.
 void Runtime::HoldNewRequests() {
-  taken_.clear();
   if (cfg_.DEADLOCK_CHECK_DISABLE) {
     queue_.TakeNew(&taken_);
   } else {
@@ -59,7 +58,7 @@ void Runtime::HoldNewRequests() {
     }
     held_.push_back(std::move(r));
   }
-  taken_.clear();
+  taken_.clear();  // (moved-from requests) empty for the next TakeNew, capacity kept
 }
 
 // The oldest held barrier of the global set, or null.
