@@ -1,4 +1,4 @@
-"""The layering of ARCHITECTURE.md, checked: csrc/ folders include only the layers below them
+"""The layering of docs/architecture.md, checked: csrc/ folders include only the layers below them
 (so there is no include cycle), and the CMake build's per-layer
 link check turns a call from a layer into a layer above it (a back edge) into a link error.
 
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 BUILD = os.path.join(ROOT, "build")
 
-# Bottom to top (ARCHITECTURE.md); `include` is the C header of the ABI, `python` its binding.
+# Bottom to top (docs/architecture.md); `include` is the C header of the ABI, `python` its binding.
 CSRC_LAYERS = [
     "include",
     "common",
@@ -85,7 +85,9 @@ def test_csrc_folders_include_only_lower_layers():
     order = {name: i for i, name in enumerate(CSRC_LAYERS + CSRC_TOP)}
     bad = []
     for folder, targets in sorted(csrc_edges().items()):
-        assert folder in order, "csrc/%s is in no layer: add it to CSRC_LAYERS (and ARCHITECTURE.md)" % folder
+        assert folder in order, (
+            "csrc/%s is in no layer: add it to CSRC_LAYERS (and docs/architecture.md)" % folder
+        )
         for target, files in sorted(targets.items()):
             if order[target] >= order[folder]:
                 bad.append("%s -> %s (%s)" % (folder, target, ", ".join(sorted(files))))
