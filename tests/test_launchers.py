@@ -93,7 +93,9 @@ def test_srun_step_topology_and_store():
     # Step-scoped beats job-scoped: a 1-task step inside a 4-task allocation.
     step = dict(SRUN_N2_N4_RANK2, SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="1", SLURMD_NODENAME="n1")
     step.update(SLURM_STEP_NODELIST="n1", SLURM_STEP_TASKS_PER_NODE="1")
-    assert launchers.detect(step).job == Job(0, 1, 0, 1, 0, 1)
+    one_node = launchers.detect(step)
+    assert one_node.job == Job(0, 1, 0, 1, 0, 1, "127.0.0.1:%d" % one_node.bind_port)
+    assert one_node.bind_host == "127.0.0.1"
 
 
 def test_srun_uneven_nodes_cross_topology():

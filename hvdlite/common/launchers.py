@@ -152,7 +152,10 @@ def slurm_plan(env):
     job_id, step_id = env.get("SLURM_JOB_ID", env.get("SLURM_JOBID", "")), env.get("SLURM_STEP_ID", "")
     port = store_port(job_id, step_id)
     job = Job(rank, size, local_rank, counts[node], cross_rank, cross_size)
-    bind = "127.0.0.1" if len(nodes) == 1 else "0.0.0.0"
+    bind = "0.0.0.0"
+    if len(nodes) == 1:  # a one-node step: the store on loopback (no address to resolve)
+        bind = "127.0.0.1"
+        job = job._replace(store_addr="127.0.0.1:%d" % port)
     host_store = node == 0 and local_rank == 0
     return Plan("srun", job, host_store, bind, port, None, "slurm:%s.%s" % (job_id, step_id), nodes[0])
 
