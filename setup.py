@@ -170,5 +170,7 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
     install_requires=["numpy"],
+    # hvdlite.spark.run (Spark barrier mode: BarrierTaskContext.allGather needs Spark 3.0+).
+    extras_require={"spark": ["pyspark>=3.0"]},
     entry_points={"console_scripts": ["hvdliterun = hvdlite.runner.launch:main"]},
 )

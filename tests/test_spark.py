@@ -1,0 +1,73 @@
+"""hvdlite.spark.run on a real Spark: local-cluster[2,1,1024] (two executor JVMs, one core each),
+a barrier stage whose tasks run the ranks. Skipped where pyspark or Java is missing."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def _allreduce(scale):
+    import numpy as np
+
+    import hvdlite as hvd
+
+    hvd.init()
+    out = hvd.allreduce(np.array([float(hvd.rank() + 1)]), op=hvd.Sum, name="spark")
+    result = (hvd.rank(), hvd.size(), float(out[0]) * scale, os.environ.get("FROM_ENV"))
+    hvd.shutdown()
+    return result
+
+
+def _fail_on_rank_one():
+    import hvdlite as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    if rank == 1:
+        raise ValueError("rank one gives up")
+    hvd.shutdown()
+    return rank
+
+
+@pytest.fixture(scope="module")
+def spark():
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java (apt-get install openjdk-17-jre-headless)")
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    path = os.pathsep.join([str(REPO), str(REPO / "tests")])
+    session = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName("hvdlite-spark-test")
+        .config("spark.executorEnv.PYTHONPATH", path)
+        .config("spark.executorEnv.OMP_NUM_THREADS", "1")
+        .config("spark.task.maxFailures", "1")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def test_run_returns_every_rank_result_in_rank_order(spark):
+    import hvdlite.spark
+
+    got = hvdlite.spark.run(_allreduce, args=(2.0,), num_proc=2, env={"FROM_ENV": "yes"})
+    assert got == [(0, 2, 6.0, "yes"), (1, 2, 6.0, "yes")]
+
+
+def test_a_failing_rank_fails_the_job_with_its_error(spark):
+    import hvdlite.spark
+
+    with pytest.raises(Exception, match="rank one gives up"):
+        hvdlite.spark.run(_fail_on_rank_one, num_proc=2, start_timeout=30)
