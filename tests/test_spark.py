@@ -27,6 +27,18 @@ def _allreduce(scale):
     return result
 
 
+def _rank_one_dies_on_the_first_attempt(marker):
+    import hvdlite as hvd
+
+    if os.environ["HVDLITE_RANK"] == "1" and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(7)  # before init(): rank 0 waits in init() until Spark kills its task
+    hvd.init()
+    rank = hvd.rank()
+    hvd.shutdown()
+    return rank
+
+
 def _fail_on_rank_one():
     import hvdlite as hvd
 
@@ -51,7 +63,7 @@ def spark():
         .appName("hvdlite-spark-test")
         .config("spark.executorEnv.PYTHONPATH", path)
         .config("spark.executorEnv.OMP_NUM_THREADS", "1")
-        .config("spark.task.maxFailures", "1")
+        .config("spark.stage.maxConsecutiveAttempts", "2")
         .config("spark.ui.enabled", "false")
         .getOrCreate()
     )
@@ -67,7 +79,18 @@ def test_run_returns_every_rank_result_in_rank_order(spark):
 
 
 def test_a_failing_rank_fails_the_job_with_its_error(spark):
+    """Rank 1 raises on every attempt: after the stage's attempts the job fails with its error."""
     import hvdlite.spark
 
     with pytest.raises(Exception, match="rank one gives up"):
         hvdlite.spark.run(_fail_on_rank_one, num_proc=2, start_timeout=30)
+
+
+def test_a_task_that_dies_is_retried_with_its_stage(spark, tmp_path):
+    """Spark retries the whole barrier stage (spark.stage.maxConsecutiveAttempts=2 here); the second attempt
+    forms a new job with a new store and returns."""
+    import hvdlite.spark
+
+    marker = str(tmp_path / "died-once")
+    assert hvdlite.spark.run(_rank_one_dies_on_the_first_attempt, args=(marker,), num_proc=2) == [0, 1]
+    assert os.path.exists(marker)

@@ -12,13 +12,17 @@ How a job forms (docs/launchers.md, "Spark"):
     environment holds the job description (hvdlite.common.job.write: rank = the partition id,
     size = num_proc, the store and the secret; the core computes local and cross topology from the
     host names), plus `env`; fn's hvd.init() joins the job as under hvdliterun;
-  - every task waits at a barrier after its child exits, so the store outlives every rank, and
-    fails when its child failed: Spark then retries the whole barrier stage (spark.task.maxFailures)
-    or fails the job with the child's exit code and the end of its stderr.
+  - every task waits at a barrier after its child exits, so the store outlives every rank; a task
+    whose child failed fails at once with the child's exit code and the end of its stderr. Spark
+    then kills the stage's other tasks (their children die with their Python workers) and runs the
+    whole barrier stage again, a new job with a new store, up to spark.stage.maxConsecutiveAttempts
+    times (a shuffle follows the stage so that Spark may retry it), then fails the job with that
+    error.
 """
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +63,17 @@ def _rendezvous(ctx: Any, secret_hex: str) -> tuple[str, Any]:
     return ctx.allGather(message)[0], server
 
 
+def _die_with_parent() -> None:
+    """In the rank's child process: SIGKILL it when the Python worker that started it dies (Spark
+    kills the other tasks' workers when one task of a barrier stage fails)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the rank ends at its own timeout instead
+
+
 def _run_rank(payload: bytes, env: dict[str, str], executable: str) -> bytes:
     """Runs the pickled (fn, args, kwargs) in a child process with `env`; its pickled result."""
     with tempfile.TemporaryDirectory(prefix="hvdlite-spark-") as d:
@@ -70,6 +85,7 @@ def _run_rank(payload: bytes, env: dict[str, str], executable: str) -> bytes:
             stdout=None,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_die_with_parent,
         )
         sys.stderr.write(proc.stderr)
         if proc.returncode != 0:
@@ -98,8 +114,8 @@ def _task_body(
         env.setdefault("PYTHONUNBUFFERED", "1")
         try:
             result = _run_rank(payload, env, executable)
+            ctx.barrier()  # every rank done before task 0's store goes (a failed one does not wait)
         finally:
-            ctx.barrier()  # every rank done before task 0's store goes
             if server is not None:
                 server.stop()
         yield rank, result
@@ -143,5 +159,9 @@ def run(
         extra.setdefault("HVDLITE_LOG_LEVEL", "debug")
     payload = _pickler().dumps((fn, tuple(args), dict(kwargs or {})))
     body = _task_body(payload, num_proc, os.urandom(32).hex(), extra, executable or sys.executable)
-    pairs = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(body).collect()
+    # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries as a
+    # whole when a task fails (spark.stage.maxConsecutiveAttempts); a barrier ResultStage would be
+    # aborted at the first failure.
+    ranks = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(body)
+    pairs = ranks.partitionBy(1).collect()
     return [pickle.loads(result) for _, result in sorted(pairs)]
