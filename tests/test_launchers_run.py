@@ -168,3 +168,36 @@ def test_torchrun_c10d_across_two_hosts(simhosts):
     found = results(outs[0][0] + outs[1][0])
     check_job(found, 4, 2)
     assert len({r["host"] for r in found.values()}) == 2
+
+
+@pytest.mark.slow
+def test_mpijob_style_mpirun_with_an_exec_agent_and_no_ssh(simhosts, tmp_path):
+    """Kubeflow MPIJob's path: mpirun with a hostfile, its ranks started on the other hosts by an
+    exec agent (the operator's kubectl-exec stand-in: nsenter into the host's namespaces) instead
+    of ssh; hvd.init() takes the job from MPI."""
+    if shutil.which("mpirun") is None or shutil.which("nsenter") is None:
+        pytest.skip("mpirun (Open MPI) or nsenter is not installed")
+    cluster = simhosts(2)
+    agent = tmp_path / "kubexec.sh"
+    cases = "".join('  %s) pid=%d ;;\n' % (h.addr, h.holder.pid) for h in cluster.hosts)
+    agent.write_text(
+        '#!/bin/sh\n# like the MPI Operator\'s kubexec.sh: run "$*" in the pod named by $1\n'
+        'case "$1" in\n%s  *) echo "no such pod: $1" >&2; exit 2 ;;\nesac\nshift\n'
+        'exec nsenter -t "$pid" -n -u -m -- /bin/sh -c "$*"\n' % cases
+    )
+    agent.chmod(0o755)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join("%s slots=2\n" % h.addr for h in cluster.hosts))
+    subnet = cluster.subnet + ".0/24"
+    env = clean_env(PATH="/nonexistent-ssh-free:" + os.environ["PATH"])
+    argv = [
+        "mpirun", "--allow-run-as-root", "-np", "4", "--hostfile", str(hostfile),
+        "-mca", "plm_rsh_agent", str(agent), "-mca", "btl_tcp_if_include", subnet,
+        "-mca", "oob_tcp_if_include", subnet, "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+        sys.executable, SCRIPT,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    found = results(proc.stdout)
+    check_job(found, 4, 2)
+    assert [found[r]["host"] for r in range(4)] == [h.name for h in cluster.hosts for _ in range(2)]
