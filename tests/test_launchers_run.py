@@ -142,6 +142,21 @@ def test_srun_variables_without_a_secret_warn():
 
 @pytest.mark.slow
 @needs_torchrun
+def test_torchrun_trains_the_digits_demo_unchanged():
+    demo = str(REPO / "examples" / "pytorch_digits.py")
+    proc = subprocess.run(
+        [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", demo, "--epochs", "1"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "on 2 ranks" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+@needs_torchrun
 def test_torchrun_c10d_across_two_hosts(simhosts):
     """Kubeflow PyTorchJob's path: torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d on
     two simulated hosts (each its own network namespace, hostname and /dev/shm)."""

@@ -39,6 +39,21 @@ def _rank_one_dies_on_the_first_attempt(marker):
     return rank
 
 
+def _digits_demo(epochs):
+    """examples/pytorch_digits.py as its own script, in this rank: returns what it printed."""
+    import contextlib
+    import io
+    import runpy
+
+    demo = str(REPO / "examples" / "pytorch_digits.py")
+    sys.path.insert(0, os.path.dirname(demo))
+    sys.argv = [demo, "--epochs", str(epochs)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(demo, run_name="__main__")
+    return out.getvalue()
+
+
 def _fail_on_rank_one():
     import hvdlite as hvd
 
@@ -94,3 +109,10 @@ def test_a_task_that_dies_is_retried_with_its_stage(spark, tmp_path):
     marker = str(tmp_path / "died-once")
     assert hvdlite.spark.run(_rank_one_dies_on_the_first_attempt, args=(marker,), num_proc=2) == [0, 1]
     assert os.path.exists(marker)
+
+
+def test_the_digits_demo_trains_unchanged(spark):
+    import hvdlite.spark
+
+    printed = hvdlite.spark.run(_digits_demo, args=(1,), num_proc=2, env={"OMP_NUM_THREADS": "1"})
+    assert "on 2 ranks" in printed[0], printed
