@@ -27,6 +27,7 @@ ALIASES = {
     "horovod.common.exceptions": "hvdlite.common.exceptions",
     "horovod.common.process_sets": "hvdlite.common.process_sets",
     "horovod.spark": "hvdlite.spark",
+    "horovod.ray": "hvdlite.ray",
 }
 
 
