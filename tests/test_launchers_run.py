@@ -72,6 +72,7 @@ def test_torchrun_one_node_two_processes():
     assert "secret: random, handed over through torchrun's store" in proc.stderr
 
 
+@pytest.mark.slow
 @needs_torchrun
 def test_torchrun_restart_reforms_the_job():
     proc = subprocess.run(
