@@ -154,3 +154,38 @@ def test_secret_sources(tmp_path):
     derived, source = launch_setup.resolve_secret(plan, {})
     assert len(derived) == 64 and "slurm:4242.3" in source
     assert launch_setup.resolve_secret(launchers.detect(TORCHRUN_2X2_RANK3), {})[0] is None
+
+
+def test_identity_variables_are_written_only_through_the_table():
+    """Issue 27's rule: no module but hvdlite/common/job.py assigns an identity variable
+    (env["HVDLITE_RANK"] = ..., or a {"HVDLITE_RANK": ...} literal); the others call jobs.write.
+    remote_exec.py puts the secret back into a remote rank's environment from ssh's stdin (the
+    transport of a finished environment, not a job description) and is the one exception."""
+    import pathlib
+    import re
+
+    import hvdlite
+
+    names = "|".join(re.escape(n) for n in jobs.names())
+    assignment = re.compile(r'\[\s*"(%s)"\s*\]\s*=[^=]|"(%s)"\s*:' % (names, names))
+    allowed = {"common/job.py", "runner/remote_exec.py"}
+    root = pathlib.Path(hvdlite.__file__).parent
+    found = [
+        "%s: %s" % (path.relative_to(root), m.group(0))
+        for path in sorted(root.rglob("*.py"))
+        if str(path.relative_to(root)) not in allowed
+        for m in assignment.finditer(path.read_text())
+    ]
+    assert found == []
+
+
+def test_store_addresses(monkeypatch, tmp_path):
+    assert launch_setup.node_address("localhost") == "localhost"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol to ask
+    with pytest.raises(InvalidArgumentError, match=r"first node 'no-such-node\.invalid'"):
+        launch_setup.node_address("no-such-node.invalid")
+    one_node = launchers.detect(dict(TORCHRUN_2X2_RANK3, WORLD_SIZE="2", RANK="0", GROUP_WORLD_SIZE="1"))
+    assert launch_setup.advertised_host(one_node) == "127.0.0.1"
+    # Rank 0 on the agent's host (MASTER_ADDR is this machine): the others reach it there.
+    local = launchers.detect(dict(TORCHRUN_2X2_RANK3, RANK="0", MASTER_ADDR="localhost"))
+    assert launch_setup.advertised_host(local) == "localhost"
