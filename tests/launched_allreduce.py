@@ -2,7 +2,9 @@
 nothing launcher-specific, one allreduce, then one JSON line with what this rank saw.
 
 CRASH_ON_FIRST_ATTEMPT=<rank>: that rank exits 3 before init() while TORCHELASTIC_RESTART_COUNT
-is 0 (torchrun --max-restarts then starts the job again)."""
+is 0 (torchrun --max-restarts then starts the job again). LOOP_STEPS=<n>: n more allreduces, one
+every LOOP_SLEEP seconds (default 0.1), before the JSON line; rank 0 writes "LOOPING size <size>"
+to stderr as the loop starts."""
 
 import json
 import os
@@ -21,6 +23,13 @@ if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
 hvd.init()
 INIT_S = time.monotonic() - T0
 out = hvd.allreduce(np.array([float(hvd.rank() + 1)]), op=hvd.Sum, name="launched")
+if os.environ.get("LOOP_STEPS"):
+    if hvd.rank() == 0:
+        sys.stderr.write("LOOPING size %d\n" % hvd.size())
+        sys.stderr.flush()
+    for _ in range(int(os.environ["LOOP_STEPS"])):
+        time.sleep(float(os.environ.get("LOOP_SLEEP", "0.1")))
+        hvd.allreduce(np.array([1.0]), name="loop")
 record = (
     json.dumps(
         {

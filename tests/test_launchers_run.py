@@ -217,3 +217,53 @@ def test_mpijob_style_mpirun_with_an_exec_agent_and_no_ssh(simhosts, tmp_path):
     found = results(proc.stdout)
     check_job(found, 4, 2)
     assert [found[r]["host"] for r in range(4)] == [h.name for h in cluster.hosts for _ in range(2)]
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_torchrun_node_joining_reforms_the_job_larger(simhosts, tmp_path):
+    """torchrun --nnodes 1:2 (c10d): host A runs alone; when host B's agent arrives, A's agent
+    stops its workers and both start a 4-rank job with the same restart count. With torch 2.13 the
+    agents' shared store deadlocks on such a scale-up (the new node waits for a MASTER_ADDR key of
+    the new round that rank 0's agent, keeping its old server, never writes), so the agents run
+    with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers then have no agent store
+    (TORCHELASTIC_USE_AGENT_STORE=False) and hvdlite's store stands beside each round's
+    MASTER_PORT; the secret comes from HVDLITE_SECRET."""
+    import time
+
+    cluster = simhosts(2)
+    endpoint = "%s:%d" % (cluster.hosts[0].addr, 29400)
+    env = clean_env(
+        LOOP_STEPS=60, LOOP_SLEEP=0.1, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, HVDLITE_SECRET="ef" * 32
+    )
+    names = ("PYTHONPATH", "OMP_NUM_THREADS", "PATH", "LOOP_STEPS", "LOOP_SLEEP")
+    names += ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "HVDLITE_SECRET")
+    exports = " ".join("%s=%s" % (k, env[k]) for k in names)
+    command = (
+        "cd %s && env %s %s --nnodes 1:2 --nproc-per-node 2 --max-restarts 2 --rdzv-backend c10d "
+        "--rdzv-endpoint %s --rdzv-id grow --local-addr %%s %s" % (REPO, exports, TORCHRUN, endpoint, SCRIPT)
+    )
+
+    def start(i):
+        h = cluster.hosts[i]
+        with open(tmp_path / ("host%d.out" % i), "w") as out, open(tmp_path / ("host%d.err" % i), "w") as err:
+            return subprocess.Popen(
+                ["/usr/bin/ssh", "-F", cluster.ssh_config, h.addr, command % h.addr],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+            )
+
+    first = start(0)
+    deadline = time.monotonic() + 120
+    while "LOOPING size 2" not in (tmp_path / "host0.err").read_text():
+        assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "host0.err").read_text()
+        time.sleep(0.2)
+    second = start(1)
+    codes = [p.wait(timeout=240) for p in (first, second)]
+    texts = [(tmp_path / ("host%d.%s" % (i, s))).read_text() for i in range(2) for s in ("out", "err")]
+    assert codes == [0, 0], texts
+    found = results(texts[0] + texts[2])
+    check_job(found, 4, 2)
+    assert "LOOPING size 4" in texts[1]
+    assert {r["restart"] for r in found.values()} == {"0"}  # a membership change, not a failure
