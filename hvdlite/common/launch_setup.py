@@ -22,9 +22,9 @@ import socket
 import subprocess
 import sys
 
-from hvdlite import _core
 from hvdlite.common import exceptions, launchers, settings
 from hvdlite.common import job as jobs
+from hvdlite.common.native import core as _core
 
 _server = None  # the store this process hosts: kept until the process exits (init after shutdown)
 _prepared: tuple[str, jobs.Job | None] | None = (

@@ -40,7 +40,7 @@ class _Worker:
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
     def host_store(self, secret_hex: str, clients: int) -> int:
-        from hvdlite import _core
+        from hvdlite.common.native import core as _core
 
         self._server = _core.TcpStoreServer("0.0.0.0", 0, bytes.fromhex(secret_hex), clients=clients)
         return int(self._server.port)

@@ -54,7 +54,7 @@ def _rendezvous(ctx: Any, secret_hex: str) -> tuple[str, Any]:
     server = None
     message = ""
     if ctx.partitionId() == 0:
-        from hvdlite import _core
+        from hvdlite.common.native import core as _core
 
         server = _core.TcpStoreServer(
             "0.0.0.0", 0, bytes.fromhex(secret_hex), clients=2 * len(ctx.getTaskInfos())
