@@ -4,7 +4,8 @@ nothing launcher-specific, one allreduce, then one JSON line with what this rank
 CRASH_ON_FIRST_ATTEMPT=<rank>: that rank exits 3 before init() while TORCHELASTIC_RESTART_COUNT
 is 0 (torchrun --max-restarts then starts the job again). LOOP_STEPS=<n>: n more allreduces, one
 every LOOP_SLEEP seconds (default 0.1), before the JSON line; rank 0 writes "LOOPING size <size>"
-to stderr as the loop starts."""
+to stderr as the loop starts. KILL_RANK=<rank>: that rank SIGKILLs itself after the first
+allreduce."""
 
 import json
 import os
@@ -23,6 +24,8 @@ if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
 hvd.init()
 INIT_S = time.monotonic() - T0
 out = hvd.allreduce(np.array([float(hvd.rank() + 1)]), op=hvd.Sum, name="launched")
+if os.environ.get("KILL_RANK") == str(hvd.rank()):
+    os.kill(os.getpid(), 9)  # a task killed mid-job: the others must fail, naming it
 if os.environ.get("LOOP_STEPS"):
     if hvd.rank() == 0:
         sys.stderr.write("LOOPING size %d\n" % hvd.size())

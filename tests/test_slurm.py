@@ -75,3 +75,24 @@ def test_sbatch_example_trains_the_digits_demo(slurm, tmp_path):
     text = out.read_text() if out.exists() else "(no output file)"
     assert proc.returncode == 0, proc.stdout + proc.stderr + text
     assert "test accuracy" in text and "on 4 ranks" in text, text
+
+
+def test_a_killed_task_fails_the_others_naming_it(slurm):
+    """Under srun as on any host: a task SIGKILLed mid-job makes the others' next collective fail
+    with an error that names the dead rank, within seconds, and srun exits non-zero."""
+    env = slurm.env(clean_env(HVDLITE_SECRET="cd" * 32, KILL_RANK=3, LOOP_STEPS=100, LOOP_SLEEP=0.05))
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["srun", "-N2", "-n4", sys.executable, SCRIPT],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "HvdliteInternalError" in proc.stderr and "rank 3 closed its connection" in proc.stderr, (
+        proc.stderr[-4000:]
+    )
+    assert elapsed < 60, elapsed
