@@ -197,13 +197,15 @@ def main():
         from simslurm import SimSlurm
 
         work = tempfile.mkdtemp(prefix="hvdlite-launchers-")
-        os.makedirs(os.path.join(work, "hosts"))
-        with (
-            SimCluster(os.path.join(work, "hosts"), 2) as cluster,
-            SimSlurm(cluster, os.path.join(work, "slurm")) as sim,
-        ):
-            print(table(measure(reps, sim, extra)))
-        shutil.rmtree(work, ignore_errors=True)
+        try:
+            os.makedirs(os.path.join(work, "hosts"))
+            with (
+                SimCluster(os.path.join(work, "hosts"), 2) as cluster,
+                SimSlurm(cluster, os.path.join(work, "slurm")) as sim,
+            ):
+                print(table(measure(reps, sim, extra)))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
