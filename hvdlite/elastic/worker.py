@@ -22,6 +22,7 @@ import sys
 import time
 
 from hvdlite.common import basics, settings
+from hvdlite.common import job as jobs
 from hvdlite.common.exceptions import OK, HvdliteInternalError, HvdliteTimeoutError
 from hvdlite.elastic.store import StoreClient
 
@@ -105,17 +106,7 @@ class ElasticContext:
         if me is None:
             sys.stdout.flush()
             sys.exit(0)  # removed from the job: leave cleanly
-        os.environ.update(
-            {
-                "HVDLITE_RANK": str(me["rank"]),
-                "HVDLITE_SIZE": str(me["size"]),
-                "HVDLITE_HOSTNAME": me["hostname"],
-                "HVDLITE_STORE_ADDR": record["store_addr"],
-                "HVDLITE_SECRET": record["secret"],
-            }
-        )
-        for name in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
-            os.environ.pop("HVDLITE_" + name, None)  # the core computes them from the host names
+        jobs.write(os.environ, jobs.generation_job(record, self.worker_id))
         self.generation, self.record = record["gen"], record
 
     def init(self, core_init):

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any
 
+from hvdlite.common import job as jobs
 from hvdlite.common.exceptions import InvalidArgumentError
 from hvdlite.elastic.store import StoreClient
 from hvdlite.runner import elastic_discovery, job, remote
@@ -170,16 +171,9 @@ class ElasticDriver:
 
     def _spawn(self, w, record):
         me = record["workers"][w.id]
-        env = dict(self.base_env)
-        for name in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
-            env.pop("HVDLITE_" + name, None)
+        env = jobs.write(dict(self.base_env), jobs.generation_job(record, w.id))
         env.update(
             {
-                "HVDLITE_RANK": str(me["rank"]),
-                "HVDLITE_SIZE": str(me["size"]),
-                "HVDLITE_HOSTNAME": w.host,
-                "HVDLITE_STORE_ADDR": record["store_addr"],
-                "HVDLITE_SECRET": record["secret"],
                 "HVDLITE_ELASTIC_STORE_ADDR": "%s:%d" % (self.store_host, self.server.port),
                 "HVDLITE_ELASTIC_SECRET": self.secret.hex(),
                 "HVDLITE_ELASTIC_WORKER_ID": w.id,
