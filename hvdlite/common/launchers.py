@@ -30,7 +30,7 @@ import collections
 import hashlib
 import re
 
-from hvdlite.common import settings
+from hvdlite.common import exceptions, settings
 from hvdlite.common.job import Job
 
 # What the setup must do for a detected launcher.
@@ -53,7 +53,7 @@ TORCH_REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 10000, 20000
 
 
-class LauncherEnvError(ValueError):
+class LauncherEnvError(exceptions.InvalidArgumentError):
     """The launcher's variables do not describe a job (names the variable and its value)."""
 
 

@@ -20,6 +20,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from hvdlite.common import exceptions
 from hvdlite.common import job as jobs
 
 MiniSettings = collections.namedtuple(
@@ -110,11 +111,13 @@ class RayExecutor:
         override_discovery: bool = True,
     ) -> None:
         if min_workers is not None or max_workers is not None:
-            raise NotImplementedError(
+            raise exceptions.NotSupportedError(
                 "hvdlite.ray: the elastic RayExecutor (min_workers/max_workers) is not built yet"
             )
         if (num_workers is None) == (num_hosts is None):
-            raise ValueError("give either num_workers or num_hosts (with num_workers_per_host)")
+            raise exceptions.InvalidArgumentError(
+                "give either num_workers or num_hosts (with num_workers_per_host)"
+            )
         self.settings = settings
         self.num_hosts = num_hosts
         self.per_bundle = num_workers_per_host if num_hosts else 1

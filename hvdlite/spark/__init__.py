@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from hvdlite.common import exceptions
 from hvdlite.common import job as jobs
 
 STDERR_TAIL = 4000  # characters of a failed rank's stderr put in the task's error
@@ -89,7 +90,7 @@ def _run_rank(payload: bytes, env: dict[str, str], executable: str) -> bytes:
         )
         sys.stderr.write(proc.stderr)
         if proc.returncode != 0:
-            raise RuntimeError(
+            raise exceptions.HvdliteInternalError(
                 "hvdlite.spark: rank %s exited with code %d; the end of its stderr:\n%s"
                 % (env["HVDLITE_RANK"], proc.returncode, proc.stderr[-STDERR_TAIL:])
             )
@@ -150,7 +151,9 @@ def run(
 
     sc = pyspark.SparkContext._active_spark_context
     if sc is None:
-        raise RuntimeError("hvdlite.spark.run: no active SparkContext; start a SparkSession first")
+        raise exceptions.PreconditionError(
+            "hvdlite.spark.run: no active SparkContext; start a SparkSession first"
+        )
     num_proc = num_proc or sc.defaultParallelism
     extra = {k: str(v) for k, v in (env or {}).items()}
     if start_timeout is not None:
