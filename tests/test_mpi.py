@@ -17,7 +17,9 @@ from helpers import run_ranks
 from mpi_helpers import mpi_runner, run_mpi_ranks, skip_without_mpi
 
 pytestmark = skip_without_mpi
-PATHS = ["ring", "mpi"]  # the default, auto, picks per collective and size: see test_auto_path_...
+# The default, auto, picks per collective and size: see test_auto_path_... The native ring under
+# mpirun runs in the slow set (tests/test_collectives.py covers the ring itself by default).
+PATHS = [pytest.param("ring", marks=pytest.mark.slow), "mpi"]
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)

@@ -121,7 +121,7 @@ def _broadcasts():
     return to_wire(out)
 
 
-@pytest.mark.parametrize("size", [3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_broadcast_parameters_optimizer_state_and_objects(size):
     results = from_wire(run_pooled(_broadcasts, size, timeout=60))
     root = results[0]
