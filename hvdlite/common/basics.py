@@ -51,7 +51,10 @@ def init(comm=None, process_sets=None):
     initialized does nothing; after shutdown() it starts a new session.
 
     ``process_sets``: optional list of ProcessSet objects (or rank lists) to
-    register right away, as Horovod's init(process_sets=...) does.
+    register right away, as Horovod's init(process_sets=...) does: every rank
+    must give the same sets, none a duplicate, else every rank raises a
+    ValueError naming them and the job is shut down (init() may be called
+    again). "dynamic" (Horovod's) registers none: add_process_set() always works.
     ``comm`` is Horovod's (an MPI communicator or rank list to run on); only
     None is supported.
     """
@@ -63,6 +66,8 @@ def init(comm=None, process_sets=None):
         )
     if _core.is_initialized():
         return
+    if isinstance(process_sets, str) and process_sets.lower() == "dynamic":
+        process_sets = None
     code, message = _init_hook(_core.init) if _init_hook is not None else _core.init()
     exceptions.raise_for_status(code, message)
     naming.reset()
@@ -71,8 +76,12 @@ def init(comm=None, process_sets=None):
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
     ps._reset_registry()
-    for item in process_sets or ():
-        ps.add_process_set(item)
+    if process_sets:
+        try:
+            ps.register_static(process_sets)
+        except exceptions.InvalidArgumentError:
+            shutdown()  # on every rank alike (the check is collective): init() may be called again
+            raise
 
 
 def shutdown():
@@ -107,6 +116,10 @@ def _shutdown_at_exit():
 
 def is_initialized():
     return bool(_core.is_initialized())
+
+
+# Horovod's internal {process set id: ranks}; its tests reach it as hvd.mpi_ops._basics.
+_get_process_set_ids_and_ranks = ps.ids_and_ranks
 
 
 def runtime_stats():

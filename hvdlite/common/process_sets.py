@@ -73,7 +73,11 @@ class ProcessSet:
         return hash((tuple(self.ranks), self.process_set_id))
 
     def __repr__(self):
-        return "ProcessSet(process_set_id=%r, ranks=%r)" % (self.process_set_id, self.ranks)
+        return "ProcessSet(process_set_id=%r, ranks=%r, mpi_comm=%r)" % (
+            self.process_set_id,
+            self.ranks,
+            self.mpi_comm,
+        )
 
 
 def _world_ranks_of(comm):
@@ -113,7 +117,8 @@ class _GlobalProcessSet(ProcessSet):
 
     def __repr__(self):  # never raises, also before init()
         ranks = _core.process_set_ranks(0)
-        return "ProcessSet(process_set_id=0, ranks=%s)" % ("<not initialized>" if ranks is None else ranks)
+        shown = "<not initialized>" if ranks is None else ranks
+        return "ProcessSet(process_set_id=0, ranks=%s, mpi_comm=%r)" % (shown, self.mpi_comm)
 
 
 global_process_set = _GlobalProcessSet()
@@ -146,6 +151,12 @@ def add_process_set(process_set):
         )
     if ps.mpi_comm is not None:
         return _add_comm_process_set(ps)
+    same = [i for i, ranks in ids_and_ranks().items() if ranks == ps.ranks]
+    if same:  # every rank holds the same table, so every rank raises here alike
+        raise exceptions.InvalidArgumentError(
+            "process set %r is a duplicate of the registered process set %d, as in Horovod"
+            % (ps.ranks, same[0])
+        )
     code, message, set_id = _core.add_process_set(ps.ranks)
     exceptions.raise_for_status(code, message)
     ps.process_set_id = set_id
@@ -191,6 +202,60 @@ def _allgather_ints(values, name):
     finally:
         ops.release(core)
     return [] if data is None else array.array("q", data.tobytes()).tolist()
+
+
+def ids_and_ranks():
+    """{process set id: member ranks} of every registered set, the global set (0) included
+    (Horovod's internal _get_process_set_ids_and_ranks())."""
+    out = {0: global_process_set.ranks}
+    for ps in _registry.values():
+        for set_id in ps._part_ids or [ps.process_set_id]:
+            out[set_id] = _core.process_set_ranks(set_id)
+    return dict(sorted(out.items()))
+
+
+def register_static(process_sets):
+    """init(process_sets=...): registers the sets in order after checking, from every rank's
+    list (gathered), that all ranks gave the same sets (a set's rank order does not matter) and
+    that none repeats another or the global set. Otherwise raises InvalidArgumentError (a
+    ValueError) on every rank alike, naming the sets; the caller then shuts the job down.
+    Sets of an MPI communicator may differ per rank and are not compared (add_process_set)."""
+    sets = [p if isinstance(p, ProcessSet) else ProcessSet(p) for p in process_sets]
+    mine = [p.ranks for p in sets if p.mpi_comm is None]
+    every = _allgather_lists(mine, "__static_process_sets__")
+    differ = [r for r, theirs in enumerate(every) if theirs != every[0]]
+    if differ:
+        raise exceptions.InvalidArgumentError(
+            "hvd.init(process_sets=...): every rank must give the same process sets; rank 0 gave "
+            "%s, but %s" % (every[0], "; ".join("rank %d gave %s" % (r, every[r]) for r in differ))
+        )
+    seen = [global_process_set.ranks]
+    for i, ranks in enumerate(mine):
+        if ranks in seen:
+            what = "the global process set" if ranks == seen[0] else "an earlier entry"
+            raise exceptions.InvalidArgumentError(
+                "hvd.init(process_sets=...): entry %d, ProcessSet(%s), is a duplicate of %s"
+                % (i, ranks, what)
+            )
+        seen.append(ranks)
+    for p in sets:
+        add_process_set(p)
+
+
+def _allgather_lists(lists, tag):
+    """Every rank's list of int lists, in rank order (one entry per rank)."""
+    flat = [len(lists)] + [x for one in lists for x in [len(one)] + one]
+    lengths = _allgather_ints([len(flat)], tag + ".n")
+    data = _allgather_ints(flat, tag + ".data")
+    out, start = [], 0
+    for n in lengths:
+        enc, start = data[start : start + n], start + n
+        lists_of_rank, pos = [], 1
+        for _ in range(enc[0]):
+            lists_of_rank.append(enc[pos + 1 : pos + 1 + enc[pos]])
+            pos += 1 + enc[pos]
+        out.append(lists_of_rank)
+    return out
 
 
 def remove_process_set(process_set):
