@@ -132,9 +132,13 @@ def _reset_registry():
     _registry.clear()
 
 
-def add_process_set(process_set):
+def add_process_set(process_set, allow_duplicate=False):
     """Registers a ProcessSet (or a list of ranks) on every rank; returns it
-    with its id set. Collective: every rank must call it with the same ranks."""
+    with its id set. Collective: every rank must call it with the same ranks.
+    As in Horovod, a set with the ranks of a registered one (the global set
+    included) is a ValueError; allow_duplicate=True (an hvdlite extension, for
+    add-ons that each own and remove their sets, such as Mesh and ZeRO)
+    registers it under an id of its own."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise exceptions.PreconditionError("%r is already registered" % (ps,))
@@ -151,7 +155,7 @@ def add_process_set(process_set):
         )
     if ps.mpi_comm is not None:
         return _add_comm_process_set(ps)
-    same = [i for i, ranks in ids_and_ranks().items() if ranks == ps.ranks]
+    same = [] if allow_duplicate else [i for i, r in ids_and_ranks().items() if r == ps.ranks]
     if same:  # every rank holds the same table, so every rank raises here alike
         raise exceptions.InvalidArgumentError(
             "process set %r is a duplicate of the registered process set %d, as in Horovod"
