@@ -5,8 +5,10 @@ Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the
 (HVDLITE_ELASTIC_STORE_ADDR, authenticated with HVDLITE_ELASTIC_SECRET):
   - "worker/<id>" = the generation this worker was started into (set before it is spawned);
   - "gen/<g>" = JSON of generation g: {"gen", "store_addr", "secret", "workers": {id: {"rank",
-    "size", "hostname"}}, "end": null or the reason the job ends}; written once, never changed;
+    "size", "hostname", "local": [local rank, local size, cross rank, cross size]}}, "end": null
+    or the reason the job ends}; written once, never changed;
   - "latest" = the newest g, set after "gen/<g>";
+  - "joined/<id>" = the newest generation this worker formed (set by the worker after init());
   - "reset/<g>": a worker of generation g adds 1 after a HorovodInternalError (a request for a
     new generation, which the driver grants even when no worker exited).
 Every init() of an elastic worker (the script's own hvd.init() included, through the init hook
@@ -21,7 +23,7 @@ import os
 import sys
 import time
 
-from hvdlite.common import basics, settings
+from hvdlite.common import basics, identity, settings
 from hvdlite.common.exceptions import OK, HvdliteInternalError, HvdliteTimeoutError
 from hvdlite.elastic.store import StoreClient
 
@@ -105,17 +107,15 @@ class ElasticContext:
         if me is None:
             sys.stdout.flush()
             sys.exit(0)  # removed from the job: leave cleanly
+        # HOROVOD_* too: a script reading HOROVOD_RANK after a reset sees its current rank.
+        os.environ.update(identity.identity_env(me["rank"], me["size"], me["local"], me["hostname"]))
         os.environ.update(
             {
-                "HVDLITE_RANK": str(me["rank"]),
-                "HVDLITE_SIZE": str(me["size"]),
                 "HVDLITE_HOSTNAME": me["hostname"],
                 "HVDLITE_STORE_ADDR": record["store_addr"],
                 "HVDLITE_SECRET": record["secret"],
             }
         )
-        for name in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
-            os.environ.pop("HVDLITE_" + name, None)  # the core computes them from the host names
         self.generation, self.record = record["gen"], record
 
     def init(self, core_init):

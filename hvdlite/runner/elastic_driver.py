@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any
 
+from hvdlite.common import identity
 from hvdlite.common.exceptions import InvalidArgumentError
 from hvdlite.elastic.store import StoreClient
 from hvdlite.runner import elastic_discovery, job, remote
@@ -150,8 +151,10 @@ class ElasticDriver:
             "store_addr": "%s:%d" % (self.store_host, server.port) if server else "",
             "secret": secret.hex(),
             "workers": {
-                wid: {"rank": r, "size": len(assignment), "hostname": host}
-                for r, (wid, host) in enumerate(assignment)
+                wid: {"rank": r, "size": len(assignment), "hostname": host, "local": local}
+                for r, ((wid, host), local) in enumerate(
+                    zip(assignment, identity.topology_of([h for _, h in assignment]))
+                )
             },
             "end": end,
         }
@@ -171,12 +174,9 @@ class ElasticDriver:
     def _spawn(self, w, record):
         me = record["workers"][w.id]
         env = dict(self.base_env)
-        for name in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
-            env.pop("HVDLITE_" + name, None)
+        env.update(identity.identity_env(me["rank"], me["size"], me["local"], w.host))
         env.update(
             {
-                "HVDLITE_RANK": str(me["rank"]),
-                "HVDLITE_SIZE": str(me["size"]),
                 "HVDLITE_HOSTNAME": w.host,
                 "HVDLITE_STORE_ADDR": record["store_addr"],
                 "HVDLITE_SECRET": record["secret"],

@@ -7,32 +7,32 @@ import hmac
 import os
 import sys
 
+from hvdlite.common.identity import identity_env
+
 SECRET_BYTES = 32
 STORE_HOST = "127.0.0.1"  # every rank on this machine: the store listens on loopback
 
 
 def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=None, slot=None):
-    """The environment of one rank: `base` plus the variables every launcher must set. slot: its
-    hosts.RankSlot (local/cross rank and size); None means one host (local == global)."""
+    """The environment of one rank: `base` plus the variables every launcher must set (its
+    identity under hvdlite's and Horovod's names: hvdlite.common.identity). slot: its
+    hosts.RankSlot (host, local/cross rank and size); None means one host (local == global)."""
     env = dict(base)
-    local = (rank, size, 0, 1) if slot is None else slot[2:6]
+    env.update(
+        identity_env(
+            rank,
+            size,
+            local=(rank, size, 0, 1) if slot is None else slot[2:6],
+            hostname="localhost" if slot is None else slot.host,  # Horovod's default host
+        )
+    )
     env.update(
         {
-            "HVDLITE_RANK": str(rank),
-            "HVDLITE_SIZE": str(size),
-            "HVDLITE_LOCAL_RANK": str(local[0]),
-            "HVDLITE_LOCAL_SIZE": str(local[1]),
-            "HVDLITE_CROSS_RANK": str(local[2]),
-            "HVDLITE_CROSS_SIZE": str(local[3]),
             "HVDLITE_STORE_ADDR": store_addr,
             "HVDLITE_SECRET": secret_hex,
             "PYTHONUNBUFFERED": "1",
         }
     )
-    # Horovod's launcher (horovodrun --gloo) exports the same values as HOROVOD_*; scripts and
-    # Horovod's own tests read them (test_horovod_rank compares hvd.rank() with HOROVOD_RANK).
-    for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
-        env["HOROVOD_" + name] = env["HVDLITE_" + name]
     if verbose:
         env["HVDLITE_LOG_LEVEL"] = "debug"
     if timeline:
