@@ -74,6 +74,11 @@ class ElasticContext:
         added = any(w not in mine["workers"] for w in record["workers"])
         return latest, added
 
+    def generations_after(self, gen):
+        """[(g, the driver's timestamp of g)] for every generation newer than `gen` the driver has
+        published, oldest first (never waits)."""
+        return [(g, self._read(g).get("timestamp", 0.0)) for g in range(gen + 1, self.latest() + 1)]
+
     def wait_next(self):
         """Waits for a generation newer than ours and returns its number."""
         self.current()
@@ -130,6 +135,7 @@ class ElasticContext:
                 self._apply(self._read(latest))
             code, message = core_init()
             if code == OK:
+                self.client().set("joined/" + self.worker_id, str(self.generation))
                 return code, message
             deadline = time.monotonic() + SUPERSEDE_WAIT_S
             while self.latest() <= self.generation and time.monotonic() < deadline:
