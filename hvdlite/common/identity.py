@@ -31,11 +31,13 @@ def topology_of(hosts):
     """[(local_rank, local_size, cross_rank, cross_size)] per rank, for the ranks' host names in
     rank order: the rule the core applies (csrc/runtime/bootstrap.cc ComputeTopology): local
     ranks count a host's ranks in rank order, cross ranks count the ranks of one local rank."""
-    local_rank, per_host = [], {}
+    local_rank: list[int] = []
+    per_host: dict[str, int] = {}
     for host in hosts:
         local_rank.append(per_host.get(host, 0))
         per_host[host] = local_rank[-1] + 1
-    cross_rank, per_local = [], {}
+    cross_rank: list[int] = []
+    per_local: dict[int, int] = {}
     for lr in local_rank:
         cross_rank.append(per_local.get(lr, 0))
         per_local[lr] = cross_rank[-1] + 1

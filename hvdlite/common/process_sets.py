@@ -214,7 +214,7 @@ def ids_and_ranks():
     out = {0: global_process_set.ranks}
     for ps in _registry.values():
         for set_id in ps._part_ids or [ps.process_set_id]:
-            out[set_id] = _core.process_set_ranks(set_id)
+            out[set_id] = _core.process_set_ranks(set_id) or []
     return dict(sorted(out.items()))
 
 

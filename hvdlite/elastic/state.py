@@ -18,7 +18,7 @@ from hvdlite.common.exceptions import HostsUpdatedInterrupt, HvdliteInternalErro
 from hvdlite.elastic import worker
 
 
-class HostMessages(queue.Queue):
+class HostMessages(queue.Queue[tuple[float, int]]):
     """Horovod's State._host_messages: the host updates the elastic driver announced and the
     state has not acted on yet, as (timestamp, generation) items. Horovod's driver pushes them
     to each worker; here the queue pulls the generations published since the last one it saw
@@ -66,7 +66,7 @@ class State:
         self._known_generation = 0
         self._reset_callbacks = []
         self._host_messages = HostMessages()
-        self._last_updated_timestamp = 0
+        self._last_updated_timestamp = 0.0
 
     def register_reset_callbacks(self, callbacks):
         """Functions called (no arguments) after every reset, once the job has re-formed: e.g. to

@@ -84,29 +84,29 @@ def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
 @_cache
 def mpi_built(verbose: bool = False) -> bool:
     """True when hvdlite's core was built with its MPI backend."""
-    return capabilities.mpi_built()
+    return bool(capabilities.mpi_built())
 
 
 @_cache
 def gloo_built(verbose: bool = False) -> bool:
     """True: hvdlite's own ring backend plays Gloo's part and is in every build."""
-    return capabilities.gloo_built()
+    return bool(capabilities.gloo_built())
 
 
 @_cache
 def nccl_built(verbose: bool = False) -> int:
     """The NCCL version code hvdlite's CUDA module was built against; 0 without that module."""
-    return capabilities.nccl_built()
+    return int(capabilities.nccl_built())
 
 
 @_cache
 def ddl_built(verbose: bool = False) -> bool:
-    return capabilities.ddl_built()
+    return bool(capabilities.ddl_built())
 
 
 @_cache
 def ccl_built(verbose: bool = False) -> bool:
-    return capabilities.ccl_built()
+    return bool(capabilities.ccl_built())
 
 
 @contextmanager
