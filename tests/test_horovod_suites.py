@@ -6,6 +6,7 @@ reason without them; they are slow (minutes) and run where CI is set. A test lis
 EXPECTED_FAILURES is written against an API the active Keras no longer has; any other failure,
 and any hang, fails here. The lists only shrink: a listed test that passes is reported too."""
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -134,3 +135,22 @@ def test_runner_each_mode_runs_tests_alone(standin_tree, tmp_path):
     )
     assert {n: o.outcome for n, o in result.tests.items()} == dict(zip(ids, ["passed", "failed"]))
     assert result.launches == 2
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_runner_starts_ranks_with_horovods_launchers(standin_tree, tmp_path, launcher):
+    if launcher == "mpirun" and shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed")
+    result = horovod_suite.run_suite(
+        "test_standin.py",
+        np=2,
+        timeout=15,
+        select=["-k", "test_c_skip or test_e_after_the_hang"],
+        src=str(standin_tree),
+        workdir=str(tmp_path),
+        launcher=launcher,
+    )
+    got = {n.split("::")[-1]: o.outcome for n, o in result.tests.items()}
+    assert got == {"test_c_skip": "skipped", "test_e_after_the_hang": "passed"}, (
+        result.summary() + result.log_tail
+    )
