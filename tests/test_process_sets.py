@@ -133,7 +133,8 @@ def _static_sets():
             out[case] = None
         except ValueError as e:
             out[case] = str(e)
-        out[case + "_initialized"] = hvd.is_initialized()
+        out[case + "_initialized"] = hvd.is_initialized()  # as in Horovod: with the global set only
+        out[case + "_sum"] = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
     hvd.init(process_sets=[hvd.ProcessSet([0]), hvd.ProcessSet([1])])  # consistent: works
     out["ids"] = basics._get_process_set_ids_and_ranks()
     try:
@@ -149,7 +150,8 @@ def test_static_process_sets_are_checked_on_every_rank():
     for out in run_ranks(_static_sets, 2, timeout=60):
         assert "rank 0 gave [[0], [1]]" in out["differ"] and "rank 1 gave [[1], [0]]" in out["differ"]
         assert "entry 1" in out["duplicate"] and "global process set" in out["duplicate"]
-        assert not out["differ_initialized"] and not out["duplicate_initialized"]
+        assert out["differ_initialized"] and out["duplicate_initialized"]
+        assert out["differ_sum"] == out["duplicate_sum"] == [2.0]
         assert out["ids"] == {0: [0, 1], 1: [0], 2: [1]}
         assert "duplicate of the registered process set 2" in out["dup_add"]
         assert out["sum"] == [2.0]

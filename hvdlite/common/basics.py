@@ -35,6 +35,7 @@ _atexit_registered = False
 # _core.init(), it points init() at the elastic driver's newest generation of the job
 # (setting HVDLITE_RANK/SIZE/STORE_ADDR/SECRET) and retries when that one is superseded.
 _init_hook = None
+_static_sets_failed = False  # the last init(process_sets=...) raised (see _register_static)
 
 
 def set_init_hook(hook):
@@ -53,21 +54,25 @@ def init(comm=None, process_sets=None):
     ``process_sets``: optional list of ProcessSet objects (or rank lists) to
     register right away, as Horovod's init(process_sets=...) does: every rank
     must give the same sets, none a duplicate, else every rank raises a
-    ValueError naming them and the job is shut down (init() may be called
-    again). "dynamic" (Horovod's) registers none: add_process_set() always works.
-    ``comm`` is Horovod's (an MPI communicator or rank list to run on); only
-    None is supported.
+    ValueError naming them; the job stays initialized with the global set
+    and init(process_sets=...) may be called again. "dynamic" (Horovod's) registers none: add_process_set() always works.
+    ``comm`` is Horovod's: an mpi4py communicator of every process of an
+    mpirun job (COMM_WORLD or a duplicate; it becomes
+    global_process_set.mpi_comm); sub-communicators and rank lists are not
+    supported (launch the ranks you want instead).
     """
     global _atexit_registered
-    if comm is not None:
+    if comm is not None and not hasattr(comm, "Get_group"):
         raise exceptions.NotSupportedError(
-            "init(comm=...) needs the MPI backend; launch the ranks you want "
+            "init(comm=<list of ranks>) is not supported: launch the ranks you want "
             "with hvdliterun and call init() or init(process_sets=...)"
         )
-    if _core.is_initialized():
-        return
     if isinstance(process_sets, str) and process_sets.lower() == "dynamic":
         process_sets = None
+    if _core.is_initialized():
+        if _static_sets_failed:  # the last init(process_sets=...) raised: it may be called again
+            _register_static(comm, process_sets)
+        return
     code, message = _init_hook(_core.init) if _init_hook is not None else _core.init()
     exceptions.raise_for_status(code, message)
     naming.reset()
@@ -76,11 +81,25 @@ def init(comm=None, process_sets=None):
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
     ps._reset_registry()
+    _register_static(comm, process_sets)
+
+
+def _register_static(comm, process_sets):
+    """init()'s communicator and process sets. When the sets are refused (every rank raises
+    alike: the check is collective) the job stays initialized with the global set only, and
+    init(process_sets=...) may be called again, as in Horovod."""
+    global _static_sets_failed
+    try:
+        ps.set_global_comm(comm)
+    except exceptions.NotSupportedError:
+        shutdown()  # every rank: the same communicator spans the same processes everywhere
+        raise
+    _static_sets_failed = False
     if process_sets:
         try:
             ps.register_static(process_sets)
         except exceptions.InvalidArgumentError:
-            shutdown()  # on every rank alike (the check is collective): init() may be called again
+            _static_sets_failed = True
             raise
 
 

@@ -122,6 +122,21 @@ class _GlobalProcessSet(ProcessSet):
 
 
 global_process_set = _GlobalProcessSet()
+
+
+def set_global_comm(comm):
+    """init(comm=...): comm (an mpi4py communicator, or None) becomes global_process_set.mpi_comm
+    when it spans every process of this mpirun job; NotSupportedError otherwise."""
+    if comm is not None:
+        ranks = _world_ranks_of(comm) if _core.mpi_enabled() else None
+        if ranks is None or sorted(ranks) != list(range(size())):
+            raise exceptions.NotSupportedError(
+                "init(comm=...) takes a communicator of every process of a job started by mpirun "
+                "(MPI_COMM_WORLD or a duplicate); to run on fewer processes, launch only those"
+            )
+    global_process_set.mpi_comm = comm
+
+
 _registry: dict[int, ProcessSet] = {}
 
 
@@ -222,28 +237,48 @@ def register_static(process_sets):
     """init(process_sets=...): registers the sets in order after checking, from every rank's
     list (gathered), that all ranks gave the same sets (a set's rank order does not matter) and
     that none repeats another or the global set. Otherwise raises InvalidArgumentError (a
-    ValueError) on every rank alike, naming the sets; the caller then shuts the job down.
+    ValueError) on every rank alike, naming the sets, with none of them registered.
     Sets of an MPI communicator may differ per rank and are not compared (add_process_set)."""
     sets = [p if isinstance(p, ProcessSet) else ProcessSet(p) for p in process_sets]
-    mine = [p.ranks for p in sets if p.mpi_comm is None]
-    every = _allgather_lists(mine, "__static_process_sets__")
-    differ = [r for r, theirs in enumerate(every) if theirs != every[0]]
+    # One entry per set: [1] + ranks for a communicator's (its ranks may differ per rank), else [0] + ranks.
+    every = _allgather_lists(
+        [[int(p.mpi_comm is not None)] + p.ranks for p in sets], "__static_process_sets__"
+    )
+    shown = [[e[1:] if e[0] == 0 else "<communicator>" for e in theirs] for theirs in every]
+    differ = [r for r, theirs in enumerate(shown) if theirs != shown[0]]
     if differ:
         raise exceptions.InvalidArgumentError(
             "hvd.init(process_sets=...): every rank must give the same process sets; rank 0 gave "
-            "%s, but %s" % (every[0], "; ".join("rank %d gave %s" % (r, every[r]) for r in differ))
+            "%s, but %s" % (shown[0], "; ".join("rank %d gave %s" % (r, shown[r]) for r in differ))
         )
     seen = [global_process_set.ranks]
-    for i, ranks in enumerate(mine):
-        if ranks in seen:
-            what = "the global process set" if ranks == seen[0] else "an earlier entry"
-            raise exceptions.InvalidArgumentError(
-                "hvd.init(process_sets=...): entry %d, ProcessSet(%s), is a duplicate of %s"
-                % (i, ranks, what)
-            )
-        seen.append(ranks)
-    for p in sets:
-        add_process_set(p)
+    for i in range(len(sets)):
+        for ranks in _parts(every, i):
+            if ranks in seen:
+                what = "the global process set" if ranks == seen[0] else "an earlier entry"
+                raise exceptions.InvalidArgumentError(
+                    "hvd.init(process_sets=...): entry %d, ProcessSet(%s), is a duplicate of %s"
+                    % (i, ranks, what)
+                )
+            seen.append(ranks)
+    added = []
+    try:
+        for p in sets:
+            added.append(add_process_set(p))
+    except exceptions.InvalidArgumentError:  # raised alike on every rank: undo them all
+        for p in added:
+            remove_process_set(p)
+        raise
+
+
+def _parts(every, i):
+    """The distinct member lists entry i stands for across the ranks, in rank order (one for a
+    set of ranks; one per distinct communicator for a set of communicators)."""
+    out = []
+    for theirs in every:
+        if theirs[i][1:] not in out:
+            out.append(theirs[i][1:])
+    return out
 
 
 def _allgather_lists(lists, tag):
