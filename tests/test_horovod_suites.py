@@ -70,6 +70,8 @@ LAUNCHER_SUITES = {
         ),
     ),
     "test_tensorflow_process_sets.py": ("tensorflow", {}, _NUMPY1),
+    "test_tensorflow.py": ("tensorflow", {}, EXPECTED_FAILURES["test_tensorflow.py", "keras3"]),
+    "test_tensorflow2_keras.py": ("tensorflow", _LEGACY, {}),
 }
 FAST = {"test_common.py"}  # seconds; the others take tens of seconds each (slow)
 # Files of test/parallel that cannot pass on this platform, and why.
