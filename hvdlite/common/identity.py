@@ -27,6 +27,16 @@ def identity_env(rank, size, local=None, hostname=None):
     return env
 
 
+def strip_identity(env):
+    """Removes every identity variable identity_env() writes (both prefixes, HOROVOD_HOSTNAME)
+    from the mapping `env`, in place: a launcher whose ranks learn their identity elsewhere
+    (mpirun) must not pass its own process's on."""
+    for prefix in PREFIXES:
+        for name in RANK_NAMES + TOPOLOGY_NAMES:
+            env.pop(prefix + name, None)
+    env.pop("HOROVOD_HOSTNAME", None)
+
+
 def topology_of(hosts):
     """[(local_rank, local_size, cross_rank, cross_size)] per rank, for the ranks' host names in
     rank order: the rule the core applies (csrc/runtime/bootstrap.cc ComputeTopology): local

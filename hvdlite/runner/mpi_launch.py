@@ -22,9 +22,9 @@ import subprocess
 import sys
 import threading
 
+from hvdlite.common import identity
 from hvdlite.runner.output import Console
 
-_IDENTITY = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "STORE_ADDR", "SECRET")
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
 _PARTIAL_TAG = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]{0,7}>?)?)?)?\Z")  # a tag cut by a read
 _READ_BYTES = 65536
@@ -45,8 +45,9 @@ def mpirun_env(base):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    for name in _IDENTITY:  # they would take precedence over MPI's identity in every rank
-        for prefix in ("HVDLITE_", "HOROVOD_"):
+    identity.strip_identity(env)  # it would take precedence over MPI's identity in every rank
+    for name in ("STORE_ADDR", "SECRET"):
+        for prefix in identity.PREFIXES:
             env.pop(prefix + name, None)
     return env
 
