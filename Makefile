@@ -114,8 +114,10 @@ demo: install
 # `make test` skips the tests marked slow (multi-host, elastic, 3-8 rank equivalence runs) unless
 # CI is set, as CI sets it: CI runs everything. `make test-all` runs everything anywhere.
 TEST_MARKS := $(if $(CI),,-m "not slow")
+# --durations=10 prints the ten slowest tests at the end: the first place to look when the suite
+# grows slower (the default suite's budget is 5 minutes on a 2-core machine).
 test: install
-	$(VPY) -m pytest -q tests $(TEST_MARKS) $(PYTEST_ARGS)
+	$(VPY) -m pytest -q tests $(TEST_MARKS) --durations=10 $(PYTEST_ARGS)
 
 test-all: install
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)

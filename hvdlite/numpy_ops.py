@@ -8,7 +8,7 @@ core and wrapped as arrays without a copy.
 
 import numpy as np
 
-from hvdlite.common import adasum, collectives, dtypes, exceptions, naming, ops
+from hvdlite.common import adasum, collectives, dtypes, exceptions, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.reduction import resolve_op
@@ -38,20 +38,10 @@ def allreduce_async_(
     process_set=global_process_set,
 ):
     reduce_op = resolve_op(op, average)
-    if reduce_op == dtypes.Adasum:
-        name = naming.auto_name("allreduce", name)
-        return collectives.start(
-            adasum.allreduce_inplace(NUMPY, tensor, name, prescale_factor, postscale_factor, process_set)
+    return collectives.start(
+        adasum.allreduce_inplace_any(
+            NUMPY, tensor, name, reduce_op, prescale_factor, postscale_factor, process_set
         )
-    return _inplace_async(
-        "allreduce",
-        ops.ALLREDUCE,
-        tensor,
-        name,
-        reduce_op=reduce_op,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-        process_set=resolve(process_set),
     )
 
 

@@ -47,12 +47,34 @@ def simhosts(tmp_path):
 KERAS_ENVS = {"keras3": {"TF_USE_LEGACY_KERAS": "0"}, "keras2": {"TF_USE_LEGACY_KERAS": "1"}}
 
 
-@pytest.fixture(scope="module", params=sorted(KERAS_ENVS, reverse=True))
+@pytest.fixture(scope="module", params=["keras3", pytest.param("keras2", marks=pytest.mark.slow)])
 def keras_env(request):
     """A test (or module-scoped fixture) taking this runs once per Keras: the value is the
-    environment its ranks / subprocesses need. Keras 2 skips where tf_keras is not installed."""
+    environment its ranks / subprocesses need. Keras 2 skips where tf_keras is not installed.
+    The Keras 2 runs are slow-marked (CI runs them); the default suite covers Keras 2 through
+    the `keras2_env` fixture's tests."""
     import importlib.util
 
     if request.param == "keras2" and importlib.util.find_spec("tf_keras") is None:
         pytest.skip("tf_keras (Keras 2) is not installed; `make install` installs it")
     return dict(KERAS_ENVS[request.param])
+
+
+@pytest.fixture(scope="module")
+def keras2_env():
+    """The environment of a test that is about Keras 2 alone (it runs in the default suite);
+    skips where tf_keras is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf_keras (Keras 2) is not installed; `make install` installs it")
+    return dict(KERAS_ENVS["keras2"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_rank_pools():
+    """The rank processes of helpers.run_pooled live for the session; stopped at its end."""
+    yield
+    import helpers
+
+    helpers.close_pools()

@@ -11,6 +11,11 @@
         for out in run_ranks(_sum, 2, args=((3,),)):
             assert (out == 2).all()
 
+run_pooled(fn, size, ...) has the same contract, but runs in rank processes started once per
+pytest session (a RankPool per size and spawn environment) and only gives each case a fresh
+store: a case then costs no interpreter start and no torch / TensorFlow import. Most tests use
+it; a test that kills ranks or needs a process that never ran hvdlite uses run_ranks.
+
 Contract:
   - Each call starts a fresh TcpStoreServer with a fresh secret and `size` processes from the
     multiprocessing "spawn" context. Child `rank` starts with this environment (in os.environ
@@ -242,6 +247,12 @@ def run_ranks(fn, size, args=(), timeout=60.0, env=None):
     Raises AssertionError describing every failed rank, or the ranks still running at the
     timeout."""
     results, still_running, answered = _run(fn, size, args, timeout, env, FAILURE_GRACE_S)
+    return judge(fn, size, timeout, results, still_running, answered)
+
+
+def judge(fn, size, timeout, results, still_running, answered):
+    """run_ranks' verdict on one job: the values in rank order, or AssertionError naming every
+    failed rank with its traceback (or the ranks still running at the timeout)."""
     failed = [
         r
         for r in results
@@ -271,3 +282,173 @@ def run_ranks(fn, size, args=(), timeout=60.0, env=None):
             )
         raise AssertionError("\n".join(lines))
     return [r.value for r in results]
+
+
+# ---- RankPool: rank processes started once, many cases run in them ----
+
+
+def _reset_rank():
+    """After a pooled case: shut hvdlite down if the case left it initialized, so the next case
+    starts from a clean process (its init() makes a new job with the new store)."""
+    basics = sys.modules.get("hvdlite.common.basics")
+    if basics is not None and basics.is_initialized():
+        basics.shutdown()
+
+
+def _pool_child(conn):
+    """Body of one pooled rank: runs (fn, args, env) cases until it receives None. A case's env
+    is applied to os.environ for the case and restored after."""
+    while True:
+        case = conn.recv()
+        if case is None:
+            return
+        fn, args, env = case
+        with _environ(env):
+            try:
+                result = ("ok", fn(*args))
+                _reset_rank()
+            except BaseException:
+                result = ("error", _traceback.format_exc())
+        try:
+            conn.send(result)
+        except Exception:  # the return value does not pickle
+            conn.send(
+                (
+                    "error",
+                    "the return value of %s could not be sent back:\n%s"
+                    % (_fn_name(fn), _traceback.format_exc()),
+                )
+            )
+
+
+class RankPool:
+    """`size` rank processes started on first use and reused by every run(): run(fn, args,
+    timeout, env) has run_ranks' contract (the values in rank order; AssertionError naming each
+    failed rank with its traceback, or the ranks still running at the timeout), and each run
+    gets a fresh TcpStoreServer and secret, so it is a new job. What a rank imports stays
+    imported: the point of the pool, and why `spawn_env` (what a framework reads when it is
+    imported, e.g. TF_USE_LEGACY_KERAS) is fixed for the pool's life. A case that fails or
+    times out stops the processes (a failed rank may have left its peers in a collective); the
+    next run starts new ones. Not for cases that kill ranks or test init() itself from a clean
+    process: those use run_ranks."""
+
+    def __init__(self, size, spawn_env=None):
+        self.size = size
+        self.spawn_env = dict(spawn_env or {})
+        self._procs, self._conns = [], []
+
+    def _start(self):
+        for rank in range(self.size):
+            parent, child = _CTX.Pipe()
+            p = _CTX.Process(target=_pool_child, name="pooled-rank-%d" % rank, args=(child,))
+            with _environ(_rank_env(rank, self.size, "", "", self.spawn_env)):
+                p.start()
+            child.close()
+            self._procs.append(p)
+            self._conns.append(parent)
+
+    def close(self):
+        """Asks each rank to return, gives them a moment, then stops them (a rank that imported
+        TensorFlow takes seconds to exit on its own; nothing of a finished case is lost)."""
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 0.5
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        _stop(self._procs)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+
+    def run(self, fn, args=(), timeout=60.0, env=None):
+        from hvdlite.common.native import core
+
+        if not self._procs:
+            self._start()
+        secret = os.urandom(32)
+        server = core.TcpStoreServer("127.0.0.1", 0, secret)
+        try:
+            addr = "127.0.0.1:%d" % server.port
+            for rank, conn in enumerate(self._conns):
+                case_env = {"HVDLITE_STORE_ADDR": addr, "HVDLITE_SECRET": secret.hex()}
+                extra = env(rank) if callable(env) else env
+                case_env.update(extra or {})
+                conn.send((fn, tuple(args), case_env))
+            messages, still_running = self._collect(timeout)
+        finally:
+            server.stop()
+        results = []
+        for rank, p in enumerate(self._procs):
+            kind, payload = messages.get(rank, (None, None))
+            code = p.exitcode if p.exitcode is not None else (0 if rank in messages else None)
+            results.append(
+                RankResult(
+                    rank, code, payload if kind == "ok" else None, payload if kind == "error" else None
+                )
+            )
+        if still_running or any(kind != "ok" for kind, _ in messages.values()) or len(messages) < self.size:
+            self.close()  # a failed case may leave ranks inside a collective: start afresh
+        return judge(fn, self.size, timeout, results, still_running, set(messages))
+
+    def _collect(self, timeout):
+        """Waits for every rank's answer (FAILURE_GRACE_S more once one failed or died);
+        returns ({rank: message}, ranks that never answered)."""
+        deadline = time.monotonic() + timeout
+        messages, pending = {}, set(range(self.size))
+        while pending and time.monotonic() < deadline:
+            waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
+            multiprocessing.connection.wait(waitables, deadline - time.monotonic())
+            for rank in sorted(pending):
+                conn = self._conns[rank]
+                try:
+                    if conn.poll(0):
+                        messages[rank] = conn.recv()
+                except (EOFError, OSError):
+                    messages[rank] = ("error", None)
+                if rank not in messages and self._procs[rank].exitcode is not None:
+                    messages[rank] = ("error", None)  # died without an answer
+                if rank in messages:
+                    pending.discard(rank)
+                    if messages[rank][0] != "ok":
+                        deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+        for rank, (kind, payload) in list(messages.items()):
+            if kind == "error" and payload is None:
+                del messages[rank]  # judge() reports it by its exit code
+        return messages, sorted(pending)
+
+
+# The spawn environment of TensorFlow's pooled ranks (run_pooled(..., spawn_env=TF_SPAWN_ENV)):
+# what TensorFlow reads once, at import or when its runtime starts. Keras 3, quiet logs, and one
+# inter-op and one intra-op thread per rank (2-core machines; tests/test_tf_graph_order.py needs
+# the single inter-op thread). Keras 2 tests add TF_USE_LEGACY_KERAS=1 and get pools of their own.
+TF_SPAWN_ENV = {
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "TF_NUM_INTEROP_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_USE_LEGACY_KERAS": "0",
+}
+
+# The pools run_pooled uses: one per (size, spawn environment), for the whole pytest session.
+_POOLS = {}
+
+
+def run_pooled(fn, size, args=(), timeout=60.0, env=None, spawn_env=None):
+    """run_ranks' contract (and arguments), run in the session's RankPool of `size` ranks
+    started with `spawn_env`: the processes, and what they imported, are reused by every test
+    that asks for the same size and spawn environment. For cases that do not kill ranks or
+    need a process that never ran hvdlite; `env` is per case, `spawn_env` what must be in the
+    environment before the first import (TF_USE_LEGACY_KERAS, TF_NUM_INTEROP_THREADS)."""
+    key = (size, tuple(sorted((spawn_env or {}).items())))
+    pool = _POOLS.get(key)
+    if pool is None:
+        pool = _POOLS[key] = RankPool(size, spawn_env)
+    return pool.run(fn, args, timeout, env)
+
+
+def close_pools():
+    """Stops every pool's processes (the session's end: tests/conftest.py)."""
+    while _POOLS:
+        _POOLS.popitem()[1].close()

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from helpers import run_ranks
+from helpers import TF_SPAWN_ENV, run_pooled
 from parity_registry import CoverageRegistry, err  # noqa: F401 -- err is used by the test modules
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "horovod_0.28.1_api.json")
@@ -29,7 +29,6 @@ def rank_main(module_name):
     import hvdlite.tensorflow as hvd
 
     tf.get_logger().setLevel("ERROR")
-    tf.config.threading.set_intra_op_parallelism_threads(1)
     importlib.import_module(module_name)
     parts = [cls for cls in RANK_PARTS if cls.__module__ == module_name]
     hvd.init()
@@ -47,7 +46,14 @@ def job_fixture(module_name):
 
     @pytest.fixture(scope="module")
     def job(keras_env):  # once per Keras (tests/conftest.py)
-        return run_ranks(rank_main, 2, args=(module_name,), timeout=240, env=dict(TF_ENV, **keras_env))
+        return run_pooled(
+            rank_main,
+            2,
+            args=(module_name,),
+            timeout=240,
+            env=TF_ENV,
+            spawn_env=dict(TF_SPAWN_ENV, **keras_env),
+        )
 
     return job
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 from parity_registry import CoverageRegistry, err
 from torch_wire import from_wire, to_wire
 
@@ -49,7 +49,7 @@ def job_fixture(module_name):
 
     @pytest.fixture(scope="module")
     def job():
-        return from_wire(run_ranks(rank_main, 2, args=(module_name,), timeout=240))
+        return from_wire(run_pooled(rank_main, 2, args=(module_name,), timeout=240))
 
     return job
 

@@ -3,7 +3,7 @@
 import csv
 
 import numpy as np
-from helpers import run_ranks
+from helpers import run_pooled
 
 
 def _training_like(iterations):
@@ -32,7 +32,7 @@ def test_autotune_tries_every_candidate_logs_and_chooses(tmp_path):
         "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "2",
         "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "0",
     }
-    assert all(run_ranks(_training_like, 2, args=(150,), env=env, timeout=120))
+    assert all(run_pooled(_training_like, 2, args=(150,), env=env, timeout=120))
     with open(log) as f:
         rows = list(csv.DictReader(f))
     tried = [r for r in rows if r["note"] == "tried"]
@@ -46,4 +46,4 @@ def test_autotune_tries_every_candidate_logs_and_chooses(tmp_path):
 
 
 def test_cycle_time_holds_tensors_for_fusion_with_same_results():
-    assert all(run_ranks(_training_like, 2, args=(20,), env={"HVDLITE_CYCLE_TIME": "2"}, timeout=60))
+    assert all(run_pooled(_training_like, 2, args=(20,), env={"HVDLITE_CYCLE_TIME": "2"}, timeout=60))

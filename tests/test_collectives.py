@@ -4,7 +4,7 @@ reference computed here in the parent; every rank must return the same bytes."""
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled
 
 DTYPES = [
     np.uint8,
@@ -62,7 +62,7 @@ def _allreduce_matrix():
 
 @pytest.mark.parametrize("size", WORLD_SIZES)
 def test_allreduce_every_dtype_op_and_count(size):
-    results = run_ranks(_allreduce_matrix, size, timeout=120)
+    results = run_pooled(_allreduce_matrix, size, timeout=120)
     for key, got in results[0].items():
         assert all(r[key] == got for r in results), "ranks disagree on %s" % (key,)
         dtype_name, op, count = key
@@ -90,7 +90,7 @@ def _random_floats(seed_base):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_allreduce_random_floats_bitwise_identical(size):
-    results = run_ranks(_random_floats, size, args=(17,), timeout=90)
+    results = run_pooled(_random_floats, size, args=(17,), timeout=90)
     for key in results[0]:
         outs = [r[key][1] for r in results]
         assert all(o.tobytes() == outs[0].tobytes() for o in outs), key
@@ -133,7 +133,7 @@ def _other_collectives():
 
 @pytest.mark.parametrize("size", WORLD_SIZES)
 def test_allgather_broadcast_alltoall_reducescatter(size):
-    results = run_ranks(_other_collectives, size, timeout=120)
+    results = run_pooled(_other_collectives, size, timeout=120)
     n = size
     for key in results[0]:
         a = results[0][key]
@@ -202,7 +202,7 @@ def _async_and_inplace():
 
 
 def test_async_inplace_noncontiguous_and_unnamed():
-    results = run_ranks(_async_and_inplace, 2, timeout=60)
+    results = run_pooled(_async_and_inplace, 2, timeout=60)
     for firsts, same, polled_ok, strided, unnamed in results:
         assert firsts == [1 + 2 * i for i in range(20)]
         assert same and polled_ok
@@ -259,7 +259,7 @@ def _scaled_allreduces():
 
 def test_prescale_postscale_round_as_horovod_does():
     size = 2  # a two-term sum is one correctly rounded addition in every dtype, as in NumPy
-    results = run_ranks(_scaled_allreduces, size, timeout=120)
+    results = run_pooled(_scaled_allreduces, size, timeout=120)
     for key, got in results[0].items():
         dtype = next(d for d in DTYPES if np.dtype(d).name == key[0])
         pre, post = SCALED_FACTORS[key[1]]

@@ -5,7 +5,7 @@ be the same as unfused, on every rank. The runtime's counters prove that fusion 
 
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled
 
 SIZES = [10, 40000, 3, 1, 100000, 7, 0, 33000]  # float64: 40000 elements = 320 KB (direct)
 
@@ -35,7 +35,7 @@ def test_fused_mix_of_large_and_small_tensors(threshold, op_name):
     # The cycle time holds decided tensors briefly so that all eight, submitted at
     # once, are planned together (fusion packs only what is decided in one cycle).
     env = {"HVDLITE_FUSION_THRESHOLD": threshold, "HVDLITE_CYCLE_TIME": "100"}
-    runs = run_ranks(_mixed, size, args=(op_name,), env=env, timeout=120)
+    runs = run_pooled(_mixed, size, args=(op_name,), env=env, timeout=120)
     results = [out for out, _ in runs]
     stats = [s for _, s in runs]
     for s in stats:

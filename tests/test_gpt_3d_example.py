@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # the example's parallelism is checked exactly by tests/test_mesh_3d.py
 def test_gpt_3d_example_learns():
     res = subprocess.run(
         [sys.executable, "-m", "hvdlite.runner.launch", "-np", "4", sys.executable]

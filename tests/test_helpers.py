@@ -93,3 +93,59 @@ def test_silent_deaths_are_reported(how, expected):
 def test_timeout_kills_and_names_the_ranks():
     with pytest.raises(AssertionError, match=r"still running \(now killed\): \[0, 1\]"):
         spawn_ranks(_sleep_forever, 2, timeout=1)
+
+
+# ---- RankPool: the same contract, processes reused ----
+
+
+def _allreduce_and_pid(value):
+    import numpy as np
+
+    import hvdlite as hvd
+
+    hvd.init()
+    total = hvd.allreduce(np.array([value + hvd.rank()], dtype=np.float64), op=hvd.Sum)
+    return float(total[0]), os.getpid(), os.environ["HVDLITE_STORE_ADDR"], hvd.is_initialized()
+
+
+def _left_initialized():
+    import hvdlite as hvd
+
+    return hvd.is_initialized()
+
+
+def test_pool_reuses_processes_and_gives_each_case_a_new_job():
+    from helpers import RankPool
+
+    pool = RankPool(2)
+    try:
+        first = pool.run(_allreduce_and_pid, args=(1.0,))
+        second = pool.run(_allreduce_and_pid, args=(10.0,))
+        assert [r[0] for r in first] == [3.0, 3.0] and [r[0] for r in second] == [21.0, 21.0]
+        assert [r[1] for r in first] == [r[1] for r in second], "the pool started new processes"
+        assert first[0][2] != second[0][2], "two cases shared one store"
+        assert pool.run(_left_initialized) == [False, False], "a case's init() outlived the case"
+        assert pool.run(_identity, env={"EXTRA": "e"})[1]["EXTRA"] == "e"
+        assert pool.run(_identity)[1]["EXTRA"] is None, "a case's env outlived the case"
+    finally:
+        pool.close()
+
+
+def test_pool_reports_failures_and_timeouts_then_starts_afresh():
+    from helpers import RankPool
+
+    pool = RankPool(2)
+    try:
+        pids = [r[1] for r in pool.run(_allreduce_and_pid, args=(0.0,))]
+        with pytest.raises(AssertionError, match="deliberate failure on rank 1"):
+            pool.run(_raise_on_rank_1, args=(5,))
+        with pytest.raises(AssertionError, match="killed by signal SIGKILL"):
+            pool.run(_die, args=("kill",))
+        with pytest.raises(
+            AssertionError, match=r"timed out after 2 s; ranks still running \(now killed\): \[0, 1\]"
+        ):
+            pool.run(_sleep_forever, timeout=2)
+        again = pool.run(_allreduce_and_pid, args=(0.0,))
+        assert [r[0] for r in again] == [1.0, 1.0] and pids != [r[1] for r in again]
+    finally:
+        pool.close()

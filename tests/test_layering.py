@@ -1,4 +1,4 @@
-"""The layering of ARCHITECTURE.md, checked: csrc/ folders include only the layers below them
+"""The layering of docs/architecture.md, checked: csrc/ folders include only the layers below them
 (so there is no include cycle), and the CMake build's per-layer
 link check turns a call from a layer into a layer above it (a back edge) into a link error.
 
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 BUILD = os.path.join(ROOT, "build")
 
-# Bottom to top (ARCHITECTURE.md); `include` is the C header of the ABI, `python` its binding.
+# Bottom to top (docs/architecture.md); `include` is the C header of the ABI, `python` its binding.
 CSRC_LAYERS = [
     "include",
     "common",
@@ -85,7 +85,9 @@ def test_csrc_folders_include_only_lower_layers():
     order = {name: i for i, name in enumerate(CSRC_LAYERS + CSRC_TOP)}
     bad = []
     for folder, targets in sorted(csrc_edges().items()):
-        assert folder in order, "csrc/%s is in no layer: add it to CSRC_LAYERS (and ARCHITECTURE.md)" % folder
+        assert folder in order, (
+            "csrc/%s is in no layer: add it to CSRC_LAYERS (and docs/architecture.md)" % folder
+        )
         for target, files in sorted(targets.items()):
             if order[target] >= order[folder]:
                 bad.append("%s -> %s (%s)" % (folder, target, ", ".join(sorted(files))))
@@ -158,3 +160,122 @@ def test_the_same_call_links_from_the_layer_above(tmp_path):
     _needs_build()
     run = _link_layer(tmp_path, BACK_EDGE, ["transport"], ["algorithms", "transport", "rendezvous", "common"])
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+# ---- the Python layering (docs/architecture.md, "Layers") ----
+#
+# hvdlite/common (framework-neutral) < the adapters (numpy_ops, torch, tensorflow) < the add-ons
+# (hvdlite/parallel, hvdlite/torch/parallel). An adapter never imports an add-on when it is
+# imported (a lazy attribute that imports on first use is fine), `common` never names an adapter,
+# TensorFlow does not build on the NumPy adapter, and the compiled core has one loader module.
+
+PKG = os.path.join(ROOT, "hvdlite")
+ADAPTERS = ("hvdlite.numpy_ops", "hvdlite.torch", "hvdlite.tensorflow")
+ADDONS = ("hvdlite.parallel", "hvdlite.torch.parallel")
+CORE_LOADER = "hvdlite.common.native"
+
+
+def _module_name(path):
+    rel = os.path.relpath(path, ROOT)[: -len(".py")].split(os.sep)
+    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+
+
+def _python_files():
+    for dirpath, _, files in os.walk(PKG):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                yield _module_name(path), path
+
+
+def _imports(path, top_level_only):
+    """Module names `path` imports: every import statement, or only those that run when the
+    module is imported (not inside a function or class body), and string arguments of
+    importlib.import_module / __import__ calls anywhere."""
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    pkg = _module_name(path)
+    if not path.endswith("__init__.py"):
+        pkg = pkg.rpartition(".")[0]
+    names = []
+
+    def visit(node, nested):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            nested = True
+        if not (top_level_only and nested):
+            if isinstance(node, ast.Import):
+                names.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                names.append(base)
+                names.extend("%s.%s" % (base, a.name) for a in node.names)
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names.append(node.args[0].value)
+        for child in ast.iter_child_nodes(node):
+            visit(child, nested)
+
+    visit(tree, False)
+    return names
+
+
+def _under(name, prefixes):
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_adapters_do_not_import_addons_at_import_time():
+    bad = []
+    for mod, path in _python_files():
+        if _under(mod, ADAPTERS) and not _under(mod, ADDONS):
+            bad += ["%s imports %s" % (mod, n) for n in _imports(path, True) if _under(n, ADDONS)]
+    assert bad == [], "an adapter imports the add-on layer at import time:\n" + "\n".join(bad)
+
+
+def test_importing_the_torch_adapter_loads_no_addon():
+    code = (
+        "import sys, hvdlite.torch as hvd\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(%r))\n"
+        "assert not loaded, loaded\n"
+        "assert hvd.parallel.ZeroOptimizer is hvd.ZeroOptimizer and hvd.Mesh.__name__ == 'Mesh'\n"
+    ) % (ADDONS,)
+    pytest.importorskip("torch")
+    run = subprocess.run(
+        [__import__("sys").executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_common_never_names_an_adapter_or_addon():
+    bad = []
+    for mod, path in _python_files():
+        if _under(mod, ("hvdlite.common",)):
+            names = _imports(path, False)
+            bad += ["%s imports %s" % (mod, n) for n in names if _under(n, ADAPTERS + ADDONS)]
+    assert bad == [], "hvdlite/common reaches up into an adapter:\n" + "\n".join(bad)
+
+
+def test_tensorflow_does_not_build_on_the_numpy_adapter():
+    bad = []
+    for mod, path in _python_files():
+        if _under(mod, ("hvdlite.tensorflow",)):
+            bad += [
+                "%s imports %s" % (mod, n) for n in _imports(path, False) if _under(n, ("hvdlite.numpy_ops",))
+            ]
+    assert bad == [], "hvdlite.tensorflow uses the NumPy adapter (use hvdlite.common):\n" + "\n".join(bad)
+
+
+def test_the_core_has_one_loader_module():
+    bad = []
+    for mod, path in _python_files():
+        if mod != CORE_LOADER:
+            bad += [
+                "%s imports %s" % (mod, n) for n in _imports(path, False) if _under(n, ("hvdlite._core",))
+            ]
+    assert bad == [], "import the core through %s:\n%s" % (CORE_LOADER, "\n".join(bad))

@@ -63,6 +63,7 @@ def _mesh_sums(sizes):
     return out
 
 
+@pytest.mark.slow  # 8 ranks; tests/test_mesh_3d.py covers the mesh's sets on 4 in the default suite
 def test_mesh_process_sets_on_eight_ranks():
     outs = run_ranks(_mesh_sums, 8, args=({"pp": 2, "dp": -1, "tp": 2},), timeout=120)
     lay = MeshLayout(8, pp=2, dp=-1, tp=2)

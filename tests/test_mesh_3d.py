@@ -5,7 +5,7 @@ row-parallel; gradients are averaged over the dp axis after the step."""
 
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled
 
 WIDTH, HIDDEN, ROWS = 6, 10, 12
 
@@ -109,7 +109,7 @@ def _mesh_body(sizes, n_microbatches):
 
 
 def _check(sizes, n_microbatches, world):
-    outs = run_ranks(_mesh_body, world, args=(sizes, n_microbatches), timeout=150)
+    outs = run_pooled(_mesh_body, world, args=(sizes, n_microbatches), timeout=150)
     ref = _reference(max(1, sizes.get("pp", 1)))
     by_key: dict = {}
     for coords, out in outs:

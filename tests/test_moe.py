@@ -10,7 +10,7 @@ and its replicas identical where they should be."""
 import math
 
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled
 
 RTOL, ATOL = 1e-5, 1e-6
 H = 6
@@ -210,7 +210,7 @@ def _cases_body():
 
 @pytest.fixture(scope="module")
 def case_results():
-    return run_ranks(_cases_body, 4, timeout=120)
+    return run_pooled(_cases_body, 4, timeout=120)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -332,7 +332,7 @@ def _train_body():
 
 @pytest.fixture(scope="module")
 def train_results():
-    return run_ranks(_train_body, 4, timeout=120)
+    return run_pooled(_train_body, 4, timeout=120)
 
 
 @pytest.mark.parametrize("kind", ["ddp", "zero"])

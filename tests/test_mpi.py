@@ -1,7 +1,7 @@
 """The core collective tests again, but under a real `mpirun` (2 and 3 ranks, oversubscribed,
 one compute thread per rank) on both CPU data paths: the native ring and the mpi backend.
 The test bodies are those of test_collectives / test_process_sets / test_runtime, run with
-their run_ranks swapped for mpi_helpers' mpirun runner. Plus what only MPI has:
+their run_pooled swapped for mpi_helpers' mpirun runner. Plus what only MPI has:
 ProcessSet(comm) from mpi4py, hvdliterun --mpi, mpi_built() / mpi_enabled()."""
 
 import os
@@ -13,6 +13,7 @@ import pytest
 import test_collectives
 import test_process_sets
 import test_runtime
+from helpers import run_ranks
 from mpi_helpers import mpi_runner, run_mpi_ranks, skip_without_mpi
 
 pytestmark = skip_without_mpi
@@ -20,46 +21,46 @@ PATHS = ["ring", "mpi"]  # the default, auto, picks per collective and size: see
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_allreduce_every_dtype_op_and_count(size, cpu_ops, monkeypatch):
-    monkeypatch.setattr(test_collectives, "run_ranks", mpi_runner(cpu_ops))
+    monkeypatch.setattr(test_collectives, "run_pooled", mpi_runner(cpu_ops))
     test_collectives.test_allreduce_every_dtype_op_and_count(size)
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_allreduce_random_floats_bitwise_identical(size, cpu_ops, monkeypatch):
-    monkeypatch.setattr(test_collectives, "run_ranks", mpi_runner(cpu_ops))
+    monkeypatch.setattr(test_collectives, "run_pooled", mpi_runner(cpu_ops))
     test_collectives.test_allreduce_random_floats_bitwise_identical(size)
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_allgather_broadcast_alltoall_reducescatter(size, cpu_ops, monkeypatch):
-    monkeypatch.setattr(test_collectives, "run_ranks", mpi_runner(cpu_ops))
+    monkeypatch.setattr(test_collectives, "run_pooled", mpi_runner(cpu_ops))
     test_collectives.test_allgather_broadcast_alltoall_reducescatter(size)
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)
 def test_async_inplace_noncontiguous_and_unnamed(cpu_ops, monkeypatch):
-    monkeypatch.setattr(test_collectives, "run_ranks", mpi_runner(cpu_ops))
+    monkeypatch.setattr(test_collectives, "run_pooled", mpi_runner(cpu_ops))
     test_collectives.test_async_inplace_noncontiguous_and_unnamed()
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)
 def test_process_sets_on_four_ranks(cpu_ops, monkeypatch):
-    monkeypatch.setattr(test_process_sets, "run_ranks", mpi_runner(cpu_ops))
+    monkeypatch.setattr(test_process_sets, "run_pooled", mpi_runner(cpu_ops))
     test_process_sets.test_process_sets_on_four_ranks()
 
 
 @pytest.mark.parametrize("cpu_ops", PATHS)
 def test_init_after_shutdown_starts_a_new_session(cpu_ops, monkeypatch):
-    monkeypatch.setattr(test_runtime, "run_ranks", mpi_runner(cpu_ops))
+    monkeypatch.setattr(test_runtime, "run_pooled", mpi_runner(cpu_ops))
     test_runtime.test_init_after_shutdown_starts_a_new_session()
 
 
 def test_join_on_the_mpi_backend(monkeypatch):
-    monkeypatch.setattr(test_runtime, "run_ranks", mpi_runner("mpi"))
+    monkeypatch.setattr(test_runtime, "run_pooled", mpi_runner("mpi"))
     test_runtime.test_join_lets_ranks_with_fewer_batches_finish()
 
 
@@ -83,7 +84,7 @@ def _half_precision_random(seed):
     return out
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_half_precision_sums_are_bitwise_identical_under_mpi(size):
     results = run_mpi_ranks(_half_precision_random, size, args=(5,), env={"HVDLITE_CPU_OPERATIONS": "mpi"})
     for key in results[0]:
@@ -238,7 +239,6 @@ def test_process_set_from_mpi4py_communicator(cpu_ops):
 
 
 def test_process_set_from_comm_needs_an_mpi_job():
-    from helpers import run_ranks
 
     for err in run_ranks(_comm_set_without_mpirun, 1, timeout=60):
         assert "mpirun" in err

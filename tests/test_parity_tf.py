@@ -12,6 +12,7 @@ here or listed in NOT_YET_HERE with the reason (checked both ways, so the list o
 """
 
 import pytest
+from helpers import TF_SPAWN_ENV, run_pooled
 from parity_tf import COVERED, HOROVOD_TF_NAMES, by_rank, covers, err, job_fixture
 
 tf = pytest.importorskip("tensorflow")
@@ -476,10 +477,11 @@ def test_keras_partial_optimizer_and_callback_local_variables(keras_env):
     """hvdlite.tensorflow.keras.PartialDistributedOptimizer: local_layers' gradients stay
     local (divided by size, scale_local_gradients); BroadcastGlobalVariablesCallback leaves
     local_variables alone."""
-    from helpers import run_ranks
     from parity_tf import TF_ENV
 
-    for r, got in enumerate(run_ranks(_keras_names_job, 2, timeout=240, env=dict(TF_ENV, **keras_env))):
+    for r, got in enumerate(
+        run_pooled(_keras_names_job, 2, timeout=240, env=TF_ENV, spawn_env=dict(TF_SPAWN_ENV, **keras_env))
+    ):
         assert got["shared"] == [-0.5]  # -(0 + 1) / 2
         assert got["local"] == [[-(r + 1) / 2.0]]
         kernel0, bias0, kernel1, bias1 = got["broadcast"]

@@ -4,7 +4,7 @@ gradients of one process on the whole batch. Stages pass two tensors and every s
 a keyword argument."""
 
 import numpy as np
-from helpers import run_ranks
+from helpers import run_pooled
 from pp_models import reference
 
 SCHEDULES = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"]
@@ -76,7 +76,7 @@ def _check(outs, configs, p):
 
 
 def test_every_schedule_equals_one_process():
-    outs = run_ranks(_pp_body, 4, timeout=200)
+    outs = run_pooled(_pp_body, 4, timeout=200)
     _check([outs[0][0][2], outs[2][0][2]], _configs(2), 2)  # the pp=2 pipeline of ranks 0 and 2
     _check([outs[1][0][2], outs[3][0][2]], _configs(2), 2)  # and its twin on ranks 1 and 3
     _check([o[0][4] for o in outs], _configs(4), 4)

@@ -2,7 +2,7 @@
 collectives submitted in different orders on different ranks still match."""
 
 import numpy as np
-from helpers import run_ranks
+from helpers import run_pooled
 
 
 def _subgroups():
@@ -58,7 +58,7 @@ def _subgroups():
 
 
 def test_process_sets_on_four_ranks():
-    results = run_ranks(_subgroups, 4, timeout=90)
+    results = run_pooled(_subgroups, 4, timeout=90)
     for r, out in enumerate(results):
         assert out["ids"] == (1, 2)
         assert out["size"] == 2 and out["rank_in"] == r // 2
@@ -92,7 +92,7 @@ def _reversed_order():
 
 
 def test_ranks_submitting_in_opposite_orders_agree():
-    for out in run_ranks(_reversed_order, 2, timeout=60):
+    for out in run_pooled(_reversed_order, 2, timeout=60):
         assert out == {"t%d" % i: (50 + i, 2 * i) for i in range(30)}
 
 
@@ -111,7 +111,7 @@ def _mismatched_add():
 
 
 def test_add_process_set_with_different_ranks_is_an_error():
-    for got, ok in run_ranks(_mismatched_add, 3, timeout=60):
+    for got, ok in run_pooled(_mismatched_add, 3, timeout=60):
         assert got is not None and "add_process_set" in got
         assert ok == [3.0]
 
@@ -147,7 +147,7 @@ def _static_sets():
 
 
 def test_static_process_sets_are_checked_on_every_rank():
-    for out in run_ranks(_static_sets, 2, timeout=60):
+    for out in run_pooled(_static_sets, 2, timeout=60):
         assert "rank 0 gave [[0], [1]]" in out["differ"] and "rank 1 gave [[1], [0]]" in out["differ"]
         assert "entry 1" in out["duplicate"] and "global process set" in out["duplicate"]
         assert out["differ_initialized"] and out["duplicate_initialized"]

@@ -5,7 +5,7 @@ cache id means: results stay right and nothing hangs."""
 
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled
 
 
 def _churn(steps):
@@ -34,7 +34,7 @@ def _churn(steps):
 @pytest.mark.parametrize("capacity", ["0", "3", "1024"])
 def test_names_survive_eviction(capacity):
     size, steps = 3, 16
-    runs = run_ranks(_churn, size, args=(steps,), env={"HVDLITE_CACHE_CAPACITY": capacity}, timeout=120)
+    runs = run_pooled(_churn, size, args=(steps,), env={"HVDLITE_CACHE_CAPACITY": capacity}, timeout=120)
     results = [out for out, _ in runs]
     stats = runs[0][1]  # rank 0 hosts the coordinator and its cache
     assert stats["cache_entries"] <= int(capacity), stats

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled
 
 
 def _reinit():
@@ -26,7 +26,7 @@ def _reinit():
 
 
 def test_init_after_shutdown_starts_a_new_session():
-    for out in run_ranks(_reinit, 2, timeout=60):
+    for out in run_pooled(_reinit, 2, timeout=60):
         assert out[:3] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
         assert "not initialized" in out[3]
 
@@ -59,7 +59,7 @@ def _idle_cpu(seconds):
 
 def test_idle_rank_uses_well_under_one_percent_of_a_core():
     seconds = 3.0
-    for cpu in run_ranks(_idle_cpu, 2, args=(seconds,), timeout=60):
+    for cpu in run_pooled(_idle_cpu, 2, args=(seconds,), timeout=60):
         assert cpu < 0.01 * seconds, "idle rank used %.4f s of CPU in %.1f s" % (cpu, seconds)
 
 
@@ -74,7 +74,7 @@ def _init_error():
 
 
 def test_horovod_variable_is_honoured_as_fallback_and_bad_values_are_named():
-    results = run_ranks(_init_error, 2, env={"HOROVOD_CYCLE_TIME": "fast"}, timeout=60)
+    results = run_pooled(_init_error, 2, env={"HOROVOD_CYCLE_TIME": "fast"}, timeout=60)
     for kind, message in results:
         assert kind == "InvalidArgumentError"
         assert "HVDLITE_CYCLE_TIME" in message and "fast" in message
@@ -82,7 +82,7 @@ def test_horovod_variable_is_honoured_as_fallback_and_bad_values_are_named():
 
 def test_missing_store_address_is_a_clear_error():
     env = {"HVDLITE_STORE_ADDR": None}
-    for kind, message in run_ranks(_init_error, 2, env=env, timeout=60):
+    for kind, message in run_pooled(_init_error, 2, env=env, timeout=60):
         assert kind == "InvalidArgumentError" and "HVDLITE_STORE_ADDR" in message and "hvdliterun" in message
 
 
@@ -100,7 +100,7 @@ def _fusion_many_small():
 
 @pytest.mark.parametrize("threshold", ["0", "256", str(64 * 1024 * 1024)])
 def test_fusion_threshold_settings_give_identical_results(threshold):
-    assert all(run_ranks(_fusion_many_small, 2, env={"HVDLITE_FUSION_THRESHOLD": threshold}, timeout=60))
+    assert all(run_pooled(_fusion_many_small, 2, env={"HVDLITE_FUSION_THRESHOLD": threshold}, timeout=60))
 
 
 def test_settings_table_declares_each_variable_once_with_doc():
@@ -155,7 +155,7 @@ def _uneven_batches():
 
 
 def test_join_lets_ranks_with_fewer_batches_finish():
-    results = run_ranks(_uneven_batches, 3, timeout=60)
+    results = run_pooled(_uneven_batches, 3, timeout=60)
     for r, (sums, gathered, maxes, last, after) in enumerate(results):
         assert last == 2
         assert after == "ok"
@@ -187,6 +187,6 @@ def _scalar_split_ops_straight_to_the_core():
 
 
 def test_zero_dim_reducescatter_and_alltoall_are_refused_by_the_core():
-    for errors in run_ranks(_scalar_split_ops_straight_to_the_core, 2, timeout=60):
+    for errors in run_pooled(_scalar_split_ops_straight_to_the_core, 2, timeout=60):
         assert "reducescatter of tensor 'scalar.reducescatter' needs at least one dimension" in errors[0]
         assert "alltoall of tensor 'scalar.alltoall' needs at least one dimension" in errors[1]

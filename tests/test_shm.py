@@ -67,7 +67,9 @@ def _expected(kind, count, r, n):
     return total[r : r + 1].tobytes()
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "size", [1, 2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("disable", [False, True])
 def test_every_collective_over_shm_or_tcp(size, disable, tmp_path):
     env = {
@@ -108,7 +110,7 @@ def _killed_during_transfer(victim):
     return tag, error, elapsed
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_rank_killed_during_shm_transfer_is_reported_promptly_and_leaves_nothing(size):
     victim = size - 1
     # Detection must come from liveness, not the transfer timeout: the job's own

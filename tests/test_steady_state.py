@@ -6,7 +6,7 @@ give the same results and errors as negotiation. Real processes (helpers.run_ran
 
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled, run_ranks
 
 NAMES = ["w0", "w1", "w2", "w3"]
 STEPS = 40
@@ -63,19 +63,19 @@ def _assert_mostly_scheduled(stats, responses_per_step, steps=STEPS - LEARN_STEP
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("fused", [True, False])
 def test_loop_runs_scheduled(size, fused):
-    for stats in run_ranks(_loop, size, args=(fused,), timeout=120):
+    for stats in run_pooled(_loop, size, args=(fused,), timeout=120):
         assert stats["allreduce_tensors"] == STEPS * len(NAMES), stats
         _assert_mostly_scheduled(stats, 1 if fused else len(NAMES))
 
 
 def test_loop_runs_scheduled_over_tcp():
     # The votes travel on the TCP control plane instead of shared memory.
-    for stats in run_ranks(_loop, 2, args=(True,), env={"HVDLITE_SHM_DISABLE": "1"}, timeout=120):
+    for stats in run_pooled(_loop, 2, args=(True,), env={"HVDLITE_SHM_DISABLE": "1"}, timeout=120):
         _assert_mostly_scheduled(stats, 1)
 
 
 def test_loop_with_setting_off_never_schedules():
-    runs = run_ranks(_loop, 2, args=(True,), env={"HVDLITE_STEADY_STATE": "0"}, timeout=120)
+    runs = run_pooled(_loop, 2, args=(True,), env={"HVDLITE_STEADY_STATE": "0"}, timeout=120)
     for stats in runs:
         assert stats["scheduled_responses"] == 0, stats
 
@@ -118,7 +118,7 @@ def _voted(steps):
 
 @pytest.mark.parametrize("size,env", [(2, {}), (3, {}), (2, {"HVDLITE_SHM_DISABLE": "1"})])
 def test_small_allreduces_reduce_the_inputs_votes_carried(size, env):
-    runs = run_ranks(_voted, size, args=(STEPS,), env=env, timeout=120)
+    runs = run_pooled(_voted, size, args=(STEPS,), env=env, timeout=120)
     for seen, stats in runs:
         assert stats["voted_responses"] >= STEPS - LEARN_STEPS, stats  # the small groups
         assert stats["voted_responses"] <= stats["scheduled_responses"] - (STEPS - LEARN_STEPS), stats
@@ -159,7 +159,7 @@ def _with_barriers(steps):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_barriers_between_steps_stay_in_schedule_mode(size):
-    for stats in run_ranks(_with_barriers, size, args=(STEPS,), timeout=120):
+    for stats in run_pooled(_with_barriers, size, args=(STEPS,), timeout=120):
         # every step after learning, and the barrier before it, ran without the coordinator
         _assert_mostly_scheduled(stats, 2)
 
@@ -184,7 +184,7 @@ def _orders(changing):
 
 @pytest.mark.parametrize("changing", [False, True])
 def test_different_submission_orders_complete(changing):
-    for stats in run_ranks(_orders, 3, args=(changing,), timeout=120):
+    for stats in run_pooled(_orders, 3, args=(changing,), timeout=120):
         assert stats["allreduce_tensors"] == STEPS * len(NAMES), stats
         if not changing:
             # Out of order within a step waits for the rest of the group: no fallback.
@@ -207,8 +207,8 @@ def _changed_shape(k):
 
 
 def test_changed_shape_gives_the_negotiation_error():
-    on = run_ranks(_changed_shape, 2, args=(12,), timeout=120)
-    off = run_ranks(_changed_shape, 2, args=(12,), env={"HVDLITE_STEADY_STATE": "0"}, timeout=120)
+    on = run_pooled(_changed_shape, 2, args=(12,), timeout=120)
+    off = run_pooled(_changed_shape, 2, args=(12,), env={"HVDLITE_STEADY_STATE": "0"}, timeout=120)
     assert on[0] is not None and "w1" in on[0], on
     assert on == off
 
@@ -232,7 +232,7 @@ def _new_and_skipped():
 
 
 def test_new_and_skipped_tensors_fall_back_and_finish():
-    for stats in run_ranks(_new_and_skipped, 2, timeout=120):
+    for stats in run_pooled(_new_and_skipped, 2, timeout=120):
         assert stats["scheduled_responses"] > 0, stats  # it re-learned after each change
         assert stats["allreduce_tensors"] == STEPS * len(NAMES) + 1 - 2, stats
 
@@ -269,7 +269,7 @@ def _mixed():
 
 
 def test_join_barrier_process_sets_and_other_collectives_mixed_in():
-    runs = run_ranks(_mixed, 3, timeout=180)
+    runs = run_pooled(_mixed, 3, timeout=180)
     assert all(last == 0 for last, _ in runs), runs
     for _, stats in runs:
         assert stats["scheduled_responses"] > 0, stats
@@ -294,7 +294,7 @@ def _idle_cpu():
 
 
 def test_idle_rank_uses_under_one_percent_cpu():
-    for ratio in run_ranks(_idle_cpu, 2, timeout=120):
+    for ratio in run_pooled(_idle_cpu, 2, timeout=120):
         assert ratio < 0.01, ratio
 
 
@@ -323,8 +323,8 @@ def _stalled():
 
 def test_rank_that_never_votes_gets_the_stall_error():
     env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "2.5"}
-    on = run_ranks(_stalled, 2, env=env, timeout=120)
-    off = run_ranks(_stalled, 2, env=dict(env, HVDLITE_STEADY_STATE="0"), timeout=120)
+    on = run_pooled(_stalled, 2, env=env, timeout=120)
+    off = run_pooled(_stalled, 2, env=dict(env, HVDLITE_STEADY_STATE="0"), timeout=120)
     assert on[0][1] > 0 and off[0][1] == 0, (on, off)  # the stall began in schedule mode
     assert on[0][0] is not None and "stalled" in on[0][0] and "ranks 1" in on[0][0], on
     assert on[0][0] == off[0][0], (on, off)

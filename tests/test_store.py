@@ -250,6 +250,7 @@ async def _rendezvous(port, secret, n, timeout_s):
     return len(connected)
 
 
+@pytest.mark.slow  # a scale variant: 8,192 connections in one process
 def test_8192_concurrent_clients_rendezvous():
     """8,192 clients (one job of 8,192 ranks) connected at once, each doing a set and a get:
     no cap on the number of clients. The time to full rendezvous is printed, not asserted."""

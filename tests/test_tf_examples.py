@@ -16,7 +16,10 @@ def keras_environ(keras_env, monkeypatch):
         monkeypatch.setenv(key, value)
 
 
-@pytest.mark.parametrize("script", ["tensorflow2_keras_digits.py", "tensorflow2_digits.py"])
+# The default suite trains the Keras example; the plain-TensorFlow one (its API is the README tour's) runs in CI.
+@pytest.mark.parametrize(
+    "script", ["tensorflow2_keras_digits.py", pytest.param("tensorflow2_digits.py", marks=pytest.mark.slow)]
+)
 def test_tensorflow_digits_learns(script, keras_environ):
     out = _launch(REPO / "examples" / script, "--epochs", "3")
     accuracy = float(re.search(r"\[0\]<stdout>:test accuracy ([0-9.]+) on 2 ranks", out).group(1))
@@ -24,6 +27,7 @@ def test_tensorflow_digits_learns(script, keras_environ):
     assert "[1]<stdout>:" not in out  # only rank 0 prints
 
 
+@pytest.mark.slow  # a benchmark's worker; tests/test_benchmarks_smoke.py smokes the suite by default
 def test_e2e_tf_benchmark_row_runs():
     """benchmarks/e2e_tf.py's hvdlite row works (a smoke run; times are not judged)."""
     sys.path.insert(0, str(REPO / "benchmarks"))

@@ -4,7 +4,7 @@ tf.compat.v1 optimizers), eagerly and inside tf.function, on 2 real
 processes (one job runs every check: TensorFlow's import dominates)."""
 
 import numpy as np
-from helpers import run_ranks
+from helpers import TF_SPAWN_ENV, run_pooled
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
@@ -143,8 +143,6 @@ def _job():
     import hvdlite.tensorflow as hvd
 
     tf.get_logger().setLevel("ERROR")
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     for graph in (False, True):
@@ -156,5 +154,5 @@ def _job():
 
 
 def test_gradients_tapes_and_optimizers():
-    results = run_ranks(_job, 2, timeout=240, env=TF_ENV)
+    results = run_pooled(_job, 2, timeout=240, env=TF_ENV, spawn_env=TF_SPAWN_ENV)
     assert results[0] == results[1]  # reduced gradients are bitwise identical on every rank

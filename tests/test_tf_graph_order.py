@@ -9,8 +9,10 @@ Covered: a tf.compat.v1 graph in a Session, a tf.function, and eager mode.
 """
 
 import pytest
-from helpers import run_ranks
+from helpers import TF_SPAWN_ENV, run_pooled
 
+# The jobs run in the session's pooled TensorFlow ranks, started with one inter-op thread (the
+# point of these tests: TensorFlow reads the count once, when its runtime starts).
 TF_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "3",
     "HVDLITE_STALL_CHECK_TIME_SECONDS": "600",
@@ -63,7 +65,7 @@ def _skip_without_kernel(results):
 
 
 def test_v1_graph_with_more_collectives_than_executor_threads():
-    results = run_ranks(_v1_graph, 2, env=TF_ENV, timeout=180)
+    results = run_pooled(_v1_graph, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=180)
     _skip_without_kernel(results)
     for _, uses_await, by_index, again, gathered in results:
         assert uses_await
@@ -74,8 +76,6 @@ def test_v1_graph_with_more_collectives_than_executor_threads():
 def _tf_function():
     import tensorflow as tf
 
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
     import hvdlite.tensorflow as hvd
     from hvdlite.tensorflow import await_op
 
@@ -96,7 +96,7 @@ def _tf_function():
 
 
 def test_tf_function_whose_ranks_order_collectives_differently():
-    results = run_ranks(_tf_function, 2, env=TF_ENV, timeout=180)
+    results = run_pooled(_tf_function, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=180)
     _skip_without_kernel(results)
     for _, first, second in results:
         assert first == [_expected(i) for i in range(COUNT)]
@@ -106,7 +106,6 @@ def test_tf_function_whose_ranks_order_collectives_differently():
 def _eager():
     import tensorflow as tf
 
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     import hvdlite.tensorflow as hvd
 
     hvd.init()
@@ -118,14 +117,14 @@ def _eager():
 
 
 def test_eager_collectives_complete():
-    for singles, grouped in run_ranks(_eager, 2, env=TF_ENV, timeout=180):
+    for singles, grouped in run_pooled(_eager, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=180):
         assert singles == grouped == [_expected(i) for i in range(COUNT)]
 
 
 def test_graph_errors_still_raise():
     """A mismatch inside a graph raises from Session.run on every rank (the result op
     raises the error the await kernel let through)."""
-    results = run_ranks(_graph_mismatch, 2, env=TF_ENV, timeout=180)
+    results = run_pooled(_graph_mismatch, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=180)
     _skip_without_kernel(results)
     for _, message in results:
         assert "v1.bad" in message and "hape" in message, message

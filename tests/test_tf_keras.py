@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-from helpers import run_ranks
+from helpers import TF_SPAWN_ENV, run_pooled
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
@@ -86,8 +85,6 @@ def _job(tmp):
     import hvdlite.tensorflow.keras as hvd
 
     tf.get_logger().setLevel("ERROR")
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
     out = _fit_checks(hvd, keras, tmp)
     _schedule_checks(hvd, keras)
@@ -96,7 +93,9 @@ def _job(tmp):
 
 
 def test_fit_with_callbacks_and_load_model(tmp_path, keras_env):
-    results = run_ranks(_job, 2, args=(str(tmp_path),), timeout=240, env=dict(TF_ENV, **keras_env))
+    results = run_pooled(
+        _job, 2, args=(str(tmp_path),), timeout=240, env=TF_ENV, spawn_env=dict(TF_SPAWN_ENV, **keras_env)
+    )
     assert results[0]["weights"] == results[1]["weights"]  # broadcast + averaged gradients keep ranks equal
     assert results[0]["loaded"] == results[1]["loaded"]
     assert results[0]["loss"] == results[1]["loss"]  # MetricAverageCallback: the same averaged loss
@@ -159,10 +158,16 @@ def _keras2_job(tmp):
     return out
 
 
-def test_keras2_legacy_optimizer_gradients_and_h5(tmp_path, keras_env):
-    if keras_env["TF_USE_LEGACY_KERAS"] != "1":
-        pytest.skip("Keras 2 only: Keras 3 has no legacy optimizers, lr= or get_gradients")
-    results = run_ranks(_keras2_job, 2, args=(str(tmp_path),), timeout=240, env=dict(TF_ENV, **keras_env))
+def test_keras2_legacy_optimizer_gradients_and_h5(tmp_path, keras2_env):
+    """Keras 2 only (Keras 3 has no legacy optimizers, lr= or get_gradients)."""
+    results = run_pooled(
+        _keras2_job,
+        2,
+        args=(str(tmp_path),),
+        timeout=240,
+        env=TF_ENV,
+        spawn_env=dict(TF_SPAWN_ENV, **keras2_env),
+    )
     for got in results:
         assert got["get_gradients"] == [[1.5]] and got["compute"] == [1.5]
         assert got["applied"] == [0.25]
@@ -197,7 +202,9 @@ def _wrong_keras_job():
 
 def test_wrong_keras_objects_are_refused_with_the_fix(keras_env):
     keras2 = keras_env["TF_USE_LEGACY_KERAS"] == "1"
-    errors = run_ranks(_wrong_keras_job, 1, timeout=120, env=dict(TF_ENV, **keras_env))[0]
+    errors = run_pooled(
+        _wrong_keras_job, 1, timeout=120, env=TF_ENV, spawn_env=dict(TF_SPAWN_ENV, **keras_env)
+    )[0]
     for error in errors:
         assert error is not None and error[0] == "InvalidArgumentError", errors
         active = "Keras 2 (tf_keras" if keras2 else "Keras 3 (keras"

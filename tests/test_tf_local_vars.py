@@ -3,7 +3,7 @@ a variable registered with register_local_var (optimizers) / register_local_sour
 or a local layer of PartialDistributedGradientTape, keeps its own gradient, divided by the
 process set's size when scale_local_gradients=True and left as it is when False."""
 
-from helpers import run_ranks
+from helpers import TF_SPAWN_ENV, run_pooled
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
@@ -64,8 +64,6 @@ def _job():
 
     import hvdlite.tensorflow as hvd
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
     out = {}
     for scale in (True, False):
@@ -79,7 +77,7 @@ def _job():
 
 
 def test_local_gradients_are_kept_and_scaled_as_asked():
-    for r, out in enumerate(run_ranks(_job, 2, timeout=240, env=TF_ENV)):
+    for r, out in enumerate(run_pooled(_job, 2, timeout=240, env=TF_ENV, spawn_env=TF_SPAWN_ENV)):
         for kind in ("tape", "partial", "split", "v1", "keras"):
             # shared: the average of 1 and 2; local: this rank's own r+1, halved when scaling
             assert out[kind, True] == [1.5, (r + 1.0) / 2], (kind, out)

@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import TF_SPAWN_ENV, run_pooled
 
 from hvdlite.common.buffer_pool import AlignedPool
 
@@ -85,7 +85,7 @@ def _tape_job():
 
 
 def test_tape_in_tf_function_submits_each_gradient_when_it_exists():
-    results = run_ranks(_tape_job, 2, env=TF_ENV, timeout=240)
+    results = run_pooled(_tape_job, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=240)
     if results[0]["reason"]:
         pytest.skip("the HvdliteAwait kernel is unavailable: " + results[0]["reason"])
     for out in results:
@@ -130,7 +130,7 @@ def _kept_results_job():
 
 
 def test_results_still_held_are_never_reused():
-    for kept, eager in run_ranks(_kept_results_job, 2, env=TF_ENV, timeout=180):
+    for kept, eager in run_pooled(_kept_results_job, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=180):
         assert kept == eager == [[2.0 * k + 1.0] * 1000 for k in range(4)]
 
 
@@ -157,7 +157,7 @@ def _dropped_result_job():
 def test_an_unused_result_is_still_awaited():
     """The await keeps the buffer the core writes into alive and releases the handle, so it
     must run even when nothing reads the allreduce's result (a control output of the function)."""
-    for control, outs in run_ranks(_dropped_result_job, 2, env=TF_ENV, timeout=180):
+    for control, outs in run_pooled(_dropped_result_job, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=180):
         if control:  # the native submission (absent without the kernel library)
             assert control == ["HvdliteAllreduceSubmit"] * 2 + ["HvdliteAwait"] * 2, control
         assert outs == [[2.0 * k + 1.0] * 4 for k in range(3)]
@@ -191,7 +191,9 @@ def test_inputs_other_ops_read_are_not_written():
     """The in-place allreduce works on the input's own buffer only when nothing else holds it
     (HvdliteExclusive): a constant, a variable and a tensor the function also returns keep
     their values."""
-    for rank, (runs, c, v) in enumerate(run_ranks(_shared_inputs_job, 2, env=TF_ENV, timeout=180)):
+    for rank, (runs, c, v) in enumerate(
+        run_pooled(_shared_inputs_job, 2, spawn_env=TF_SPAWN_ENV, env=TF_ENV, timeout=180)
+    ):
         assert c == [1.0, 2.0] and v == [3.0 + rank, 4.0]
         for summed, y in runs:
             assert summed == [[2.0, 4.0], [7.0, 8.0], [14.0, 16.0], [2.0, 4.0]]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
-from helpers import run_ranks
+from helpers import run_pooled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def _workload():
 
 def test_timeline_from_environment_records_each_phase(tmp_path):
     path = str(tmp_path / "timeline.json")
-    run_ranks(_workload, 2, env={"HVDLITE_TIMELINE": path}, timeout=60)
+    run_pooled(_workload, 2, env={"HVDLITE_TIMELINE": path}, timeout=60)
     rows, spans, marks = _events(path)
     assert {"grad.0", "grad.7", "rows", "weights"} <= set(rows.values())
     names = {(tensor, phase) for tensor, phase, _ in spans}
@@ -69,7 +69,7 @@ def _start_stop(first, second):
 
 def test_start_and_stop_timeline_at_run_time(tmp_path):
     first, second = str(tmp_path / "a.json"), str(tmp_path / "b.json")
-    run_ranks(_start_stop, 2, args=(first, second), timeout=60)
+    run_pooled(_start_stop, 2, args=(first, second), timeout=60)
     rows_a, _, _ = _events(first)
     rows_b, spans_b, marks_b = _events(second)
     assert "during" in rows_a.values() and "before" not in rows_a.values()
@@ -121,7 +121,7 @@ def test_timeline_marks_allreduces_reduced_from_voted_inputs(tmp_path):
     # Once the loop runs from the steady-state schedule, its small allreduce reduces the inputs
     # the ranks' votes carried; the timeline says so on the collective's span.
     path = str(tmp_path / "timeline.json")
-    run_ranks(_steady_loop, 2, env={"HVDLITE_TIMELINE": path}, timeout=60)
+    run_pooled(_steady_loop, 2, env={"HVDLITE_TIMELINE": path}, timeout=60)
     _, spans, _ = _events(path)
     collective = [args for tensor, phase, args in spans if tensor == "small" and phase == "ALLREDUCE"]
     assert len(collective) == 30, len(collective)
@@ -152,5 +152,5 @@ def _read_while_running(path):
 def test_timeline_is_on_disk_while_the_job_runs(tmp_path):
     """Horovod's test_timeline.py reads the file 0.1 s after an allreduce, before shutdown."""
     path = str(tmp_path / "live.json")
-    text = run_ranks(_read_while_running, 2, args=(path,), env={"HVDLITE_TIMELINE": path}, timeout=60)[0]
+    text = run_pooled(_read_while_running, 2, args=(path,), env={"HVDLITE_TIMELINE": path}, timeout=60)[0]
     assert '"early"' in text and '"ALLREDUCE"' in text and '"NEGOTIATE_ALLREDUCE"' in text

@@ -5,7 +5,7 @@ every rank, and the job goes on working afterwards."""
 import time
 
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 
 
 def _catch(fn):
@@ -55,7 +55,7 @@ def _error_cases():
 
 
 def test_error_cases_raise_horovod_style_and_job_survives():
-    results = run_ranks(_error_cases, 3, timeout=120)
+    results = run_pooled(_error_cases, 3, timeout=120)
     for r, res in enumerate(results):
         for key in ("shape", "dtype", "allgather_dims", "root_mismatch", "splits_sum", "splits_len"):
             assert res[key] is not None, key
@@ -97,5 +97,5 @@ def test_adasum_allreduce_on_numpy_matches_the_formula():
     a, b = np.array([1.0, 0.0, 2.0]), np.array([0.0, 3.0, 2.0])
     dot = a @ b
     want = (1 - dot / (2 * (a @ a))) * a + (1 - dot / (2 * (b @ b))) * b
-    for got in run_ranks(_numpy_adasum, 2, timeout=60):
+    for got in run_pooled(_numpy_adasum, 2, timeout=60):
         np.testing.assert_allclose(got, want, rtol=1e-12)

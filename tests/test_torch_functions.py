@@ -4,7 +4,7 @@ capability queries and the public names of horovod.torch."""
 
 import pytest
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 from torch_wire import from_wire, to_wire
 
 # Every public name of horovod.torch 0.28 that issue 4 lists.
@@ -123,7 +123,7 @@ def _broadcasts():
 
 @pytest.mark.parametrize("size", [3])
 def test_broadcast_parameters_optimizer_state_and_objects(size):
-    results = from_wire(run_ranks(_broadcasts, size, timeout=60))
+    results = from_wire(run_pooled(_broadcasts, size, timeout=60))
     root = results[0]
     assert root["adam_state"], "the root's Adam state must exist"
     for _r, res in enumerate(results):
@@ -178,7 +178,7 @@ def test_sync_batch_norm_matches_batch_norm_on_the_full_batch(dims):
     torch.manual_seed(3)
     shape = (7, 3) if dims == 2 else (5, 3, 2, 2)
     batch = torch.randn(*shape, dtype=torch.float64) * 2 + 1
-    results = from_wire(run_ranks(_sync_batch_norm, 2, args=(batch, dims), timeout=90))
+    results = from_wire(run_pooled(_sync_batch_norm, 2, args=(batch, dims), timeout=90))
     bn = (torch.nn.BatchNorm1d if dims == 2 else torch.nn.BatchNorm2d)(shape[1], momentum=0.3).double()
     with torch.no_grad():
         bn.weight.copy_(torch.arange(1.0, shape[1] + 1))

@@ -4,7 +4,7 @@ rank's upstream gradient. Also fp16 compression through allreduce."""
 
 import pytest
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 from torch_wire import from_wire, to_wire
 
 
@@ -112,9 +112,9 @@ def _check_alltoall(results, n):
         assert torch.equal(grad, torch.cat(parts))
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_gradients_of_every_collective(size):
-    results = from_wire(run_ranks(_grads, size, timeout=120))
+    results = from_wire(run_pooled(_grads, size, timeout=120))
     _check_reductions(results, size)
     _check_alltoall(results, size)
     for _r, res in enumerate(results):

@@ -5,7 +5,7 @@ start_timeline / stop_timeline from hvdlite.torch."""
 import json
 
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 from torch_wire import from_wire, to_wire
 
 
@@ -41,7 +41,7 @@ def _uneven_training():
 
 
 def test_join_with_uneven_batches():
-    results = from_wire(run_ranks(_uneven_training, 3, timeout=90))
+    results = from_wire(run_pooled(_uneven_training, 3, timeout=90))
     for res in results:
         assert res["last"] == 2
         for key, value in results[2]["params"].items():
@@ -66,7 +66,7 @@ def _timeline(path):
 
 def test_timeline_start_stop_records_optimizer_allreduces(tmp_path):
     path = str(tmp_path / "torch_timeline.json")
-    run_ranks(_timeline, 2, args=(path,), timeout=60)
+    run_pooled(_timeline, 2, args=(path,), timeout=60)
     with open(path) as f:
         events = json.load(f)
     names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}

@@ -5,7 +5,7 @@ async / in-place / grouped forms, non-contiguous tensors and process sets."""
 import numpy as np
 import pytest
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 from torch_wire import NUMERIC_DTYPES, from_wire, to_wire
 
 DTYPES = NUMERIC_DTYPES
@@ -52,9 +52,9 @@ def _allreduce_matrix(hvd):
     return out
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", [1, 2, pytest.param(3, marks=pytest.mark.slow), 4])
 def test_every_collective_dtype_op_and_shape(size):
-    results = from_wire(run_ranks(_all_collectives, size, timeout=240))
+    results = from_wire(run_pooled(_all_collectives, size, timeout=240))
     _check_allreduce([r["allreduce"] for r in results], size)
     _check_other([r["other"] for r in results], size)
     if size == 4:
@@ -221,7 +221,7 @@ def _host_staged(hvd):
 
 
 def test_async_inplace_grouped_and_noncontiguous():
-    results = from_wire(run_ranks(_async_inplace_grouped, 2, timeout=90))
+    results = from_wire(run_pooled(_async_inplace_grouped, 2, timeout=90))
     for r, res in enumerate(results):
         assert res["polled_bool"] and res["same_objects"] and res["same_pointers"]
         assert res["firsts"] == [1.0 + 2 * i for i in range(10)]

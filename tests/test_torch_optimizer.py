@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 from torch_wire import from_wire, to_wire
 
 
@@ -168,7 +168,7 @@ def _adasum(a, b):
 
 
 def test_optimizer_modes_on_two_ranks():
-    results = from_wire(run_ranks(_optimizer_modes, 2, timeout=150))
+    results = from_wire(run_pooled(_optimizer_modes, 2, timeout=150))
     reference = _train(None, shard=False)
     for key in (
         "default",

@@ -4,7 +4,7 @@ by 3), and replicated results are bitwise identical on every member."""
 
 import numpy as np
 import pytest
-from helpers import run_ranks
+from helpers import run_pooled
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -156,12 +156,12 @@ def _close(a, b):
     np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("tp", [2, 3])
+@pytest.mark.parametrize("tp", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_tensor_parallel_equals_dense(tp):
     import torch
 
     torch.set_num_threads(1)
-    outs = run_ranks(_tp_body, tp, timeout=120)
+    outs = run_pooled(_tp_body, tp, timeout=120)
     ref = _reference()
     m = ref["mlp"]
     for out in outs:

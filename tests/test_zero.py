@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import zero_cases as zc
-from helpers import run_ranks
+from helpers import run_pooled
 
 STEPS = 4
 
@@ -105,7 +105,7 @@ def _equivalence(configs):
 )
 def test_equivalence_with_one_process(size):
     configs = _configs(size)
-    results = run_ranks(_equivalence, size, args=(configs,), timeout=120)
+    results = run_pooled(_equivalence, size, args=(configs,), timeout=120)
     for r in range(size):
         for cfg, (rel, _, _) in results[r].items():
             assert rel <= 1e-6, "%s on %d ranks, rank %d: max relative difference %.3g" % (cfg, size, r, rel)
@@ -208,7 +208,7 @@ def _clip_accumulate_errors():
 
 
 def test_clip_accumulation_mixed_precision_and_errors():
-    results = run_ranks(_clip_accumulate_errors, 2, timeout=90)
+    results = run_pooled(_clip_accumulate_errors, 2, timeout=90)
     for stage, (rel, full_dtypes, live_dtypes, full) in results[0][2].items():
         assert rel <= 3e-2, (stage, rel)  # bf16 forward/backward: close, not equal
         assert full_dtypes == {"torch.float32"} and live_dtypes <= {"torch.bfloat16"}, stage

@@ -4,7 +4,7 @@ finish instead of hanging."""
 
 import numpy as np
 import torch
-from helpers import run_ranks
+from helpers import run_pooled
 from torch import nn
 
 RANKS = 2
@@ -45,7 +45,7 @@ def test_memory_per_stage_matches_zero_accounting():
     stage 3: parameters 0 outside forward/backward, gradients 4P/N, state 12P/N
     (the master shard is the parameter shard; in stages 1 and 2 it is this rank's slice of the
     parameters' flat buffer, no second copy). Padding: < N elements per bucket."""
-    for mem in run_ranks(_memory, RANKS, timeout=90):
+    for mem in run_pooled(_memory, RANKS, timeout=90):
         for stage, (got, p, buckets, between) in mem.items():
             assert between == (0 if stage == 3 else got["params"]), (stage, between)
             shard = p / RANKS
@@ -99,7 +99,7 @@ def _divergent():
 
 
 def test_divergent_module_order_and_skipped_submodule_finish():
-    r0, r1 = run_ranks(_divergent, RANKS, timeout=90)
+    r0, r1 = run_pooled(_divergent, RANKS, timeout=90)
     for stage in (1, 2, 3):
         for k in r0[stage]:
             assert np.array_equal(r0[stage][k], r1[stage][k]), (stage, k)

@@ -20,7 +20,7 @@ As in Horovod, the number of members must be a power of two.
 
 import numpy as np
 
-from hvdlite.common import collectives, dtypes, exceptions, ops
+from hvdlite.common import collectives, dtypes, exceptions, naming, ops
 from hvdlite.common.process_sets import resolve
 from hvdlite.common.topology import size
 from hvdlite.common.util import num_rank_is_power_2
@@ -96,3 +96,23 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
         return tensor
 
     return collectives.Pending(gather.core, finish, (tensor, gather.keepalive))
+
+
+def allreduce_inplace_any(adapter, tensor, name, reduce_op, prescale, postscale, process_set):
+    """Pending in-place allreduce of `tensor` with any reduce_op (already resolved): Adasum runs
+    its steps here (allreduce_inplace), every other op is one core operation. The one routing
+    the NumPy and TensorFlow adapters share; finish() returns `tensor`."""
+    if reduce_op == dtypes.Adasum:
+        name = naming.auto_name("allreduce", name)
+        return allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set)
+    return collectives.inplace(
+        adapter,
+        "allreduce",
+        ops.ALLREDUCE,
+        tensor,
+        name,
+        reduce_op=reduce_op,
+        prescale=prescale,
+        postscale=postscale,
+        process_set=resolve(process_set),
+    )

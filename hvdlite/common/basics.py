@@ -2,9 +2,9 @@
 
 import atexit
 
-from hvdlite import _core
 from hvdlite.common import exceptions, naming, ops
 from hvdlite.common import process_sets as ps
+from hvdlite.common.native import core as _core
 from hvdlite.common.topology import (
     cross_rank,
     cross_size,

@@ -6,8 +6,8 @@ which serves where Horovod's Gloo would. hvdlite has no DDL, oneCCL or ROCm path
 answer False, so Horovod scripts that branch on them take the generic path.
 """
 
-from hvdlite import _core
 from hvdlite.common import exceptions
+from hvdlite.common.native import core as _core
 
 # MPI_THREAD_MULTIPLE's value in Open MPI and MPICH alike.
 _MPI_THREAD_MULTIPLE = 3

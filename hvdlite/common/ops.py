@@ -7,8 +7,8 @@ the integer handles users see (Horovod's async API) and the waiting policy.
 import ctypes
 import threading
 
-from hvdlite import _core
 from hvdlite.common import exceptions
+from hvdlite.common.native import core as _core
 
 # The core's OpType codes (csrc/coordinator/messages.h; tests/test_enums_match_core.py checks them).
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = range(6)

@@ -8,8 +8,8 @@ the same calls in the same order.
 
 import array
 
-from hvdlite import _core
 from hvdlite.common import dtypes, exceptions, ops
+from hvdlite.common.native import core as _core
 from hvdlite.common.topology import rank, size
 
 

@@ -5,8 +5,8 @@ They depend only on the core, so every module of hvdlite.common may use them
 Each raises PreconditionError before init() and after shutdown().
 """
 
-from hvdlite import _core
 from hvdlite.common import exceptions
+from hvdlite.common.native import core as _core
 
 _TOPOLOGY = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 

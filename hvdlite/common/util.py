@@ -3,14 +3,21 @@
 hvd.gpu_available, hvd.check_extension): framework-neutral, shared by every adapter.
 """
 
-import importlib
+from collections.abc import Callable
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.optimizer_policy import split_list
 from hvdlite.common.reduction import resolve_op
 
-# Horovod's extension base names -> the hvdlite adapter module that answers for that framework.
-_ADAPTERS = {"tensorflow": "hvdlite.tensorflow", "torch": "hvdlite.torch"}
+# Framework name -> its adapter's GPU check, registered by the adapter when it is imported
+# (register_gpu_check). `common` never loads an adapter: it asks only those already loaded.
+_GPU_CHECKS: dict[str, Callable[[], bool]] = {}
+
+
+def register_gpu_check(framework, check):
+    """Called by a framework adapter at import: check() says whether that framework sees a GPU
+    in this process (Horovod's per-extension _check_has_gpu)."""
+    _GPU_CHECKS[framework] = check
 
 
 def num_rank_is_power_2(num_rank):
@@ -38,17 +45,11 @@ handle_average_backwards_compatibility = get_average_backwards_compatibility_fun
 
 def gpu_available(ext_base_name, verbose=False):
     """Whether framework `ext_base_name` ('tensorflow', 'torch', or Horovod's extension names such
-    as 'mpi_lib' for TensorFlow) sees a GPU in this process; False for a framework hvdlite has no
-    adapter for. Imports the adapter (and so the framework) when it is not loaded yet."""
+    as 'mpi_lib' for TensorFlow) sees a GPU in this process. Answered by that framework's adapter
+    (hvdlite.torch, hvdlite.tensorflow) once it is imported; False for a framework whose adapter
+    is not imported in this process, or that hvdlite has no adapter for."""
     name = "tensorflow" if ext_base_name in ("mpi_lib", "tensorflow.mpi_lib") else ext_base_name
-    name = name.split(".")[0]
-    module = _ADAPTERS.get(name)
-    if module is None:
-        return False
-    try:
-        check = getattr(importlib.import_module(module), "_check_has_gpu", None)
-    except ImportError:
-        check = None
+    check = _GPU_CHECKS.get(name.split(".")[0])
     available = bool(check()) if check is not None else False
     if verbose:
         print("Extension %s %s running with GPU." % (ext_base_name, "was" if available else "was NOT"))
@@ -60,12 +61,11 @@ def check_extension(ext_name, ext_env_var, pkg_path, *args):
     loaded (pkg_path and args, Horovod's library path, are accepted and unused: hvdlite has one
     core library for every framework)."""
     try:
-        importlib.import_module("hvdlite._core")
+        from hvdlite.common.native import core  # noqa: F401  (the import is the check)
     except ImportError as e:
         raise exceptions.ExtensionNotBuiltError(
-            "Extension %s has not been built: hvdlite's core (hvdlite._core) cannot be imported (%s). "
-            "Build it with `make install` (%s is Horovod's build switch; hvdlite has no per-framework "
-            "build)." % (ext_name, e, ext_env_var)
+            "Extension %s has not been built: %s (%s is Horovod's build switch; hvdlite has no "
+            "per-framework build)." % (ext_name, e, ext_env_var)
         ) from e
 
 

@@ -31,7 +31,7 @@ def _installed(module):
 def _build_info():
     """(build_info dict, error text or None)."""
     try:
-        from hvdlite import _core
+        from hvdlite.common.native import core as _core
 
         return dict(_core.build_info()), None
     except Exception as e:  # not built, or an old core without build_info

@@ -137,7 +137,7 @@ class ElasticDriver:
         secret = os.urandom(32)
         server = None
         if end is None and len(assignment) > 1:
-            from hvdlite import _core
+            from hvdlite.common.native import core as _core
 
             server = _core.TcpStoreServer(self.store_host, 0, secret, clients=len(assignment))
         # A superseded generation's store goes at once: a worker still forming that generation
@@ -267,7 +267,7 @@ class ElasticDriver:
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self):
-        from hvdlite import _core
+        from hvdlite.common.native import core as _core
 
         found = self.hosts.discovery.find()  # a failure here is fatal
         try:

@@ -44,7 +44,7 @@ def start_store(secret, num_ranks=0, host=STORE_HOST):
     """Starts the rendezvous store on an ephemeral port of `host`; returns the server. With
     num_ranks > 0 it first checks that the open-file limit holds that many clients."""
     try:
-        from hvdlite import _core
+        from hvdlite.common.native import core as _core
     except ImportError as e:
         sys.exit(
             "hvdliterun: the hvdlite core (hvdlite._core) cannot be imported (%s); "

@@ -7,8 +7,8 @@ graph: a stateful numpy_function; eagerly: a constant). process_set_included_op 
 import numpy as np
 import tensorflow as tf
 
-from hvdlite import _core
 from hvdlite.common import exceptions, topology
+from hvdlite.common.native import core as _core
 
 PROCESS_SET_ERROR_INIT = -1
 PROCESS_SET_ERROR_UNKNOWN_SET = -2

@@ -15,8 +15,7 @@ policy of its own; in a graph, allreduce (but Adasum) is submitted by a kernel i
 import numpy as np
 import tensorflow as tf
 
-from hvdlite import numpy_ops
-from hvdlite.common import collectives, dtypes, ops
+from hvdlite.common import adasum, collectives, dtypes, ops
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import resolve
 from hvdlite.tensorflow import await_op
@@ -48,13 +47,10 @@ def allreduce(tensors, names, op, prescale, postscale, process_set):
         return native
 
     def start_one(array, name, owned):
-        return numpy_ops.allreduce_async_(
-            writable(array, owned),
-            name=name,
-            op=op,
-            prescale_factor=prescale,
-            postscale_factor=postscale,
-            process_set=process_set,
+        return collectives.start(
+            adasum.allreduce_inplace_any(
+                NUMPY, writable(array, owned), name, op, prescale, postscale, process_set
+            )
         )
 
     return call_each(start_one, _synchronize_all, tensors, names, "HvdliteAllreduce")
@@ -166,8 +162,16 @@ def broadcast(tensors, names, root_rank, process_set):
     _check(tensors, "broadcast")
 
     def start_one(array, name, owned):
-        return numpy_ops.broadcast_async_(
-            writable(array, owned), root_rank, name=name, process_set=process_set
+        return collectives.start(
+            collectives.inplace(
+                NUMPY,
+                "broadcast",
+                ops.BROADCAST,
+                writable(array, owned),
+                name,
+                root=root_rank,
+                process_set=resolve(process_set),
+            )
         )
 
     return call_each(start_one, _synchronize_all, tensors, names, "HvdliteBroadcast")

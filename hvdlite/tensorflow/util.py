@@ -5,6 +5,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvdlite.common.util import register_gpu_check
+
 
 def _executing_eagerly():
     """True when TensorFlow runs eagerly here (not while tracing a graph)."""
@@ -51,3 +53,6 @@ def _cache(f):
 def _check_has_gpu():
     """Whether TensorFlow sees a GPU (Horovod's extension hook behind hvd.gpu_available)."""
     return bool(tf.config.list_physical_devices("GPU"))
+
+
+register_gpu_check("tensorflow", _check_has_gpu)

@@ -6,6 +6,10 @@ by pointer (no copy when contiguous). The functions without an ``_async`` or
 trailing ``_`` are differentiable.
 """
 
+import importlib as _importlib
+
+import torch as _torch
+
 from hvdlite.common.basics import (
     cross_rank,
     cross_size,
@@ -44,8 +48,8 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from hvdlite.parallel.mesh import Mesh
-from hvdlite.torch import elastic, parallel
+from hvdlite.common.util import register_gpu_check
+from hvdlite.torch import elastic
 from hvdlite.torch.autograd_ops import (
     allgather,
     allreduce,
@@ -85,11 +89,39 @@ from hvdlite.torch.mpi_ops import (
     synchronize,
 )
 from hvdlite.torch.optimizer import DistributedOptimizer
-from hvdlite.torch.parallel import (
-    ZeroOptimizer,
-    consolidate_checkpoint,
-    full_state_dict,
-    load_checkpoint,
-    save_checkpoint,
-)
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
+
+# The add-on layer (hvdlite/torch/parallel/, hvdlite/parallel/) is built on this adapter, so the
+# adapter never imports it at import time: these names load it on first use (PEP 562), and
+# `import hvdlite.torch` stays free of ZeRO, pipeline, MoE and mesh code (tests/test_layering.py).
+_ADDON_NAMES = {
+    "parallel": ("hvdlite.torch.parallel", None),
+    "Mesh": ("hvdlite.parallel.mesh", "Mesh"),
+    "ZeroOptimizer": ("hvdlite.torch.parallel", "ZeroOptimizer"),
+    "consolidate_checkpoint": ("hvdlite.torch.parallel", "consolidate_checkpoint"),
+    "full_state_dict": ("hvdlite.torch.parallel", "full_state_dict"),
+    "load_checkpoint": ("hvdlite.torch.parallel", "load_checkpoint"),
+    "save_checkpoint": ("hvdlite.torch.parallel", "save_checkpoint"),
+}
+
+
+def __getattr__(name):
+    if name not in _ADDON_NAMES:
+        raise AttributeError("module 'hvdlite.torch' has no attribute %r" % name)
+    module_name, attr = _ADDON_NAMES[name]
+    module = _importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ADDON_NAMES))
+
+
+def _check_has_gpu():
+    """Whether torch sees a CUDA GPU (the hook behind hvdlite.common.util.gpu_available)."""
+    return bool(_torch.cuda.is_available())
+
+
+register_gpu_check("torch", _check_has_gpu)

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdlite import numpy_ops
-from hvdlite.common import basics, exceptions
+from hvdlite.common import basics, collectives, dtypes, exceptions
+from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.tensorflow import _keras
 from hvdlite.tensorflow.functions import broadcast_variables
 
@@ -75,7 +75,9 @@ class MetricAverageCallback(Callback):
             value = logs[key]
             if isinstance(value, (int, float, np.number, np.ndarray)) or hasattr(value, "numpy"):
                 array = np.array(value, dtype=np.float64)
-                logs[key] = float(numpy_ops.allreduce(array, name="metric_average.%s" % key).reshape(-1)[0])
+                name = "metric_average.%s" % key
+                collectives.allreduce_sync(NUMPY, array, name, dtypes.Average, 1.0, 1.0, None)
+                logs[key] = float(array.reshape(-1)[0])
 
 
 def _get_lr(optimizer):
