@@ -93,6 +93,7 @@ def test_mpi_path_helper_runs_hvdlite_under_mpirun():
     assert len(rows) == 1 and rows[0][:3] == ["allreduce", "4", "KiB"] and rows[0][-1] == "0", run.stdout
 
 
+@pytest.mark.slow  # the whole suite's report; the entry points are smoked one by one above
 def test_suite_report_has_each_ratio_against_its_peer(tmp_path):
     """collectives.py against gloo (allreduce, two sizes), then the suite's report of it: one
     ratio row per size, the script's table and its plot embedded."""

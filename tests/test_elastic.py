@@ -441,7 +441,7 @@ def _identities(res):
 
 def test_workers_see_horovods_identity_variables_in_elastic_and_static_mode():
     """Horovod's elastic scripts read HOROVOD_RANK and HOROVOD_HOSTNAME; both launchers export
-    Horovod's names with hvdlite's values (hvdlite.common.identity)."""
+    Horovod's names with hvdlite's values (hvdlite.common.job)."""
     elastic = hvdliterun(
         "-np", 3, "--min-np", 3, "-H", "localhost:2,127.0.0.1:1", sys.executable, "-c", _PRINT_IDENTITY
     )
@@ -466,7 +466,7 @@ def test_workers_see_horovods_identity_variables_in_elastic_and_static_mode():
     for env in _identities(elastic) + _identities(static):
         for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
             assert env["HOROVOD_" + name] == env["HVDLITE_" + name], (name, env)
-    assert sorted(e["HOROVOD_HOSTNAME"] for e in _identities(static)) == ["localhost", "localhost"]
+    assert all("HOROVOD_HOSTNAME" not in e for e in _identities(static))  # the core's own identity
     import hvdlite as hvd
 
     state = hvd.elastic.ObjectState(epoch=0)  # outside an elastic job: no host updates

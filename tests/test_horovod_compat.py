@@ -96,6 +96,8 @@ def test_torch_and_common_aliases_are_hvdlite_modules(installed):
         ("horovod.torch.mpi_ops", "hvdlite.torch.mpi_ops"),
         ("horovod.common.exceptions", "hvdlite.common.exceptions"),
         ("horovod.common.process_sets", "hvdlite.common.process_sets"),
+        ("horovod.spark", "hvdlite.spark"),  # horovod.spark.run (pyspark is imported by run())
+        ("horovod.ray", "hvdlite.ray"),  # horovod.ray.RayExecutor (ray is imported by start())
     ]
     got = _json(_IDENTITY % (pairs,), installed)
     for h, t in pairs:

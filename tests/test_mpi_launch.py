@@ -28,13 +28,11 @@ def test_mpirun_command_and_environment(monkeypatch):
             "HVDLITE_RANK": "0",
             "HOROVOD_SIZE": "2",
             "HVDLITE_SECRET": "ab",
-            "HOROVOD_HOSTNAME": "localhost",
             "HVDLITE_FUSION_THRESHOLD": "1",
             "PATH": "/bin",
         }
     )
     assert "HVDLITE_RANK" not in env and "HOROVOD_SIZE" not in env and "HVDLITE_SECRET" not in env
-    assert "HOROVOD_HOSTNAME" not in env  # hvdlite.common.identity.strip_identity
     assert env["HVDLITE_FUSION_THRESHOLD"] == "1" and env["PATH"] == "/bin"
 
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -28,6 +30,7 @@ def test_pytorch_digits_learns():
     assert "epoch  3" in out and "[1]<stdout>:" not in out  # only rank 0 prints
 
 
+@pytest.mark.slow  # Horovod's synthetic benchmark: the digits example and the README tour train by default
 def test_pytorch_synthetic_benchmark_reports_rates():
     out = _launch(
         REPO / "examples" / "pytorch_synthetic_benchmark.py", "--num-iters", "2", "--num-warmup-batches", "1"
@@ -50,6 +53,7 @@ def test_readme_pytorch_tour_runs_on_two_ranks(tmp_path):
     run_readme_tour("## API tour (PyTorch)", tmp_path)
 
 
+@pytest.mark.slow  # a benchmark's worker, as test_e2e_tf_benchmark_row_runs
 def test_e2e_torch_benchmark_rows_run():
     """benchmarks/e2e_torch.py's hvdlite rows work (a smoke run; times are not judged)."""
     sys.path.insert(0, str(REPO / "benchmarks"))

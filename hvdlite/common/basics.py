@@ -2,7 +2,7 @@
 
 import atexit
 
-from hvdlite.common import exceptions, naming, ops
+from hvdlite.common import exceptions, launch_setup, naming, ops
 from hvdlite.common import process_sets as ps
 from hvdlite.common.native import core as _core
 from hvdlite.common.topology import (
@@ -45,8 +45,10 @@ def set_init_hook(hook):
 
 
 def init(comm=None, process_sets=None):
-    """Joins the job described by the launcher's environment (hvdliterun,
-    or HVDLITE_RANK/SIZE/STORE_ADDR/SECRET from any launcher); a plain
+    """Joins the job described by the launcher's environment: hvdliterun
+    (or HVDLITE_RANK/SIZE/STORE_ADDR/SECRET from any launcher), mpirun,
+    torchrun and what sets its variables, or Slurm's srun, found in that
+    order (hvdlite.common.launchers, docs/launchers.md); a plain
     ``python script.py`` is a 1-process job. Blocks until every rank has
     joined, at most HVDLITE_START_TIMEOUT seconds. Calling it again while
     initialized does nothing; after shutdown() it starts a new session.
@@ -73,6 +75,7 @@ def init(comm=None, process_sets=None):
         if _static_sets_failed:  # the last init(process_sets=...) raised: it may be called again
             _register_static(comm, process_sets)
         return
+    launch_setup.prepare()  # torchrun, srun: their variables become the job description
     code, message = _init_hook(_core.init) if _init_hook is not None else _core.init()
     exceptions.raise_for_status(code, message)
     naming.reset()

@@ -41,6 +41,14 @@ SETTINGS = (
     # Rendezvous.
     Setting("STORE_ADDR", "str", "", "host:port of the rendezvous store (hvdliterun sets it)"),
     Setting("SECRET", "str", "", "per-job secret (hex) proving membership to the store and to peers"),
+    Setting(
+        "SECRET_FILE",
+        "str",
+        "",
+        "file holding the job secret (hex), e.g. on a shared filesystem: read by hvd.init() when"
+        " HVDLITE_SECRET is unset under a launcher that hands out none (torchrun, srun;"
+        " docs/launchers.md)",
+    ),
     Setting("START_TIMEOUT", "float", 60.0, "seconds init() waits for every rank to reach the rendezvous"),
     # Elastic training (hvdliterun --min-np/--max-np/--host-discovery-script sets these).
     Setting(

@@ -23,7 +23,8 @@ import os
 import sys
 import time
 
-from hvdlite.common import basics, identity, settings
+from hvdlite.common import basics, settings
+from hvdlite.common import job as jobs
 from hvdlite.common.exceptions import OK, HvdliteInternalError, HvdliteTimeoutError
 from hvdlite.elastic.store import StoreClient
 
@@ -112,15 +113,7 @@ class ElasticContext:
         if me is None:
             sys.stdout.flush()
             sys.exit(0)  # removed from the job: leave cleanly
-        # HOROVOD_* too: a script reading HOROVOD_RANK after a reset sees its current rank.
-        os.environ.update(identity.identity_env(me["rank"], me["size"], me["local"], me["hostname"]))
-        os.environ.update(
-            {
-                "HVDLITE_HOSTNAME": me["hostname"],
-                "HVDLITE_STORE_ADDR": record["store_addr"],
-                "HVDLITE_SECRET": record["secret"],
-            }
-        )
+        jobs.write(os.environ, jobs.generation_job(record, self.worker_id))
         self.generation, self.record = record["gen"], record
 
     def init(self, core_init):

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from hvdlite.common import identity
+from hvdlite.common import job as jobs
 from hvdlite.common.exceptions import InvalidArgumentError
 from hvdlite.elastic.store import StoreClient
 from hvdlite.runner import elastic_discovery, job, remote
@@ -156,7 +156,7 @@ class ElasticDriver:
             "workers": {
                 wid: {"rank": r, "size": len(assignment), "hostname": host, "local": local}
                 for r, ((wid, host), local) in enumerate(
-                    zip(assignment, identity.topology_of([h for _, h in assignment]))
+                    zip(assignment, jobs.topology([h for _, h in assignment]))
                 )
             },
             "end": end,
@@ -176,13 +176,9 @@ class ElasticDriver:
 
     def _spawn(self, w, record):
         me = record["workers"][w.id]
-        env = dict(self.base_env)
-        env.update(identity.identity_env(me["rank"], me["size"], me["local"], w.host))
+        env = jobs.write(dict(self.base_env), jobs.generation_job(record, w.id))
         env.update(
             {
-                "HVDLITE_HOSTNAME": w.host,
-                "HVDLITE_STORE_ADDR": record["store_addr"],
-                "HVDLITE_SECRET": record["secret"],
                 "HVDLITE_ELASTIC_STORE_ADDR": "%s:%d" % (self.store_host, self.server.port),
                 "HVDLITE_ELASTIC_SECRET": self.secret.hex(),
                 "HVDLITE_ELASTIC_WORKER_ID": w.id,

@@ -7,32 +7,19 @@ import hmac
 import os
 import sys
 
-from hvdlite.common.identity import identity_env
+from hvdlite.common import job as jobs
 
 SECRET_BYTES = 32
 STORE_HOST = "127.0.0.1"  # every rank on this machine: the store listens on loopback
 
 
 def rank_env(base, rank, size, store_addr, secret_hex, verbose=False, timeline=None, slot=None):
-    """The environment of one rank: `base` plus the variables every launcher must set (its
-    identity under hvdlite's and Horovod's names: hvdlite.common.identity). slot: its
-    hosts.RankSlot (host, local/cross rank and size); None means one host (local == global)."""
+    """The environment of one rank: `base` plus the variables every launcher must set. slot: its
+    hosts.RankSlot (local/cross rank and size); None means one host (local == global)."""
     env = dict(base)
-    env.update(
-        identity_env(
-            rank,
-            size,
-            local=(rank, size, 0, 1) if slot is None else slot[2:6],
-            hostname="localhost" if slot is None else slot.host,  # Horovod's default host
-        )
-    )
-    env.update(
-        {
-            "HVDLITE_STORE_ADDR": store_addr,
-            "HVDLITE_SECRET": secret_hex,
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
+    local = (rank, size, 0, 1) if slot is None else slot[2:6]
+    jobs.write(env, jobs.Job(rank, size, local[0], local[1], local[2], local[3], store_addr, secret_hex))
+    env["PYTHONUNBUFFERED"] = "1"
     if verbose:
         env["HVDLITE_LOG_LEVEL"] = "debug"
     if timeline:

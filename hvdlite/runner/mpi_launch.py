@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 
-from hvdlite.common import identity
+from hvdlite.common import job as jobs
 from hvdlite.runner.output import Console
 
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
@@ -45,11 +45,7 @@ def mpirun_env(base):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    identity.strip_identity(env)  # it would take precedence over MPI's identity in every rank
-    for name in ("STORE_ADDR", "SECRET"):
-        for prefix in identity.PREFIXES:
-            env.pop(prefix + name, None)
-    return env
+    return jobs.clear(env)  # they would take precedence over MPI's identity in every rank
 
 
 def _is_open_mpi(mpirun):

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "algtest/allreduce_tests.h"
 #include "algtest/bench.h"
@@ -26,10 +27,25 @@ namespace {
 
 int g_passed = 0;
 int g_failed = 0;
-const char* g_filter = nullptr;
+// Case selection from the command line: `test_algorithms [PATTERN...]` runs the cases whose name
+// contains any PATTERN (all cases when there is none), except those containing a -PATTERN.
+// tests/test_cpp.py runs `-/world3 -/world4` by default and the 3- and 4-rank cases as slow.
+std::vector<std::string> g_include;
+std::vector<std::string> g_exclude;
+
+bool Selected(const std::string& name) {
+  for (const std::string& p : g_exclude) {
+    if (name.find(p) != std::string::npos) return false;
+  }
+  if (g_include.empty()) return true;
+  for (const std::string& p : g_include) {
+    if (name.find(p) != std::string::npos) return true;
+  }
+  return false;
+}
 
 void RunCase(const std::string& name, const std::function<void()>& body) {
-  if (g_filter != nullptr && name.find(g_filter) == std::string::npos) return;
+  if (!Selected(name)) return;
   algtest::Check().Reset();
   const auto t0 = std::chrono::steady_clock::now();
   body();
@@ -57,7 +73,13 @@ int main(int argc, char** argv) {
         argc > 4 ? std::strtoull(argv[4], nullptr, 10) : hvdlite::ShmOptions().channel_bytes;
     return algtest::RunBench(argc > 2 ? std::atoi(argv[2]) : 2);
   }
-  if (argc > 1) g_filter = argv[1];
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-') {
+      g_exclude.emplace_back(argv[i] + 1);
+    } else {
+      g_include.emplace_back(argv[i]);
+    }
+  }
 
   std::printf("float16 block conversions: %s\n", hvdlite::halfblock::HalfImplName());
   RunCase("kernels/conversions", algtest::TestConversions);

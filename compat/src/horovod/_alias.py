@@ -26,6 +26,8 @@ ALIASES = {
     "horovod.keras": "hvdlite.tensorflow.keras",
     "horovod.common.exceptions": "hvdlite.common.exceptions",
     "horovod.common.process_sets": "hvdlite.common.process_sets",
+    "horovod.spark": "hvdlite.spark",
+    "horovod.ray": "hvdlite.ray",
 }
 
 

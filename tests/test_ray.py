@@ -1,0 +1,98 @@
+"""hvdlite.ray.RayExecutor on a real local multi-node Ray cluster (ray.cluster_utils.Cluster: a
+head and a second raylet, 2 CPUs each). Skipped where ray is not installed."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _allreduce(scale):
+    import numpy as np
+
+    import hvdlite as hvd
+
+    hvd.init()
+    out = hvd.allreduce(np.array([float(hvd.rank() + 1)]), op=hvd.Sum, name="ray")
+    node = ray.get_runtime_context().get_node_id()
+    topo = [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()]
+    return topo + [float(out[0]) * scale, node, os.environ.get("FROM_DRIVER")]
+
+
+class _Model:
+    def __init__(self, base):
+        self.base = base
+
+    def step(self):
+        import numpy as np
+
+        import hvdlite as hvd
+
+        hvd.init()
+        return float(hvd.allreduce(np.array([self.base + hvd.rank()]), op=hvd.Sum, name="model")[0])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    store = 80 * 2**20
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "include_dashboard": False, "object_store_memory": store},
+    )
+    c.add_node(num_cpus=2, object_store_memory=store)
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
+    ray.init(address=c.address, runtime_env={"env_vars": env})
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.mark.slow
+def test_static_run_across_two_ray_nodes(cluster):
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2, num_workers_per_host=2)
+    executor.start(extra_env_vars={"FROM_DRIVER": "yes"})
+    try:
+        got = executor.run(_allreduce, args=[2.0])
+        refs = executor.run_remote(_allreduce, args=[1.0])
+        again = ray.get(refs)
+    finally:
+        executor.shutdown()
+    assert [g[:6] for g in got] == [
+        [0, 4, 0, 2, 0, 2],
+        [1, 4, 1, 2, 0, 2],
+        [2, 4, 0, 2, 1, 2],
+        [3, 4, 1, 2, 1, 2],
+    ]
+    assert all(g[6] == 20.0 and g[8] == "yes" for g in got)
+    assert got[0][7] == got[1][7] != got[2][7] == got[3][7]  # two ranks on each Ray node
+    assert [a[6] for a in again] == [10.0] * 4
+
+
+@pytest.mark.slow
+def test_executable_class_execute_and_execute_single(cluster):
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+    executor.start(executable_cls=_Model, executable_args=[10.0])
+    try:
+        assert executor.execute(lambda model: model.step()) == [21.0, 21.0]
+        assert executor.execute_single(lambda model: model.base) == 10.0
+    finally:
+        executor.shutdown()
+
+
+def test_elastic_form_is_refused_with_the_reason():
+    from hvdlite.ray import RayExecutor
+
+    with pytest.raises(NotImplementedError, match="elastic"):
+        RayExecutor(RayExecutor.create_settings(), min_workers=1, max_workers=2)
+    with pytest.raises(ValueError, match="num_workers or num_hosts"):
+        RayExecutor(RayExecutor.create_settings())

@@ -1,0 +1,98 @@
+"""Slurm for real: slurmctld and one slurmd per simulated host (tests/simslurm.py), `srun -N2 -n4`
+of a script with nothing launcher-specific, and the sbatch example running the digits demo.
+Skipped with the reason where Slurm or simulated hosts cannot run here."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_launchers_run import SCRIPT, check_job, clean_env, results
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    from simhosts import SimCluster, SimHostsUnavailable
+    from simslurm import SimSlurm, SlurmUnavailable
+
+    work = tmp_path_factory.mktemp("slurm")
+    os.makedirs(work / "hosts")
+    cluster = SimCluster(work / "hosts", 2)
+    try:
+        cluster.start()
+    except SimHostsUnavailable as e:
+        pytest.skip("simulated hosts unavailable: %s" % e)
+    try:
+        with SimSlurm(cluster, work / "slurm") as sim:
+            yield sim
+    except SlurmUnavailable as e:
+        pytest.skip("Slurm unavailable: %s" % e)
+    finally:
+        cluster.close()
+
+
+def test_srun_two_nodes_four_tasks_allreduce(slurm):
+    env = slurm.env(clean_env(HVDLITE_SECRET="cd" * 32, HVDLITE_LOG_LEVEL="debug"))
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["srun", "-N2", "-n4", sys.executable, SCRIPT],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = results(proc.stdout)
+    check_job(found, 4, 2)
+    assert len({r["host"] for r in found.values()}) == 2  # two slurmd hosts, two tasks on each
+    assert "launcher: srun: rank 3 of 4, local 1 of 2, cross 1 of 2" in proc.stderr
+    assert "secret: HVDLITE_SECRET" in proc.stderr and "admits any process" not in proc.stderr
+    print(
+        "srun -N2 -n4: %.2f s wall, init %.2f s (slowest rank)"
+        % (wall, max(r["init_s"] for r in found.values()))
+    )
+
+
+def test_sbatch_example_trains_the_digits_demo(slurm, tmp_path):
+    out = tmp_path / "digits.out"
+    env = slurm.env(clean_env(PYTHON=sys.executable, EPOCHS=1))
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--output", str(out), "examples/slurm/pytorch_digits.sbatch"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    text = out.read_text() if out.exists() else "(no output file)"
+    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    assert "test accuracy" in text and "on 4 ranks" in text, text
+
+
+def test_a_killed_task_fails_the_others_naming_it(slurm):
+    """Under srun as on any host: a task SIGKILLed mid-job makes the others' next collective fail
+    with an error that names the dead rank, within seconds, and srun exits non-zero."""
+    env = slurm.env(clean_env(HVDLITE_SECRET="cd" * 32, KILL_RANK=3, LOOP_STEPS=100, LOOP_SLEEP=0.05))
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["srun", "-N2", "-n4", sys.executable, SCRIPT],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "HvdliteInternalError" in proc.stderr and "rank 3 closed its connection" in proc.stderr, (
+        proc.stderr[-4000:]
+    )
+    assert elapsed < 60, elapsed

@@ -1,0 +1,118 @@
+"""hvdlite.spark.run on a real Spark: local-cluster[2,1,1024] (two executor JVMs, one core each),
+a barrier stage whose tasks run the ranks. Skipped where pyspark or Java is missing."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def _allreduce(scale):
+    import numpy as np
+
+    import hvdlite as hvd
+
+    hvd.init()
+    out = hvd.allreduce(np.array([float(hvd.rank() + 1)]), op=hvd.Sum, name="spark")
+    result = (hvd.rank(), hvd.size(), float(out[0]) * scale, os.environ.get("FROM_ENV"))
+    hvd.shutdown()
+    return result
+
+
+def _rank_one_dies_on_the_first_attempt(marker):
+    import hvdlite as hvd
+
+    if os.environ["HVDLITE_RANK"] == "1" and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(7)  # before init(): rank 0 waits in init() until Spark kills its task
+    hvd.init()
+    rank = hvd.rank()
+    hvd.shutdown()
+    return rank
+
+
+def _digits_demo(epochs):
+    """examples/pytorch_digits.py as its own script, in this rank: returns what it printed."""
+    import contextlib
+    import io
+    import runpy
+
+    demo = str(REPO / "examples" / "pytorch_digits.py")
+    sys.path.insert(0, os.path.dirname(demo))
+    sys.argv = [demo, "--epochs", str(epochs)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(demo, run_name="__main__")
+    return out.getvalue()
+
+
+def _fail_on_rank_one():
+    import hvdlite as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    if rank == 1:
+        raise ValueError("rank one gives up")
+    hvd.shutdown()
+    return rank
+
+
+@pytest.fixture(scope="module")
+def spark():
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java (apt-get install openjdk-17-jre-headless)")
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    path = os.pathsep.join([str(REPO), str(REPO / "tests")])
+    session = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName("hvdlite-spark-test")
+        .config("spark.executorEnv.PYTHONPATH", path)
+        .config("spark.executorEnv.OMP_NUM_THREADS", "1")
+        .config("spark.stage.maxConsecutiveAttempts", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def test_run_returns_every_rank_result_in_rank_order(spark):
+    import hvdlite.spark
+
+    got = hvdlite.spark.run(_allreduce, args=(2.0,), num_proc=2, env={"FROM_ENV": "yes"})
+    assert got == [(0, 2, 6.0, "yes"), (1, 2, 6.0, "yes")]
+
+
+def test_a_failing_rank_fails_the_job_with_its_error(spark):
+    """Rank 1 raises on every attempt: after the stage's attempts the job fails with its error."""
+    import hvdlite.spark
+
+    with pytest.raises(Exception, match="rank one gives up"):
+        hvdlite.spark.run(_fail_on_rank_one, num_proc=2, start_timeout=30)
+
+
+def test_a_task_that_dies_is_retried_with_its_stage(spark, tmp_path):
+    """Spark retries the whole barrier stage (spark.stage.maxConsecutiveAttempts=2 here); the second attempt
+    forms a new job with a new store and returns."""
+    import hvdlite.spark
+
+    marker = str(tmp_path / "died-once")
+    assert hvdlite.spark.run(_rank_one_dies_on_the_first_attempt, args=(marker,), num_proc=2) == [0, 1]
+    assert os.path.exists(marker)
+
+
+def test_the_digits_demo_trains_unchanged(spark):
+    import hvdlite.spark
+
+    printed = hvdlite.spark.run(_digits_demo, args=(1,), num_proc=2, env={"OMP_NUM_THREADS": "1"})
+    assert "on 2 ranks" in printed[0], printed
