@@ -2,6 +2,7 @@
 
     python tests/horovod_suite.py test_tensorflow.py [--np 2] [--mode file|each] [--timeout 300]
         [--env K=V ...] [--legacy-keras] [-k EXPR] [--json FILE] [--src DIR] [--ref v0.28.1]
+        [--launcher hvdliterun|horovodrun|mpirun]
     make horovod-suite SUITE=test_tensorflow.py           # the same, HOROVOD_SRC or the mirror
 
 Horovod's sources are never copied into this repository. They come from HOROVOD_SRC (a Horovod
@@ -9,8 +10,8 @@ checkout, or a bare git directory of one) or else the local mirror MIRROR; `avai
 not when neither is there, and tests skip with that reason. At REF (Horovod 0.28.1) the test file,
 test/parallel/base_test_*.py, test/utils/common.py and test/conftest.py are written into a
 temporary directory laid out as Horovod's test/ tree, and run as Horovod's CI runs them: from
-test/parallel, `pytest -v` on the whole file in every rank, the ranks started by hvdliterun with
-the opt-in `horovod` namespace of compat/src on the path. Horovod's tests import the `parameterized` and
+test/parallel, `pytest -v` on the whole file in every rank, the ranks started by hvdliterun (or
+horovodrun, or mpirun: --launcher) with the opt-in `horovod` namespace of compat/src on the path. Horovod's tests import the `parameterized` and
 `mock` packages: requirements-dev.txt installs both.
 
 Modes: "file" is one pytest run of the whole file (tests share the process, as in Horovod's CI);
@@ -27,8 +28,10 @@ Library use: `run_suite("test_tensorflow.py", np=2, env={...})` returns a SuiteR
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -154,9 +157,35 @@ def _env(extra, log_dir, timeout, deselect):
     return env
 
 
-def _launch(test_path, np, env, select, wall_limit):
-    """One hvdliterun job of pytest; returns its combined output (the end of it)."""
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np), sys.executable, "-m", "pytest"]
+LAUNCHERS = ("hvdliterun", "horovodrun", "mpirun")
+
+
+def launcher_argv(launcher, np):
+    """The argv prefix that starts np ranks: hvdliterun; horovodrun as Horovod's CI runs
+    test/parallel (`horovodrun -np N -H localhost:N`, the compat namespace's console script
+    run as its module); or mpirun as Horovod's MPI pipeline does (mpirun -np N, with the
+    flags hvdliterun --mpi adds)."""
+    if launcher == "hvdliterun":
+        return [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np)]
+    if launcher == "horovodrun":
+        return [sys.executable, "-m", "horovod.runner.launch", "-np", str(np), "-H", "localhost:%d" % np]
+    if launcher == "mpirun":
+        from hvdlite.runner import mpi_launch
+
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            raise FileNotFoundError("launcher mpirun: no mpirun on PATH")
+        return mpi_launch.mpirun_command(np, [], mpirun=mpirun)
+    raise ValueError("launcher must be one of %s, got %r" % (LAUNCHERS, launcher))
+
+
+def _launch(test_path, np, env, select, wall_limit, launcher="hvdliterun"):
+    """One job of pytest on np ranks; returns its combined output (the end of it)."""
+    cmd = launcher_argv(launcher, np) + [sys.executable, "-m", "pytest"]
+    if launcher == "mpirun":
+        from hvdlite.runner import mpi_launch
+
+        env = mpi_launch.mpirun_env(env)
     cmd += ["-v", "-p", "horovod_suite_plugin", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
     # select: node ids ("each" mode) replace the file argument; other pytest arguments follow it.
     if select and all("::" in a for a in select):
@@ -216,32 +245,43 @@ def _merge(log_dir, np, tests):
 
 
 def run_suite(
-    test_file, np=2, env=None, timeout=300, mode="file", select=None, src=None, ref=REF, workdir=None
+    test_file,
+    np=2,
+    env=None,
+    timeout=300,
+    mode="file",
+    select=None,
+    src=None,
+    ref=REF,
+    workdir=None,
+    launcher="hvdliterun",
 ):
     """Runs Horovod's test_file on np ranks; see the module doc. env: extra environment for every
     rank (e.g. {"TF_USE_LEGACY_KERAS": "1"}); timeout: seconds per test; select: extra pytest
-    arguments (e.g. ["-k", "allreduce"]) in "file" mode, node ids in "each" mode."""
+    arguments (e.g. ["-k", "allreduce"]) in "file" mode, node ids in "each" mode; launcher: one
+    of LAUNCHERS (launcher_argv)."""
+    run = functools.partial(_one_launch, launcher=launcher)
     with tempfile.TemporaryDirectory(prefix="horovod-suite-", dir=workdir) as tmp:
         test_path = extract(test_file, tmp, src, ref)
         result = SuiteResult(test_file, {})
         if mode == "each":
             ids = select or collect(test_path, env)
             for nodeid in ids:
-                _one_launch(result, test_path, np, env, timeout, [nodeid], tmp)
+                run(result, test_path, np, env, timeout, [nodeid], tmp)
             return result
         while True:
-            started = _one_launch(result, test_path, np, env, timeout, select, tmp)
+            started = run(result, test_path, np, env, timeout, select, tmp)
             if not started or result.tests.get(started[-1], Outcome("")).outcome != "hang":
                 return result
 
 
-def _one_launch(result, test_path, np, env, timeout, select, tmp):
+def _one_launch(result, test_path, np, env, timeout, select, tmp, launcher="hvdliterun"):
     log_dir = Path(tempfile.mkdtemp(prefix="log-", dir=tmp))
     deselect = log_dir / "deselect.txt"
     deselect.write_text("\n".join(result.tests))
     run_env = _env(env, log_dir, timeout, str(deselect))
     wall = timeout * 50 + 600  # a backstop only: the per-test timeout ends a hung test first
-    result.log_tail = _launch(test_path, np, run_env, select, wall)
+    result.log_tail = _launch(test_path, np, run_env, select, wall, launcher)
     result.launches += 1
     return _merge(log_dir, np, result.tests)
 
@@ -277,6 +317,7 @@ def main(argv=None):
     p.add_argument("--json", help="also write the per-test outcomes to this file")
     p.add_argument("--src", help="Horovod checkout or git directory (default: HOROVOD_SRC, the mirror)")
     p.add_argument("--ref", default=REF)
+    p.add_argument("--launcher", choices=LAUNCHERS, default="hvdliterun", help="how the ranks start")
     args = p.parse_args(argv)
     reason = available(args.src)
     if reason:
@@ -286,7 +327,17 @@ def main(argv=None):
     if args.legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
     select = ["-k", args.k] if args.k else None
-    result = run_suite(args.test_file, args.np, env, args.timeout, args.mode, select, args.src, args.ref)
+    result = run_suite(
+        args.test_file,
+        args.np,
+        env,
+        args.timeout,
+        args.mode,
+        select,
+        args.src,
+        args.ref,
+        launcher=args.launcher,
+    )
     print(result.summary())
     for nodeid, reason in result.named("skipped").items():
         print("  SKIPPED %s: %s" % (nodeid, reason))

@@ -4,7 +4,7 @@ leaves a record of what it was running.
 
 Contract (environment set by the runner):
 - HVDLITE_SUITE_LOG: directory; this rank appends one JSON line per event to
-  rank.<HVDLITE_RANK>.jsonl, flushed at once: {"start": nodeid} when a test starts, then
+  rank.<rank>.jsonl (HVDLITE_RANK, or mpirun's rank variable), flushed at once: {"start": nodeid} when a test starts, then
   {"nodeid", "outcome" (passed|failed|skipped), "when", "sub", "reason"} for each report of it
   (one per failing or skipping phase, one per subtest, one for the call).
 - HVDLITE_SUITE_TIMEOUT: seconds one test may take (setup, call and teardown together). Past it the
@@ -21,13 +21,15 @@ import os
 import pytest
 
 _LOG = None
+# The rank's number: hvdliterun and horovodrun set HVDLITE_RANK, mpirun its own.
+_RANK_VARS = ("HVDLITE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
 def _log(record):
     global _LOG
     if _LOG is None:
         directory = os.environ["HVDLITE_SUITE_LOG"]
-        rank = os.environ.get("HVDLITE_RANK", "0")
+        rank = next((os.environ[v] for v in _RANK_VARS if v in os.environ), "0")
         _LOG = open(os.path.join(directory, "rank.%s.jsonl" % rank), "a", buffering=1)  # noqa: SIM115
     _LOG.write(json.dumps(record) + "\n")
     _LOG.flush()

@@ -106,7 +106,9 @@ def _torch_deadlock():
 def test_torch_ranks_in_different_collectives_all_raise_then_reinit():
     results = run_ranks(_torch_deadlock, 2, env=STALL_ENV, timeout=60)
     _check(
-        results, "rank 0 waits in allreduce 't.a' (submitted by ranks [0])", "rank 1 waits in allreduce 't.g"
+        results,
+        "rank 0 waits in allreduce 'allreduce.t.a' (submitted by ranks [0])",  # Horovod's torch names
+        "rank 1 waits in allreduce 'allreduce.t.g",
     )
 
 

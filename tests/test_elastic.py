@@ -425,3 +425,49 @@ def test_stall_timeout_without_an_exit_reforms_the_same_workers():
     ]
     log = check_exactly_once(res, 20)
     assert {size for _, size in log} == {3}
+
+
+_PRINT_IDENTITY = (
+    "import json, os; print('IDENTITY ' + json.dumps({k: v for k, v in os.environ.items() "
+    "if k.startswith(('HVDLITE_', 'HOROVOD_')) and not k.endswith(('SECRET', 'ADDR', 'ID'))}))"
+)
+
+
+def _identities(res):
+    return [
+        json.loads(line.split("IDENTITY ", 1)[1]) for line in res.stdout.splitlines() if "IDENTITY " in line
+    ]
+
+
+def test_workers_see_horovods_identity_variables_in_elastic_and_static_mode():
+    """Horovod's elastic scripts read HOROVOD_RANK and HOROVOD_HOSTNAME; both launchers export
+    Horovod's names with hvdlite's values (hvdlite.common.job)."""
+    elastic = hvdliterun(
+        "-np", 3, "--min-np", 3, "-H", "localhost:2,127.0.0.1:1", sys.executable, "-c", _PRINT_IDENTITY
+    )
+    static = hvdliterun("-np", 2, sys.executable, "-c", _PRINT_IDENTITY)
+    assert elastic.returncode == 0 and static.returncode == 0, elastic.stderr + static.stderr
+    got = sorted(
+        (
+            int(e["HOROVOD_RANK"]),
+            e["HOROVOD_SIZE"],
+            e["HOROVOD_HOSTNAME"],
+            e["HOROVOD_LOCAL_RANK"],
+            e["HOROVOD_LOCAL_SIZE"],
+        )
+        + (e["HOROVOD_CROSS_RANK"], e["HOROVOD_CROSS_SIZE"])
+        for e in _identities(elastic)
+    )
+    assert got == [
+        (0, "3", "localhost", "0", "2", "0", "2"),
+        (1, "3", "localhost", "1", "2", "0", "1"),
+        (2, "3", "127.0.0.1", "0", "1", "1", "2"),
+    ]
+    for env in _identities(elastic) + _identities(static):
+        for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+            assert env["HOROVOD_" + name] == env["HVDLITE_" + name], (name, env)
+    assert all("HOROVOD_HOSTNAME" not in e for e in _identities(static))  # the core's own identity
+    import hvdlite as hvd
+
+    state = hvd.elastic.ObjectState(epoch=0)  # outside an elastic job: no host updates
+    assert state._host_messages.empty() and state._last_updated_timestamp == 0

@@ -262,6 +262,43 @@ def test_horovods_runner_helpers_for_its_tests(installed):
     assert _json(_TEST_UTILS, installed) == [[1, 2, "ValueError"], [1, 2]]
 
 
+_COMMON_UTIL = """
+import json, os
+from horovod.common import util
+from horovod.common.util import _cache, env, extension_available, gloo_built, mpi_built
+import horovod.torch as hvd
+calls = []
+
+@_cache
+def f(x):
+    calls.append(x)
+    return x * 2
+
+os.environ["HVD_T_KEEP"] = "old"
+with env(HVD_T_KEEP="new", HVD_T_NEW="1", HVD_T_NONE=None):
+    inside = [os.environ["HVD_T_KEEP"], os.environ["HVD_T_NEW"], "HVD_T_NONE" in os.environ]
+after = [os.environ["HVD_T_KEEP"], "HVD_T_NEW" in os.environ]
+print(json.dumps({
+    "cache": [f(2), f(2), calls], "inside": inside, "after": after,
+    "ext": [extension_available("torch"), extension_available("mxnet")],
+    "gloo": gloo_built(), "mpi": mpi_built() == hvd.mpi_built(),
+    "helpers": [util.num_rank_is_power_2(4), util.is_iterable(3), util.split_list([1, 2, 3, 4], 2),
+                util.is_version_greater_equal_than("0.28.1", "0.28.0")],
+    "basics": hvd.mpi_ops._basics.init is hvd.init,
+}))
+"""
+
+
+def test_horovod_common_util_offers_what_horovods_tests_import(installed):
+    got = _json(_COMMON_UTIL, installed)
+    assert got["cache"] == [4, 4, [2]]
+    assert got["inside"] == ["new", "1", False] and got["after"] == ["old", False]
+    assert got["ext"] == [True, False]
+    assert got["gloo"] is True and got["mpi"] is True
+    assert got["helpers"] == [True, False, [[1, 2], [3, 4]], True]
+    assert got["basics"] is True
+
+
 def test_horovodrun_version_and_check_build(installed):
     run = str(installed / "bin" / "horovodrun")
     out = subprocess.run([run, "--version"], env=_env(installed), capture_output=True, text=True, timeout=60)

@@ -306,3 +306,34 @@ def test_hvdliterun_mpi_launches_through_mpirun():
         timeout=120,
     )
     assert failing.returncode == 3, failing.stdout + failing.stderr
+
+
+def _init_with_comm():
+    from mpi4py import MPI
+
+    import hvdlite as hvd
+
+    world = MPI.COMM_WORLD
+    halves = world.Split(world.rank % 2, world.rank)
+    out = {}
+    try:
+        hvd.init(comm=world, process_sets=[hvd.ProcessSet(halves), hvd.ProcessSet(world.Dup())])
+    except ValueError as e:
+        out["duplicate"] = str(e)
+    out["initialized"] = hvd.is_initialized()  # as in Horovod: the global set only, init() again
+    mine = hvd.ProcessSet(halves)
+    hvd.init(comm=world, process_sets=[mine])
+    out["comm_is_world"] = hvd.global_process_set.mpi_comm is world
+    out["ids"] = hvd.common.basics._get_process_set_ids_and_ranks()
+    out["mine"] = (mine.process_set_id, mine.ranks)
+    hvd.shutdown()
+    return out
+
+
+@skip_without_mpi
+def test_init_with_the_world_communicator_and_communicator_sets():
+    for r, out in enumerate(run_mpi_ranks(_init_with_comm, 3)):
+        assert "entry 1" in out["duplicate"] and "global process set" in out["duplicate"]
+        assert out["initialized"] and out["comm_is_world"]
+        assert out["ids"] == {0: [0, 1, 2], 1: [0, 2], 2: [1]}
+        assert out["mine"] == ((1, [0, 2]) if r % 2 == 0 else (2, [1]))

@@ -383,7 +383,9 @@ class TestProcessSets:
         )
         out["duplicate"] = err(lambda: hvd.add_process_set(one))
         out["removed"] = (hvd.remove_process_set(one), one.process_set_id, hvd.remove_process_set(one))
-        both = hvd.add_process_set(hvd.ProcessSet([1, 0]))
+        # Horovod: the global set's ranks again are a duplicate (test_tensorflow_process_sets_dynamic)
+        out["global_again"] = err(lambda: hvd.add_process_set(hvd.ProcessSet([1, 0])))
+        both = hvd.add_process_set(hvd.ProcessSet([1, 0]), allow_duplicate=True)  # hvdlite's add-ons
         out["both"] = (both.ranks, hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=both).tolist())
         hvd.remove_process_set(both)
         out["bad_ranks"] = err(lambda: hvd.add_process_set([0, 7]))
@@ -407,6 +409,7 @@ class TestProcessSets:
             assert res["ar"] == ([1.0] if r == 1 else None)
             assert "ValueError" in res["duplicate"][1]  # Horovod: ValueError for a duplicate set
             assert res["removed"] == (True, None, False)  # Horovod: True once, then False
+            assert "ValueError" in res["global_again"][1]
             assert res["both"] == ([0, 1], [2.0])
             assert res["bad_ranks"] is not None and "ValueError" in res["bad_ranks"][1]
 

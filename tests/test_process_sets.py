@@ -114,3 +114,44 @@ def test_add_process_set_with_different_ranks_is_an_error():
     for got, ok in run_pooled(_mismatched_add, 3, timeout=60):
         assert got is not None and "add_process_set" in got
         assert ok == [3.0]
+
+
+def _static_sets():
+    import os
+
+    import hvdlite as hvd
+    from hvdlite.common import basics
+
+    out = {}
+    r = int(os.environ["HVDLITE_RANK"])
+    for case, sets in (
+        ("differ", [[0], [1]] if r == 0 else [[1], [0]]),
+        ("duplicate", [[0], hvd.ProcessSet([1, 0])]),
+    ):
+        try:
+            hvd.init(process_sets=sets)
+            out[case] = None
+        except ValueError as e:
+            out[case] = str(e)
+        out[case + "_initialized"] = hvd.is_initialized()  # as in Horovod: with the global set only
+        out[case + "_sum"] = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
+    hvd.init(process_sets=[hvd.ProcessSet([0]), hvd.ProcessSet([1])])  # consistent: works
+    out["ids"] = basics._get_process_set_ids_and_ranks()
+    try:
+        hvd.add_process_set([1])
+    except ValueError as e:
+        out["dup_add"] = str(e)
+    out["sum"] = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
+    hvd.shutdown()
+    return out
+
+
+def test_static_process_sets_are_checked_on_every_rank():
+    for out in run_pooled(_static_sets, 2, timeout=60):
+        assert "rank 0 gave [[0], [1]]" in out["differ"] and "rank 1 gave [[1], [0]]" in out["differ"]
+        assert "entry 1" in out["duplicate"] and "global process set" in out["duplicate"]
+        assert out["differ_initialized"] and out["duplicate_initialized"]
+        assert out["differ_sum"] == out["duplicate_sum"] == [2.0]
+        assert out["ids"] == {0: [0, 1], 1: [0], 2: [1]}
+        assert "duplicate of the registered process set 2" in out["dup_add"]
+        assert out["sum"] == [2.0]

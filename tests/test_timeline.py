@@ -128,3 +128,29 @@ def test_timeline_marks_allreduces_reduced_from_voted_inputs(tmp_path):
     voted = [a for a in collective if a.get("voted_inputs")]
     assert 0 < len(voted) < 30, collective  # the first ones were negotiated
     assert all(a["algorithm"] == "ring/recursive_doubling" for a in voted), voted
+
+
+def _read_while_running(path):
+    import time
+
+    import hvdlite as hvd
+
+    hvd.init()
+    hvd.allreduce(np.ones(3), name="early")
+    hvd.barrier()
+    text = ""
+    deadline = time.monotonic() + 10.0  # the engine flushes as it goes idle; bounded wait only
+    while hvd.rank() == 0 and '"ALLREDUCE"' not in text and time.monotonic() < deadline:
+        time.sleep(0.01)
+        with open(path) as f:
+            text = f.read()
+    hvd.barrier()
+    hvd.shutdown()
+    return text
+
+
+def test_timeline_is_on_disk_while_the_job_runs(tmp_path):
+    """Horovod's test_timeline.py reads the file 0.1 s after an allreduce, before shutdown."""
+    path = str(tmp_path / "live.json")
+    text = run_pooled(_read_while_running, 2, args=(path,), env={"HVDLITE_TIMELINE": path}, timeout=60)[0]
+    assert '"early"' in text and '"ALLREDUCE"' in text and '"NEGOTIATE_ALLREDUCE"' in text

@@ -70,5 +70,5 @@ def test_timeline_start_stop_records_optimizer_allreduces(tmp_path):
     with open(path) as f:
         events = json.load(f)
     names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    assert {"weight", "bias"} <= names
+    assert {"allreduce.weight", "allreduce.bias"} <= names  # Horovod's PyTorch names: "<kind>.<name>"
     assert any(e.get("ph") == "X" and e["name"] == "ALLREDUCE" for e in events)

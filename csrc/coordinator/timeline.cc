@@ -57,6 +57,12 @@ void Timeline::Stop() {
   file_ = nullptr;
 }
 
+void Timeline::Flush() {
+  if (!Active()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  FlushLocked();
+}
+
 int64_t Timeline::NowUs() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_)
       .count();

@@ -9,8 +9,10 @@
 // rows never need nesting.
 // Threading: every method may be called from any thread (one mutex). When the
 // timeline is off, Active() is a single relaxed atomic load.
-// Blocking: writes are buffered and flushed from the calling thread past 64 KiB
-// and on Stop(); a failed write stops the timeline with a logged error.
+// Blocking: writes are buffered and flushed from the calling thread past 64 KiB,
+// on Flush() (the engine calls it before it waits for work, so a trace is on
+// disk as soon as the job goes idle, as Horovod's is) and on Stop(); a failed
+// write stops the timeline with a logged error.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -30,6 +32,8 @@ class Timeline {
   // Starts writing to `path` (truncating it). Restarting switches files.
   Status Start(const std::string& path, bool mark_cycles);
   void Stop();
+  // Writes what is buffered to the file (nothing to do when the buffer is empty).
+  void Flush();
   bool Active() const { return active_.load(std::memory_order_relaxed); }
   bool MarkCycles() const { return mark_cycles_; }
 

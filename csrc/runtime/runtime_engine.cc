@@ -58,6 +58,7 @@ void Runtime::Loop() {
       spin.Reset();
       continue;
     }
+    timeline_.Flush();  // about to wait: what happened so far is readable in the file
     st = WaitForWork(&spin, WaitBudgetMs(shutting_down), /*for_driver=*/false);
     if (!st.ok()) return Break(st);
   }

@@ -35,6 +35,7 @@ _atexit_registered = False
 # _core.init(), it points init() at the elastic driver's newest generation of the job
 # (setting HVDLITE_RANK/SIZE/STORE_ADDR/SECRET) and retries when that one is superseded.
 _init_hook = None
+_static_sets_failed = False  # the last init(process_sets=...) raised (see _register_static)
 
 
 def set_init_hook(hook):
@@ -53,17 +54,26 @@ def init(comm=None, process_sets=None):
     initialized does nothing; after shutdown() it starts a new session.
 
     ``process_sets``: optional list of ProcessSet objects (or rank lists) to
-    register right away, as Horovod's init(process_sets=...) does.
-    ``comm`` is Horovod's (an MPI communicator or rank list to run on); only
-    None is supported.
+    register right away, as Horovod's init(process_sets=...) does: every rank
+    must give the same sets, none a duplicate, else every rank raises a
+    ValueError naming them; the job stays initialized with the global set
+    and init(process_sets=...) may be called again. "dynamic" (Horovod's) registers none: add_process_set() always works.
+    ``comm`` is Horovod's: an mpi4py communicator of every process of an
+    mpirun job (COMM_WORLD or a duplicate; it becomes
+    global_process_set.mpi_comm); sub-communicators and rank lists are not
+    supported (launch the ranks you want instead).
     """
     global _atexit_registered
-    if comm is not None:
+    if comm is not None and not hasattr(comm, "Get_group"):
         raise exceptions.NotSupportedError(
-            "init(comm=...) needs the MPI backend; launch the ranks you want "
+            "init(comm=<list of ranks>) is not supported: launch the ranks you want "
             "with hvdliterun and call init() or init(process_sets=...)"
         )
+    if isinstance(process_sets, str) and process_sets.lower() == "dynamic":
+        process_sets = None
     if _core.is_initialized():
+        if _static_sets_failed:  # the last init(process_sets=...) raised: it may be called again
+            _register_static(comm, process_sets)
         return
     launch_setup.prepare()  # torchrun, srun: their variables become the job description
     code, message = _init_hook(_core.init) if _init_hook is not None else _core.init()
@@ -74,8 +84,26 @@ def init(comm=None, process_sets=None):
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
     ps._reset_registry()
-    for item in process_sets or ():
-        ps.add_process_set(item)
+    _register_static(comm, process_sets)
+
+
+def _register_static(comm, process_sets):
+    """init()'s communicator and process sets. When the sets are refused (every rank raises
+    alike: the check is collective) the job stays initialized with the global set only, and
+    init(process_sets=...) may be called again, as in Horovod."""
+    global _static_sets_failed
+    try:
+        ps.set_global_comm(comm)
+    except exceptions.NotSupportedError:
+        shutdown()  # every rank: the same communicator spans the same processes everywhere
+        raise
+    _static_sets_failed = False
+    if process_sets:
+        try:
+            ps.register_static(process_sets)
+        except exceptions.InvalidArgumentError:
+            _static_sets_failed = True
+            raise
 
 
 def shutdown():
@@ -110,6 +138,10 @@ def _shutdown_at_exit():
 
 def is_initialized():
     return bool(_core.is_initialized())
+
+
+# Horovod's internal {process set id: ranks}; its tests reach it as hvd.mpi_ops._basics.
+_get_process_set_ids_and_ranks = ps.ids_and_ranks
 
 
 def runtime_stats():

@@ -32,6 +32,9 @@ class BufferAdapter(abc.ABC):
     """What the shared code needs to know about one framework's tensors.
     Subclasses implement every abstract method."""
 
+    # Given names become '<kind>.<name>' on the wire (naming.auto_name), as Horovod's PyTorch does.
+    qualified_names = False
+
     @abc.abstractmethod
     def dtype_code(self, tensor):
         """The core dtype code (hvdlite.common.dtypes) of `tensor`, or None."""
@@ -103,7 +106,7 @@ def _direct(adapter, tensor, name):
 
 def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
     """An in-place operation (allreduce, broadcast) on `tensor`; finish() returns `tensor`."""
-    name = naming.auto_name(kind, name)
+    name = naming.auto_name(kind, name, adapter.qualified_names)
     direct = adapter.host_direct(tensor)
     if direct is not None:  # a host tensor the core uses as it is: skip the general checks
         work = tensor
@@ -129,7 +132,7 @@ def inplace_sync(
     """What synchronize(start(inplace(...))) returns, with one call into the core and no
     user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_).
     `process_set` is a core id (process_sets.resolve)."""
-    name = naming.auto_name(kind, name)
+    name = naming.auto_name(kind, name, adapter.qualified_names)
     direct = adapter.host_direct(tensor)
     if direct is not None:  # a host tensor the core uses as it is: skip the general checks
         data, code = direct
@@ -164,7 +167,7 @@ def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
     """An operation whose output the core allocates (allgather, alltoall,
     reducescatter); finish() returns (output tensor, received splits list).
     `shape` overrides the shape the core sees (same element count)."""
-    name = naming.auto_name(kind, name)
+    name = naming.auto_name(kind, name, adapter.qualified_names)
     work = _direct(adapter, tensor, name)
     data, code, own_shape = describe(adapter, work, name)
     core = ops.submit(
@@ -185,7 +188,8 @@ def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
 
 
 def group_names(kind, name, count):
-    """Names of the members of a grouped operation: '<name>.<i>'."""
+    """Names of the members of a grouped operation: '<name>.<i>' (each member's own call then
+    qualifies it where the adapter does: 'allreduce.<name>.<i>')."""
     base = naming.auto_name("grouped_" + kind, name)
     return ["%s.%d" % (base, i) for i in range(count)]
 

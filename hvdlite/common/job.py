@@ -39,7 +39,7 @@ IDENTITY = (
     ("cross_size", ("HVDLITE_CROSS_SIZE", "HOROVOD_CROSS_SIZE")),
     ("store_addr", ("HVDLITE_STORE_ADDR", "HOROVOD_STORE_ADDR")),
     ("secret", ("HVDLITE_SECRET", "HOROVOD_SECRET")),
-    ("hostname", ("HVDLITE_HOSTNAME",)),
+    ("hostname", ("HVDLITE_HOSTNAME", "HOROVOD_HOSTNAME")),
 )
 # Rows a write() leaves alone when the job does not give them (a user's own HVDLITE_HOSTNAME).
 _KEPT_WHEN_UNSET = frozenset(["hostname"])
@@ -87,13 +87,37 @@ def read(env):
 
 def generation_job(record, worker_id):
     """The job of elastic worker `worker_id` in generation `record` (the protocol of
-    hvdlite/elastic/worker.py): rank, size, host name, the generation's store and secret. Local and
-    cross topology are left to the core, which computes them from the host names."""
+    hvdlite/elastic/worker.py): rank, size, local and cross topology (the driver computes them
+    with topology(), the core's rule, so Horovod's HOROVOD_LOCAL_RANK is set as in static mode;
+    a record without them leaves them to the core), host name, the generation's store and
+    secret."""
     me = record["workers"][worker_id]
+    local_rank, local_size, cross_rank, cross_size = me.get("local") or (None, None, None, None)
     return Job(
         me["rank"],
         me["size"],
+        local_rank,
+        local_size,
+        cross_rank,
+        cross_size,
         store_addr=record["store_addr"],
         secret=record["secret"],
         hostname=me["hostname"],
     )
+
+
+def topology(hosts):
+    """[(local_rank, local_size, cross_rank, cross_size)] per rank, for the ranks' host names in
+    rank order: the rule the core applies (csrc/runtime/bootstrap.cc ComputeTopology): local
+    ranks count a host's ranks in rank order, cross ranks count the ranks of one local rank."""
+    local_rank: list[int] = []
+    per_host: dict[str, int] = {}
+    for host in hosts:
+        local_rank.append(per_host.get(host, 0))
+        per_host[host] = local_rank[-1] + 1
+    cross_rank: list[int] = []
+    per_local: dict[int, int] = {}
+    for lr in local_rank:
+        cross_rank.append(per_local.get(lr, 0))
+        per_local[lr] = cross_rank[-1] + 1
+    return [(lr, per_host[h], cr, per_local[lr]) for h, lr, cr in zip(hosts, local_rank, cross_rank)]

@@ -11,8 +11,11 @@ def reset():
     _counters.clear()
 
 
-def auto_name(kind, name):
+def auto_name(kind, name, qualified=False):
+    """`name`, or with qualified=True '<kind>.<name>' (Horovod's PyTorch names its operations so,
+    which its timelines show and which keeps an allreduce and an allgather of one name apart);
+    '<kind>.noname.<n>' when name is None."""
     if name is not None:
-        return str(name)
+        return "%s.%s" % (kind, name) if qualified else str(name)
     counter = _counters.setdefault(kind, itertools.count())
     return "%s.noname.%d" % (kind, next(counter))

@@ -73,7 +73,11 @@ class ProcessSet:
         return hash((tuple(self.ranks), self.process_set_id))
 
     def __repr__(self):
-        return "ProcessSet(process_set_id=%r, ranks=%r)" % (self.process_set_id, self.ranks)
+        return "ProcessSet(process_set_id=%r, ranks=%r, mpi_comm=%r)" % (
+            self.process_set_id,
+            self.ranks,
+            self.mpi_comm,
+        )
 
 
 def _world_ranks_of(comm):
@@ -113,10 +117,26 @@ class _GlobalProcessSet(ProcessSet):
 
     def __repr__(self):  # never raises, also before init()
         ranks = _core.process_set_ranks(0)
-        return "ProcessSet(process_set_id=0, ranks=%s)" % ("<not initialized>" if ranks is None else ranks)
+        shown = "<not initialized>" if ranks is None else ranks
+        return "ProcessSet(process_set_id=0, ranks=%s, mpi_comm=%r)" % (shown, self.mpi_comm)
 
 
 global_process_set = _GlobalProcessSet()
+
+
+def set_global_comm(comm):
+    """init(comm=...): comm (an mpi4py communicator, or None) becomes global_process_set.mpi_comm
+    when it spans every process of this mpirun job; NotSupportedError otherwise."""
+    if comm is not None:
+        ranks = _world_ranks_of(comm) if _core.mpi_enabled() else None
+        if ranks is None or sorted(ranks) != list(range(size())):
+            raise exceptions.NotSupportedError(
+                "init(comm=...) takes a communicator of every process of a job started by mpirun "
+                "(MPI_COMM_WORLD or a duplicate); to run on fewer processes, launch only those"
+            )
+    global_process_set.mpi_comm = comm
+
+
 _registry: dict[int, ProcessSet] = {}
 
 
@@ -127,9 +147,13 @@ def _reset_registry():
     _registry.clear()
 
 
-def add_process_set(process_set):
+def add_process_set(process_set, allow_duplicate=False):
     """Registers a ProcessSet (or a list of ranks) on every rank; returns it
-    with its id set. Collective: every rank must call it with the same ranks."""
+    with its id set. Collective: every rank must call it with the same ranks.
+    As in Horovod, a set with the ranks of a registered one (the global set
+    included) is a ValueError; allow_duplicate=True (an hvdlite extension, for
+    add-ons that each own and remove their sets, such as Mesh and ZeRO)
+    registers it under an id of its own."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise exceptions.PreconditionError("%r is already registered" % (ps,))
@@ -146,6 +170,12 @@ def add_process_set(process_set):
         )
     if ps.mpi_comm is not None:
         return _add_comm_process_set(ps)
+    same = [] if allow_duplicate else [i for i, r in ids_and_ranks().items() if r == ps.ranks]
+    if same:  # every rank holds the same table, so every rank raises here alike
+        raise exceptions.InvalidArgumentError(
+            "process set %r is a duplicate of the registered process set %d, as in Horovod"
+            % (ps.ranks, same[0])
+        )
     code, message, set_id = _core.add_process_set(ps.ranks)
     exceptions.raise_for_status(code, message)
     ps.process_set_id = set_id
@@ -191,6 +221,80 @@ def _allgather_ints(values, name):
     finally:
         ops.release(core)
     return [] if data is None else array.array("q", data.tobytes()).tolist()
+
+
+def ids_and_ranks():
+    """{process set id: member ranks} of every registered set, the global set (0) included
+    (Horovod's internal _get_process_set_ids_and_ranks())."""
+    out = {0: global_process_set.ranks}
+    for ps in _registry.values():
+        for set_id in ps._part_ids or [ps.process_set_id]:
+            out[set_id] = _core.process_set_ranks(set_id) or []
+    return dict(sorted(out.items()))
+
+
+def register_static(process_sets):
+    """init(process_sets=...): registers the sets in order after checking, from every rank's
+    list (gathered), that all ranks gave the same sets (a set's rank order does not matter) and
+    that none repeats another or the global set. Otherwise raises InvalidArgumentError (a
+    ValueError) on every rank alike, naming the sets, with none of them registered.
+    Sets of an MPI communicator may differ per rank and are not compared (add_process_set)."""
+    sets = [p if isinstance(p, ProcessSet) else ProcessSet(p) for p in process_sets]
+    # One entry per set: [1] + ranks for a communicator's (its ranks may differ per rank), else [0] + ranks.
+    every = _allgather_lists(
+        [[int(p.mpi_comm is not None)] + p.ranks for p in sets], "__static_process_sets__"
+    )
+    shown = [[e[1:] if e[0] == 0 else "<communicator>" for e in theirs] for theirs in every]
+    differ = [r for r, theirs in enumerate(shown) if theirs != shown[0]]
+    if differ:
+        raise exceptions.InvalidArgumentError(
+            "hvd.init(process_sets=...): every rank must give the same process sets; rank 0 gave "
+            "%s, but %s" % (shown[0], "; ".join("rank %d gave %s" % (r, shown[r]) for r in differ))
+        )
+    seen = [global_process_set.ranks]
+    for i in range(len(sets)):
+        for ranks in _parts(every, i):
+            if ranks in seen:
+                what = "the global process set" if ranks == seen[0] else "an earlier entry"
+                raise exceptions.InvalidArgumentError(
+                    "hvd.init(process_sets=...): entry %d, ProcessSet(%s), is a duplicate of %s"
+                    % (i, ranks, what)
+                )
+            seen.append(ranks)
+    added = []
+    try:
+        for p in sets:
+            added.append(add_process_set(p))
+    except exceptions.InvalidArgumentError:  # raised alike on every rank: undo them all
+        for p in added:
+            remove_process_set(p)
+        raise
+
+
+def _parts(every, i):
+    """The distinct member lists entry i stands for across the ranks, in rank order (one for a
+    set of ranks; one per distinct communicator for a set of communicators)."""
+    out = []
+    for theirs in every:
+        if theirs[i][1:] not in out:
+            out.append(theirs[i][1:])
+    return out
+
+
+def _allgather_lists(lists, tag):
+    """Every rank's list of int lists, in rank order (one entry per rank)."""
+    flat = [len(lists)] + [x for one in lists for x in [len(one)] + one]
+    lengths = _allgather_ints([len(flat)], tag + ".n")
+    data = _allgather_ints(flat, tag + ".data")
+    out, start = [], 0
+    for n in lengths:
+        enc, start = data[start : start + n], start + n
+        lists_of_rank, pos = [], 1
+        for _ in range(enc[0]):
+            lists_of_rank.append(enc[pos + 1 : pos + 1 + enc[pos]])
+            pos += 1 + enc[pos]
+        out.append(lists_of_rank)
+    return out
 
 
 def remove_process_set(process_set):

@@ -11,16 +11,53 @@
 
 import copy
 import functools
+import queue
 
 from hvdlite.common import objects, topology
 from hvdlite.common.exceptions import HostsUpdatedInterrupt, HvdliteInternalError, NotSupportedError
 from hvdlite.elastic import worker
 
 
+class HostMessages(queue.Queue[tuple[float, int]]):
+    """Horovod's State._host_messages: the host updates the elastic driver announced and the
+    state has not acted on yet, as (timestamp, generation) items. Horovod's driver pushes them
+    to each worker; here the queue pulls the generations published since the last one it saw
+    from the driver's store whenever it is asked (empty(), qsize(), get()), so no thread
+    watches the store. Outside an elastic job it is an ordinary, empty queue."""
+
+    def __init__(self):
+        super().__init__()
+        self._seen = 0  # the newest generation already queued
+
+    def _pull(self):
+        ctx = worker.context()
+        if ctx is None:
+            return
+        ctx.current()  # sets ctx.generation, this process's
+        for gen, timestamp in ctx.generations_after(max(self._seen, ctx.generation)):
+            self.put((timestamp, gen))
+            self._seen = gen
+
+    def empty(self):
+        self._pull()
+        return super().empty()
+
+    def qsize(self):
+        self._pull()
+        return super().qsize()
+
+    def get(self, block=True, timeout=None):
+        self._pull()
+        return super().get(block, timeout)
+
+
 class State:
     """In-memory training state kept consistent across workers.
 
     bcast_object(obj) returns rank 0's obj on every rank; get_rank() is this process's rank.
+    _host_messages and _last_updated_timestamp are Horovod's (its elastic test scripts wait on
+    the first and reset the second): the pending host updates, and the timestamp of the last
+    one check_host_updates() acted on.
     """
 
     def __init__(self, bcast_object=None, get_rank=None):
@@ -28,6 +65,8 @@ class State:
         self._rank = get_rank or topology.rank
         self._known_generation = 0
         self._reset_callbacks = []
+        self._host_messages = HostMessages()
+        self._last_updated_timestamp = 0.0
 
     def register_reset_callbacks(self, callbacks):
         """Functions called (no arguments) after every reset, once the job has re-formed: e.g. to
@@ -52,6 +91,9 @@ class State:
         news = None
         if ctx is not None and self._rank() == 0:
             news = ctx.newer_generation()
+            while not self._host_messages.empty():  # what `news` acts on (rank 0 asks the driver)
+                timestamp, _ = self._host_messages.get_nowait()
+                self._last_updated_timestamp = max(self._last_updated_timestamp, timestamp)
         news = self._bcast_object(news)
         if news is not None:
             _, added = news

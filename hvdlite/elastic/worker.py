@@ -5,8 +5,10 @@ Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the
 (HVDLITE_ELASTIC_STORE_ADDR, authenticated with HVDLITE_ELASTIC_SECRET):
   - "worker/<id>" = the generation this worker was started into (set before it is spawned);
   - "gen/<g>" = JSON of generation g: {"gen", "store_addr", "secret", "workers": {id: {"rank",
-    "size", "hostname"}}, "end": null or the reason the job ends}; written once, never changed;
+    "size", "hostname", "local": [local rank, local size, cross rank, cross size]}}, "end": null
+    or the reason the job ends}; written once, never changed;
   - "latest" = the newest g, set after "gen/<g>";
+  - "joined/<id>" = the newest generation this worker formed (set by the worker after init());
   - "reset/<g>": a worker of generation g adds 1 after a HorovodInternalError (a request for a
     new generation, which the driver grants even when no worker exited).
 Every init() of an elastic worker (the script's own hvd.init() included, through the init hook
@@ -73,6 +75,11 @@ class ElasticContext:
         added = any(w not in mine["workers"] for w in record["workers"])
         return latest, added
 
+    def generations_after(self, gen):
+        """[(g, the driver's timestamp of g)] for every generation newer than `gen` the driver has
+        published, oldest first (never waits)."""
+        return [(g, self._read(g).get("timestamp", 0.0)) for g in range(gen + 1, self.latest() + 1)]
+
     def wait_next(self):
         """Waits for a generation newer than ours and returns its number."""
         self.current()
@@ -121,6 +128,7 @@ class ElasticContext:
                 self._apply(self._read(latest))
             code, message = core_init()
             if code == OK:
+                self.client().set("joined/" + self.worker_id, str(self.generation))
                 return code, message
             deadline = time.monotonic() + SUPERSEDE_WAIT_S
             while self.latest() <= self.generation and time.monotonic() < deadline:

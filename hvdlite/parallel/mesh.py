@@ -179,7 +179,9 @@ class Mesh:
         world = tuple(range(self.layout.world_size))
         for group in self.layout.all_groups():
             key = tuple(group)
-            self._sets[key] = global_process_set if key == world else add_process_set(list(group))
+            self._sets[key] = (
+                global_process_set if key == world else add_process_set(list(group), allow_duplicate=True)
+            )
         for a, b in self.layout.pipeline_pairs():
             _PAIR_SETS[(a, b)] = self._sets[(a, b)]
 

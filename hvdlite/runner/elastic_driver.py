@@ -15,6 +15,8 @@ Contract of ElasticDriver.run():
     same workers after REQUEST_GRACE_S (a stall timeout raises HorovodInternalError everywhere);
   - below --min-np it waits up to --elastic-timeout for hosts, then ends the job; every
     re-formation counts against --reset-limit;
+  - the first worker to exit 0 ends the training: no more generations form, and workers
+    started for a generation that worker never joined leave (an empty generation);
   - returns 0 when the workers of the last generation all exit 0; otherwise non-zero with
     Horovod's launcher message. Each worker is named host[slot]; output lines are prefixed
     [host[slot]]<stdout>:. Workers on local hosts (localhost, 127.x, this host's name or
@@ -148,11 +150,14 @@ class ElasticDriver:
             self._stores.append(server)
         record = {
             "gen": self.gen,
+            "timestamp": time.time(),  # State._host_messages carries it, as Horovod's does
             "store_addr": "%s:%d" % (self.store_host, server.port) if server else "",
             "secret": secret.hex(),
             "workers": {
-                wid: {"rank": r, "size": len(assignment), "hostname": host}
-                for r, (wid, host) in enumerate(assignment)
+                wid: {"rank": r, "size": len(assignment), "hostname": host, "local": local}
+                for r, ((wid, host), local) in enumerate(
+                    zip(assignment, jobs.topology([h for _, h in assignment]))
+                )
             },
             "end": end,
         }
@@ -330,7 +335,7 @@ class ElasticDriver:
                     pending_change = False
                     need = self.min_np
                 elif time.monotonic() - wait_since > self.elastic_timeout:
-                    return self._end(MIN_SLOTS_TIMEOUT_MESSAGE.format(need))
+                    return self._end(MIN_SLOTS_TIMEOUT_MESSAGE.format(need), report_failure=True)
             self._kill_overdue_leavers()
             if not pending_change and not finishing and self._reset_requested():
                 pending_change, wait_since = True, time.monotonic()
@@ -366,6 +371,8 @@ class ElasticDriver:
                 if w.leave_by is not None or w.id not in self.current:
                     continue  # told to leave: any exit is fine
                 if code == 0:
+                    if not finishing:
+                        self._dismiss_unformed(w)
                     finishing = True  # the training loop is done: no more re-forming
                     continue
                 if self.first_failure is None:
@@ -377,6 +384,16 @@ class ElasticDriver:
                     pending_change, wait_since = True, time.monotonic()
             if pending_change and not finishing and not self._survivors():
                 return self._fail()
+
+    def _dismiss_unformed(self, w):
+        """The training is done (w exited 0). When w last formed an older generation than the
+        newest (new workers were started for it while the others finished their last steps),
+        that generation can never form: an empty one is published, from which the workers
+        waiting for it leave with status 0 (hvdlite/elastic/worker.py)."""
+        joined = self.client.try_get("joined/" + w.id)
+        if joined is not None and int(joined) < self.gen:
+            self.log("%s finished in generation %s: ending generation %d" % (w.id, joined.decode(), self.gen))
+            self._publish([])
 
     def _reset_requested(self):
         """True once the workers of the current generation have asked for a new one (they do
@@ -426,11 +443,17 @@ class ElasticDriver:
             if ev[0] == "exit":
                 ev[1].code = ev[2]
 
-    def _end(self, message):
-        """Ends the job: workers waiting for a generation get `message` raised; exits non-zero."""
+    def _end(self, message, report_failure=False):
+        """Ends the job: workers waiting for a generation get `message` raised; exits non-zero.
+        report_failure: a worker's failure led here (too few slots were left after it), so it is
+        reported too, as Horovod's launcher does, and its exit code returned."""
         self._publish([], end=message)
         self._wait_exit(END_GRACE_S)
         self.log(message)
+        if report_failure and self.first_failure is not None:
+            name, code = self.first_failure
+            self.log(NONZERO_MESSAGE.format(name=name, code=code).rstrip())
+            return code if 0 < code < 256 else 1
         return 1
 
     def _fail(self):

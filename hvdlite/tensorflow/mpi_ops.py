@@ -12,6 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvdlite.common import basics as _basics  # noqa: F401  (Horovod's tests reach hvd.mpi_ops._basics)
 from hvdlite.common import collectives, dtypes, exceptions, gradients, naming, ops, topology
 from hvdlite.common.native import core as _core
 from hvdlite.common.process_sets import global_process_set

@@ -30,6 +30,8 @@ CODES = {
 
 
 class TorchBuffers(BufferAdapter):
+    qualified_names = True  # 'allreduce.<name>', as Horovod's PyTorch names its operations
+
     def dtype_code(self, tensor):
         return CODES.get(tensor.dtype)
 

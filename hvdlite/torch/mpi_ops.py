@@ -9,6 +9,7 @@ Every ``*_async`` function returns an integer handle for ``poll`` /
 import torch
 
 from hvdlite.common import adasum, collectives, dtypes, exceptions, naming, ops
+from hvdlite.common import basics as _basics  # noqa: F401  (Horovod's tests reach hvd.mpi_ops._basics)
 from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.reduction import resolve_op
 from hvdlite.torch.buffers import TORCH
@@ -56,7 +57,7 @@ def _output_on_host(kind, op_type, tensor, name, **submit_kw):
 
 def _adasum_pending(tensor, name, prescale_factor, postscale_factor, process_set):
     """Adasum (hvdlite.common.adasum) in place; CUDA tensors through a host copy."""
-    name = naming.auto_name("allreduce", name)
+    name = naming.auto_name("allreduce", name, TORCH.qualified_names)
     host = tensor.detach().cpu() if TORCH.stage_on_host(tensor) else tensor
     pending = adasum.allreduce_inplace(TORCH, host, name, prescale_factor, postscale_factor, process_set)
     if host is tensor:

@@ -109,7 +109,7 @@ _SETS: dict[tuple[int, ...], ProcessSet] = {}
 def _registered(ranks):
     ranks = tuple(ranks)
     if ranks not in _SETS:
-        _SETS[ranks] = add_process_set(ProcessSet(list(ranks)))
+        _SETS[ranks] = add_process_set(ProcessSet(list(ranks)), allow_duplicate=True)
     return _SETS[ranks]
 
 

@@ -1,0 +1,46 @@
+"""Horovod 0.28.1's elastic integration scenarios through the `horovodrun` command line, with
+Horovod's own training scripts unchanged (tests/horovod_elastic.py). Slow (each run is a whole
+elastic job, 5-60 s); they need Horovod's sources (HOROVOD_SRC or the local mirror) and skip
+with the reason without them. The TensorFlow 2 script's reset callback assigns optimizer.lr,
+which only Keras 2 optimizers have, so it runs under TF_USE_LEGACY_KERAS=1 (tf_keras)."""
+
+import importlib.util
+import subprocess
+
+import horovod_elastic
+import horovod_suite
+import pytest
+
+HAVE = {
+    name: importlib.util.find_spec(name) is not None for name in ("torch", "tensorflow", "tf_keras", "psutil")
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["torch", "tensorflow2"])
+@pytest.mark.parametrize("scenario", sorted(horovod_elastic.SCENARIOS))
+def test_horovod_elastic_scenario(scenario, framework):
+    reason = horovod_suite.available()
+    if reason:
+        pytest.skip(reason)
+    needs = ["psutil", "torch"] if framework == "torch" else ["psutil", "tensorflow", "tf_keras"]
+    missing = [n for n in needs if not HAVE[n]]
+    if missing:
+        pytest.skip("Horovod's elastic_%s_main.py needs %s" % (framework, ", ".join(missing)))
+    env = {"TF_USE_LEGACY_KERAS": "1"} if framework == "tensorflow2" else {}
+    runs = horovod_elastic.run_scenario(scenario, framework, env)
+    problems = ["%s\n  %s\n%s" % (cmd, "\n  ".join(p), out[-3000:]) for cmd, p, out in runs if p]
+    assert not problems, "\n\n".join(problems)
+
+
+def test_discovery_script_follows_the_schedule(tmp_path):
+    """The generated discovery script prints each epoch's hosts (epoch: lines in the log file)."""
+    log = tmp_path / "log.txt"
+    script = tmp_path / "discover.sh"
+    script.write_text(horovod_elastic.discovery_script(str(log), horovod_elastic.ADD_REMOVE))
+    script.chmod(0o755)
+    seen = []
+    for lines in range(3):
+        log.write_text("{}\n" * lines)
+        seen.append(subprocess.run([str(script)], capture_output=True, text=True, check=True).stdout.split())
+    assert seen == [["localhost:2"], ["localhost:2", "127.0.0.1:2"], ["127.0.0.1:2"]]
