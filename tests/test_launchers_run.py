@@ -58,6 +58,24 @@ needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun (from tor
 
 
 @needs_torchrun
+def _two_processes(env_of_rank):
+    """Runs SCRIPT as ranks 0 and 1 with env_of_rank(rank), as a launcher would have started
+    them; asserts both exit 0 and returns their (stdout, stderr). Bounded at 120 s."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT],
+            env=env_of_rank(r),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    return outs
+
+
 def test_torchrun_one_node_two_processes():
     proc = subprocess.run(
         [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", SCRIPT],
@@ -93,18 +111,7 @@ def test_torch_variables_without_an_agent():
     MASTER_PORT; with HVDLITE_SECRET given, nothing else is needed."""
     port = free_port()
     common = dict(WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, HVDLITE_SECRET="ab" * 32)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, SCRIPT],
-            env=clean_env(RANK=r, HVDLITE_LOG_LEVEL="debug", **common),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    outs = _two_processes(lambda r: clean_env(RANK=r, HVDLITE_LOG_LEVEL="debug", **common))
     found = results(outs[0][0] + outs[1][0])
     assert sorted(found) == [0, 1] and all(r["sum"] == 3.0 for r in found.values())
     assert "launcher: torch-env: rank 1 of 2, local from the host names" in outs[1][1]
@@ -124,18 +131,7 @@ def test_srun_variables_without_a_secret_warn():
         SLURM_STEP_TASKS_PER_NODE=2,
         SLURMD_NODENAME="localhost",
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, SCRIPT],
-            env=clean_env(SLURM_PROCID=r, SLURM_LOCALID=r, **common),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    outs = _two_processes(lambda r: clean_env(SLURM_PROCID=r, SLURM_LOCALID=r, **common))
     check_job(results(outs[0][0] + outs[1][0]), 2, 2)
     assert "admits any process that reaches it and knows the job id slurm:%s.0" % job_id in outs[0][1]
     assert "admits any process" not in outs[1][1]

@@ -37,10 +37,9 @@ def slurm(tmp_path_factory):
         cluster.close()
 
 
-def test_srun_two_nodes_four_tasks_allreduce(slurm):
-    env = slurm.env(clean_env(HVDLITE_SECRET="cd" * 32, HVDLITE_LOG_LEVEL="debug"))
-    t0 = time.monotonic()
-    proc = subprocess.run(
+def _srun_four_tasks(env):
+    """`srun -N2 -n4` of the launched-allreduce script; the finished process (bounded)."""
+    return subprocess.run(
         ["srun", "-N2", "-n4", sys.executable, SCRIPT],
         env=env,
         cwd=REPO,
@@ -48,6 +47,12 @@ def test_srun_two_nodes_four_tasks_allreduce(slurm):
         text=True,
         timeout=180,
     )
+
+
+def test_srun_two_nodes_four_tasks_allreduce(slurm):
+    env = slurm.env(clean_env(HVDLITE_SECRET="cd" * 32, HVDLITE_LOG_LEVEL="debug"))
+    t0 = time.monotonic()
+    proc = _srun_four_tasks(env)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = results(proc.stdout)
@@ -82,14 +87,7 @@ def test_a_killed_task_fails_the_others_naming_it(slurm):
     with an error that names the dead rank, within seconds, and srun exits non-zero."""
     env = slurm.env(clean_env(HVDLITE_SECRET="cd" * 32, KILL_RANK=3, LOOP_STEPS=100, LOOP_SLEEP=0.05))
     t0 = time.monotonic()
-    proc = subprocess.run(
-        ["srun", "-N2", "-n4", sys.executable, SCRIPT],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = _srun_four_tasks(env)
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "HvdliteInternalError" in proc.stderr and "rank 3 closed its connection" in proc.stderr, (
