@@ -116,6 +116,30 @@ def test_add_process_set_with_different_ranks_is_an_error():
         assert ok == [3.0]
 
 
+def _duplicates():
+    """A user's duplicate set is refused (Horovod's ValueError); an add-on's own set (registered
+    with allow_duplicate) neither is refused nor makes the user's set with its ranks a duplicate."""
+    import hvdlite as hvd
+
+    hvd.init()
+    addon = hvd.add_process_set([0, 1], allow_duplicate=True)
+    user = hvd.add_process_set([0, 1])
+    try:
+        hvd.add_process_set([0, 1])
+        again = None
+    except ValueError as e:
+        again = str(e)
+    ids = (addon.process_set_id, user.process_set_id)
+    hvd.shutdown()
+    return ids, again
+
+
+def test_duplicate_sets_are_refused_unless_an_addon_owns_the_first():
+    for (addon_id, user_id), again in run_pooled(_duplicates, 3, timeout=60):
+        assert addon_id != user_id and addon_id > 0
+        assert again is not None and "duplicate of the registered process set %d" % user_id in again
+
+
 def _static_sets():
     import os
 

@@ -138,6 +138,9 @@ def set_global_comm(comm):
 
 
 _registry: dict[int, ProcessSet] = {}
+# Ids of the sets an add-on registered with allow_duplicate=True (Mesh, ZeRO): they are the
+# add-on's own, so they neither are duplicates nor make a user's set with their ranks one.
+_addon_ids: set[int] = set()
 
 
 def _reset_registry():
@@ -145,6 +148,7 @@ def _reset_registry():
         ps.process_set_id = None
         ps._part_ids = None
     _registry.clear()
+    _addon_ids.clear()
 
 
 def add_process_set(process_set, allow_duplicate=False):
@@ -153,7 +157,8 @@ def add_process_set(process_set, allow_duplicate=False):
     As in Horovod, a set with the ranks of a registered one (the global set
     included) is a ValueError; allow_duplicate=True (an hvdlite extension, for
     add-ons that each own and remove their sets, such as Mesh and ZeRO)
-    registers it under an id of its own."""
+    registers it under an id of its own, and such a set never makes a later one
+    a duplicate."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise exceptions.PreconditionError("%r is already registered" % (ps,))
@@ -170,7 +175,11 @@ def add_process_set(process_set, allow_duplicate=False):
         )
     if ps.mpi_comm is not None:
         return _add_comm_process_set(ps)
-    same = [] if allow_duplicate else [i for i, r in ids_and_ranks().items() if r == ps.ranks]
+    same = (
+        []
+        if allow_duplicate
+        else [i for i, r in ids_and_ranks().items() if r == ps.ranks and i not in _addon_ids]
+    )
     if same:  # every rank holds the same table, so every rank raises here alike
         raise exceptions.InvalidArgumentError(
             "process set %r is a duplicate of the registered process set %d, as in Horovod"
@@ -180,6 +189,8 @@ def add_process_set(process_set, allow_duplicate=False):
     exceptions.raise_for_status(code, message)
     ps.process_set_id = set_id
     _registry[set_id] = ps
+    if allow_duplicate:
+        _addon_ids.add(set_id)
     return ps
 
 
@@ -306,6 +317,7 @@ def remove_process_set(process_set):
         code, message = _core.remove_process_set(set_id)
         exceptions.raise_for_status(code, message)
     _registry.pop(process_set.process_set_id, None)
+    _addon_ids.discard(process_set.process_set_id)
     process_set.process_set_id = None
     process_set._part_ids = None
     return True
