@@ -366,6 +366,8 @@ class RankPool:
     def run(self, fn, args=(), timeout=60.0, env=None):
         from hvdlite.common.native import core
 
+        if any(p.exitcode is not None for p in self._procs):
+            self.close()  # a rank died between cases (killed from outside): start afresh
         if not self._procs:
             self._start()
         secret = os.urandom(32)

@@ -147,5 +147,9 @@ def test_pool_reports_failures_and_timeouts_then_starts_afresh():
             pool.run(_sleep_forever, timeout=2)
         again = pool.run(_allreduce_and_pid, args=(0.0,))
         assert [r[0] for r in again] == [1.0, 1.0] and pids != [r[1] for r in again]
+        os.kill(again[1][1], signal.SIGKILL)  # a rank dies between cases
+        time.sleep(0.5)
+        after_kill = pool.run(_allreduce_and_pid, args=(0.0,))
+        assert [r[0] for r in after_kill] == [1.0, 1.0] and again[1][1] != after_kill[1][1]
     finally:
         pool.close()
