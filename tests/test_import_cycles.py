@@ -4,38 +4,15 @@ under `if TYPE_CHECKING:` do not run and are skipped. Importing a module's own p
 package is how Python loads it, not a dependency."""
 
 import ast
-import pathlib
 
-import hvdlite
-
-ROOT = pathlib.Path(hvdlite.__file__).parent
-
-
-def _modules():
-    mods = {}
-    for path in ROOT.rglob("*.py"):
-        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        mods[".".join(parts)] = path
-    return mods
+from python_imports import imported_names as _imported_names
+from python_imports import modules as _modules
 
 
 def _resolve(mods, name):
     while name and name not in mods:
         name = name.rpartition(".")[0]
     return name or None
-
-
-def _imported_names(mod, path, node):
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    base = node.module or ""
-    if node.level:
-        parts = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-        parts = parts[: len(parts) - (node.level - 1)]
-        base = ".".join(parts + ([base] if base else []))
-    return [base + "." + a.name for a in node.names] + [base]
 
 
 def _edges(mods):

@@ -10,6 +10,7 @@ import re
 import subprocess
 
 import pytest
+import python_imports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
@@ -169,51 +170,28 @@ def test_the_same_call_links_from_the_layer_above(tmp_path):
 # imported (a lazy attribute that imports on first use is fine), `common` never names an adapter,
 # TensorFlow does not build on the NumPy adapter, and the compiled core has one loader module.
 
-PKG = os.path.join(ROOT, "hvdlite")
 ADAPTERS = ("hvdlite.numpy_ops", "hvdlite.torch", "hvdlite.tensorflow")
 ADDONS = ("hvdlite.parallel", "hvdlite.torch.parallel")
 CORE_LOADER = "hvdlite.common.native"
 
 
-def _module_name(path):
-    rel = os.path.relpath(path, ROOT)[: -len(".py")].split(os.sep)
-    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
-
-
 def _python_files():
-    for dirpath, _, files in os.walk(PKG):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(dirpath, name)
-                yield _module_name(path), path
+    return sorted(python_imports.modules().items())
 
 
-def _imports(path, top_level_only):
-    """Module names `path` imports: every import statement, or only those that run when the
-    module is imported (not inside a function or class body), and string arguments of
+def _imports(mod, path, top_level_only):
+    """Module names `mod` (file `path`) imports: every import statement, or only those that run
+    when the module is imported (not inside a function or class body), and string arguments of
     importlib.import_module / __import__ calls anywhere."""
     import ast
 
-    with open(path) as f:
-        tree = ast.parse(f.read())
-    pkg = _module_name(path)
-    if not path.endswith("__init__.py"):
-        pkg = pkg.rpartition(".")[0]
     names = []
 
     def visit(node, nested):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             nested = True
-        if not (top_level_only and nested):
-            if isinstance(node, ast.Import):
-                names.extend(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                    base = ".".join(parts + ([base] if base else []))
-                names.append(base)
-                names.extend("%s.%s" % (base, a.name) for a in node.names)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not (top_level_only and nested):
+            names.extend(python_imports.imported_names(mod, path, node))
         if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
@@ -222,7 +200,7 @@ def _imports(path, top_level_only):
         for child in ast.iter_child_nodes(node):
             visit(child, nested)
 
-    visit(tree, False)
+    visit(ast.parse(path.read_text(), str(path)), False)
     return names
 
 
@@ -234,7 +212,7 @@ def test_adapters_do_not_import_addons_at_import_time():
     bad = []
     for mod, path in _python_files():
         if _under(mod, ADAPTERS) and not _under(mod, ADDONS):
-            bad += ["%s imports %s" % (mod, n) for n in _imports(path, True) if _under(n, ADDONS)]
+            bad += ["%s imports %s" % (mod, n) for n in _imports(mod, path, True) if _under(n, ADDONS)]
     assert bad == [], "an adapter imports the add-on layer at import time:\n" + "\n".join(bad)
 
 
@@ -256,7 +234,7 @@ def test_common_never_names_an_adapter_or_addon():
     bad = []
     for mod, path in _python_files():
         if _under(mod, ("hvdlite.common",)):
-            names = _imports(path, False)
+            names = _imports(mod, path, False)
             bad += ["%s imports %s" % (mod, n) for n in names if _under(n, ADAPTERS + ADDONS)]
     assert bad == [], "hvdlite/common reaches up into an adapter:\n" + "\n".join(bad)
 
@@ -266,7 +244,9 @@ def test_tensorflow_does_not_build_on_the_numpy_adapter():
     for mod, path in _python_files():
         if _under(mod, ("hvdlite.tensorflow",)):
             bad += [
-                "%s imports %s" % (mod, n) for n in _imports(path, False) if _under(n, ("hvdlite.numpy_ops",))
+                "%s imports %s" % (mod, n)
+                for n in _imports(mod, path, False)
+                if _under(n, ("hvdlite.numpy_ops",))
             ]
     assert bad == [], "hvdlite.tensorflow uses the NumPy adapter (use hvdlite.common):\n" + "\n".join(bad)
 
@@ -276,6 +256,8 @@ def test_the_core_has_one_loader_module():
     for mod, path in _python_files():
         if mod != CORE_LOADER:
             bad += [
-                "%s imports %s" % (mod, n) for n in _imports(path, False) if _under(n, ("hvdlite._core",))
+                "%s imports %s" % (mod, n)
+                for n in _imports(mod, path, False)
+                if _under(n, ("hvdlite._core",))
             ]
     assert bad == [], "import the core through %s:\n%s" % (CORE_LOADER, "\n".join(bad))
