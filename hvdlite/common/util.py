@@ -43,13 +43,19 @@ def get_average_backwards_compatibility_fun(reduce_ops=dtypes):
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(dtypes)
 
 
+def framework_of(ext_base_name):
+    """The framework a Horovod extension name stands for: 'mpi_lib' and 'tensorflow.mpi_lib'
+    are TensorFlow's, 'torch.mpi_lib_v2' is torch's."""
+    name = "tensorflow" if ext_base_name in ("mpi_lib", "tensorflow.mpi_lib") else ext_base_name
+    return name.split(".")[0]
+
+
 def gpu_available(ext_base_name, verbose=False):
     """Whether framework `ext_base_name` ('tensorflow', 'torch', or Horovod's extension names such
     as 'mpi_lib' for TensorFlow) sees a GPU in this process. Answered by that framework's adapter
     (hvdlite.torch, hvdlite.tensorflow) once it is imported; False for a framework whose adapter
     is not imported in this process, or that hvdlite has no adapter for."""
-    name = "tensorflow" if ext_base_name in ("mpi_lib", "tensorflow.mpi_lib") else ext_base_name
-    check = _GPU_CHECKS.get(name.split(".")[0])
+    check = _GPU_CHECKS.get(framework_of(ext_base_name))
     available = bool(check()) if check is not None else False
     if verbose:
         print("Extension %s %s running with GPU." % (ext_base_name, "was" if available else "was NOT"))

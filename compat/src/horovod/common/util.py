@@ -80,8 +80,8 @@ def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
     """Whether framework ext_base_name sees a GPU here. As Horovod's does, this loads the
     framework's extension (hvdlite's adapter, which registers the check that
     hvdlite.common.util.gpu_available asks) when it is not loaded yet; False when it cannot be."""
-    framework = "tensorflow" if ext_base_name.startswith(("tensorflow", "mpi_lib")) else ext_base_name
-    adapter = {"tensorflow": "hvdlite.tensorflow", "torch": "hvdlite.torch"}.get(framework.split(".")[0])
+    framework = _hvdlite_util.framework_of(ext_base_name)
+    adapter = {"tensorflow": "hvdlite.tensorflow", "torch": "hvdlite.torch"}.get(framework)
     if adapter is not None:
         try:
             importlib.import_module(adapter)
