@@ -73,13 +73,9 @@ def _environ(env):
                 os.environ[key] = value
 
 
-def _child(fn, args, conn):
-    """Body of one rank (its environment is set at its start): run fn, send ('ok', value) or
-    ('error', tb)."""
-    try:
-        result = ("ok", fn(*args))
-    except BaseException:
-        result = ("error", _traceback.format_exc())
+def _send_result(conn, fn, result):
+    """Sends ('ok', value) or ('error', tb) to the parent; a value that does not pickle becomes
+    an error naming fn. Returns what was sent."""
     try:
         conn.send(result)
     except Exception:  # the return value does not pickle
@@ -89,6 +85,17 @@ def _child(fn, args, conn):
             % (getattr(fn, "__name__", fn), _traceback.format_exc()),
         )
         conn.send(result)
+    return result
+
+
+def _child(fn, args, conn):
+    """Body of one rank (its environment is set at its start): run fn, send ('ok', value) or
+    ('error', tb)."""
+    try:
+        result = ("ok", fn(*args))
+    except BaseException:
+        result = ("error", _traceback.format_exc())
+    result = _send_result(conn, fn, result)
     conn.close()
     if result[0] == "error":
         sys.stderr.write(result[1])
@@ -309,16 +316,7 @@ def _pool_child(conn):
                 _reset_rank()
             except BaseException:
                 result = ("error", _traceback.format_exc())
-        try:
-            conn.send(result)
-        except Exception:  # the return value does not pickle
-            conn.send(
-                (
-                    "error",
-                    "the return value of %s could not be sent back:\n%s"
-                    % (_fn_name(fn), _traceback.format_exc()),
-                )
-            )
+        _send_result(conn, fn, result)
 
 
 class RankPool:
@@ -391,7 +389,7 @@ class RankPool:
                     rank, code, payload if kind == "ok" else None, payload if kind == "error" else None
                 )
             )
-        if still_running or any(kind != "ok" for kind, _ in messages.values()) or len(messages) < self.size:
+        if len(messages) < self.size or any(kind != "ok" for kind, _ in messages.values()):
             self.close()  # a failed case may leave ranks inside a collective: start afresh
         return judge(fn, self.size, timeout, results, still_running, set(messages))
 
@@ -404,21 +402,16 @@ class RankPool:
             waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
             multiprocessing.connection.wait(waitables, deadline - time.monotonic())
             for rank in sorted(pending):
-                conn = self._conns[rank]
+                conn, died = self._conns[rank], self._procs[rank].exitcode is not None
                 try:
                     if conn.poll(0):
                         messages[rank] = conn.recv()
                 except (EOFError, OSError):
-                    messages[rank] = ("error", None)
-                if rank not in messages and self._procs[rank].exitcode is not None:
-                    messages[rank] = ("error", None)  # died without an answer
-                if rank in messages:
+                    died = True  # its end of the pipe closed: it is exiting
+                if rank in messages or died:  # a rank that died unanswered: judge() names its exit
                     pending.discard(rank)
-                    if messages[rank][0] != "ok":
+                    if messages.get(rank, ("error",))[0] != "ok":
                         deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
-        for rank, (kind, payload) in list(messages.items()):
-            if kind == "error" and payload is None:
-                del messages[rank]  # judge() reports it by its exit code
         return messages, sorted(pending)
 
 
