@@ -60,7 +60,7 @@ def _mesh_body(sizes, n_microbatches):
     from torch import nn
 
     import hvdlite.torch as hvd
-    from hvdlite.torch.parallel.tp_comm import partition
+    from hvdlite.torch.conjugate import partition
 
     torch.set_num_threads(1)
     hvd.init()
