@@ -30,7 +30,7 @@ AXES = ("pp", "dp", "ep", "cp", "tp")  # outermost first
 # Axis combinations registered with every Mesh (the ones the add-ons ask for).
 COMBINATIONS = (("dp", "ep"), ("dp", "cp"))
 
-MeshCoords = collections.namedtuple("MeshCoords", list(AXES))
+MeshCoords = collections.namedtuple("MeshCoords", ["pp", "dp", "ep", "cp", "tp"])  # AXES
 
 
 def _axes_of(axis):
