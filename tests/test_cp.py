@@ -215,3 +215,63 @@ def test_bad_input_is_a_clear_error_on_every_rank():
         assert "[batch, heads, local_seq, head_dim]" in errors["shape"]
         assert "flash" in errors["mode"]
         assert "cu_seqlens [0, 4]" in errors["cu"] and "length 7" in errors["cu"]
+
+
+def _module_case():
+    """ContextParallelAttention on a cp=2 mesh: this rank's output, input gradient and (partial)
+    projection gradients."""
+    import torch
+
+    import hvdlite.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    mesh = hvd.Mesh(dp=1, cp=hvd.size())
+    cp = mesh.process_set("cp")
+    torch.manual_seed(0)
+    attn = hvd.parallel.ContextParallelAttention(16, 4, mesh, num_kv_heads=2, causal=True, mode="allgather")
+    g = torch.Generator().manual_seed(5)
+    x, probe = torch.randn(2, 11, 16, generator=g), torch.randn(2, 11, 16, generator=g)
+    xl = hvd.parallel.cp_shard(x, 1, cp, causal=True).clone().requires_grad_()
+    y = attn(xl)
+    (y * hvd.parallel.cp_shard(probe, 1, cp, causal=True)).sum().backward()
+    out = {"y": y.detach().numpy(), "dx": xl.grad.numpy()}
+    out.update({n: p.grad.numpy() for n, p in attn.named_parameters()})
+    mesh.remove()
+    hvd.shutdown()
+    return out
+
+
+def test_context_parallel_attention_layer_equals_dense_attention():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    outs = run_pooled(_module_case, 2, timeout=60)
+    torch.manual_seed(0)  # the layer builds its projections in this order from the same seed
+    proj = {"q": nn.Linear(16, 16), "k": nn.Linear(16, 8), "v": nn.Linear(16, 8), "out": nn.Linear(16, 16)}
+    g = torch.Generator().manual_seed(5)
+    x, probe = torch.randn(2, 11, 16, generator=g), torch.randn(2, 11, 16, generator=g)
+    x.requires_grad_()
+
+    def heads(t, n):
+        return t.reshape(2, 11, n, 4).transpose(1, 2)
+
+    att = F.scaled_dot_product_attention(
+        heads(proj["q"](x), 4),
+        heads(proj["k"](x), 2),
+        heads(proj["v"](x), 2),
+        is_causal=True,
+        enable_gqa=True,
+    )
+    y = proj["out"](att.transpose(1, 2).reshape(2, 11, 16))
+    (y * probe).sum().backward()
+    for r, out in enumerate(outs):
+        pos = cp_layout.positions(11, 2, r, True)
+        np.testing.assert_allclose(out["y"], y.detach().numpy()[:, pos], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(out["dx"], x.grad.numpy()[:, pos], rtol=RTOL, atol=ATOL)
+    for name, layer in proj.items():  # each member's gradient covers its tokens: their sum is the whole
+        for kind in ("weight", "bias"):
+            summed = sum(out["%s.%s" % (name, kind)] for out in outs)
+            want = getattr(layer, kind).grad.numpy()
+            np.testing.assert_allclose(summed, want, rtol=RTOL, atol=1e-5, err_msg=name + "." + kind)
