@@ -275,3 +275,28 @@ def test_context_parallel_attention_layer_equals_dense_attention():
             summed = sum(out["%s.%s" % (name, kind)] for out in outs)
             want = getattr(layer, kind).grad.numpy()
             np.testing.assert_allclose(summed, want, rtol=RTOL, atol=1e-5, err_msg=name + "." + kind)
+
+
+def test_local_attention_in_pieces_of_query_rows_equals_sdpa(monkeypatch):
+    """LocalAttention bounds its transient scores by computing in pieces of query rows; with a
+    bound small enough for one row per piece the result is still SDPA's (causal, GQA)."""
+    import torch
+    import torch.nn.functional as F
+
+    from hvdlite.torch.parallel import cp_math
+
+    monkeypatch.setattr(cp_math, "_SCORE_ELEMENTS", 50)
+    q, k, v, probe = _inputs(13, 4, 2, 7)
+    assert len(cp_math._row_pieces(q, 13)) == 13
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    pos = torch.arange(13)
+    y = cp_math.LocalAttention.apply(q, k, v, cp_math.allowed(pos, pos, None, None, True), D**-0.5)
+    y.backward(probe)
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ref.backward(probe)
+    torch.testing.assert_close(y, ref, rtol=RTOL, atol=ATOL)
+    for mine, t in zip(got, (q, k, v)):
+        torch.testing.assert_close(mine, t.grad, rtol=RTOL, atol=ATOL)

@@ -100,15 +100,33 @@ def block_backward(q, k, v, mask, scale, dout, lse, delta):
     return dq, dk, dv
 
 
+# Query rows per piece in LocalAttention: at most this many score elements live at once.
+_SCORE_ELEMENTS = 1 << 24
+
+
+def _row_pieces(q, keys):
+    """Slices of query rows such that one piece's scores stay under _SCORE_ELEMENTS."""
+    b, h, n, _ = q.shape
+    step = max(1, _SCORE_ELEMENTS // max(1, b * h * keys))
+    return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+
+
+def _rows(mask, piece):
+    return None if mask is None else mask[piece]
+
+
 class LocalAttention(torch.autograd.Function):
     """Attention of local queries against keys/values all present on this rank (after a gather
-    or an all-to-all), with a mask; saves only its inputs, output and lse (no scores)."""
+    or an all-to-all), with a mask; saves only its inputs, output and lse (no scores), and
+    computes in pieces of query rows so that its transient scores stay bounded too."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, scale):
         heads = q.shape[1]
         qf, kf, vf = q.float(), expand_heads(k, heads).float(), expand_heads(v, heads).float()
-        out, lse = block_forward(qf, kf, vf, mask, scale)
+        pieces = _row_pieces(q, k.shape[2])
+        parts = [block_forward(qf[:, :, p], kf, vf, _rows(mask, p), scale) for p in pieces]
+        out, lse = torch.cat([o for o, _ in parts], dim=2), torch.cat([s for _, s in parts], dim=2)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mask, ctx.scale = mask, scale
         return out.to(q.dtype)
@@ -119,8 +137,21 @@ class LocalAttention(torch.autograd.Function):
         heads, kv_heads = q.shape[1], k.shape[1]
         dout = dout.float()
         delta = (dout * out).sum(dim=-1)
-        kf, vf = expand_heads(k, heads).float(), expand_heads(v, heads).float()
-        dq, dk, dv = block_backward(q.float(), kf, vf, ctx.mask, ctx.scale, dout, lse, delta)
+        qf, kf, vf = q.float(), expand_heads(k, heads).float(), expand_heads(v, heads).float()
+        dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        for p in _row_pieces(q, k.shape[2]):
+            dq[:, :, p], dk_p, dv_p = block_backward(
+                qf[:, :, p],
+                kf,
+                vf,
+                _rows(ctx.mask, p),
+                ctx.scale,
+                dout[:, :, p],
+                lse[:, :, p],
+                delta[:, :, p],
+            )
+            dk += dk_p
+            dv += dv_p
         return (
             dq.to(q.dtype),
             fold_heads(dk, kv_heads).to(k.dtype),
