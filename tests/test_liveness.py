@@ -73,7 +73,10 @@ def _start_ranks(cluster, tmp_path, env_extra=None):
         procs.append(
             subprocess.Popen(
                 ["/usr/bin/ssh", "-F", cluster.ssh_config, host.addr, cmd],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
             )  # fmt: skip
         )
     for p in procs:
