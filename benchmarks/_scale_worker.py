@@ -24,9 +24,12 @@ def _barrier(directory, rank, size):
 def _held(rank):
     """RSS (kB), shared memory this rank maps from /dev/shm (bytes: its own segment, every
     mapping), and its open sockets."""
-    rss = int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1))
+    with open("/proc/self/status") as f:
+        rss = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+    with open("/proc/self/maps") as f:
+        maps = f.readlines()
     own = mapped = 0
-    for line in open("/proc/self/maps"):
+    for line in maps:
         if "/dev/shm/" not in line:
             continue
         lo, hi = (int(x, 16) for x in line.split()[0].split("-"))

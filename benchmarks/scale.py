@@ -66,7 +66,7 @@ def _run_job(kind, n, tree, timeout):
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
-                )  # fmt: skip
+                )
                 for r in range(n)
             ]
             errs = [p.communicate(timeout=timeout)[1] for p in procs]
@@ -76,7 +76,10 @@ def _run_job(kind, n, tree, timeout):
             argv = [PY, "-m", "hvdlite.runner.launch", "-np", str(n), PY, WORKER, barrier, out]
             proc = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, timeout=timeout)
             failed, log = proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
-        found = [json.load(open(os.path.join(out, f))) for f in os.listdir(out)]
+        found = []
+        for name in os.listdir(out):
+            with open(os.path.join(out, name)) as f:
+                found.append(json.load(f))
         if failed or len(found) != n:
             raise RuntimeError("%s at N=%d failed:\n%s" % (kind, n, log))
         return found

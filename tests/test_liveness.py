@@ -77,7 +77,7 @@ def _start_ranks(cluster, tmp_path, env_extra=None):
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
                 text=True,
-            )  # fmt: skip
+            )
         )
     for p in procs:
         line = p.stdout.readline()
