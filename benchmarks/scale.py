@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py                          # N = 2 8 32 64 128 256, about 5 minutes
     python benchmarks/scale.py --sizes 8 32 64 --before /work/old-tree --torch-max 64
+    python benchmarks/scale.py --hosts 4 --torch-max 0     # root: 4 simulated hosts (tests/simhosts.py)
 
 Each job is `python -m hvdlite.runner.launch -np N` of benchmarks/_scale_worker.py (NumPy; every
 rank imports hvdlite, waits on a file barrier until all have, then times hvd.init(), a broadcast,
@@ -13,10 +14,13 @@ by hand with torch's variables). Per job: the slowest rank's init, the median RS
 /dev/shm bytes for the host (the sum of the ranks' own segments), the median and most sockets
 per rank, and the median loop time per step. Then the growth exponent of each column between
 the two largest sizes measured and by a least-squares fit over N >= 8. Writes
-OUT/scale.md and OUT/scale.json (OUT = --out-dir, benchmarks/results). Asserts nothing.
+OUT/scale.md and OUT/scale.json (OUT = --out-dir, benchmarks/results); with --hosts K the ranks
+are spread evenly over K simulated hosts (network namespaces with their own sshd, reached by
+hvdliterun -H over ssh) and the files are scale_hostsK.*. Asserts nothing.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -49,8 +53,9 @@ def _clean_env(tree):
     return env
 
 
-def _run_job(kind, n, tree, timeout):
-    """One job; returns the per-rank results, or raises with the job's output."""
+def _run_job(kind, n, tree, timeout, cluster=None):
+    """One job (on `cluster`'s simulated hosts when given); returns the per-rank results, or
+    raises with the job's output."""
     work = tempfile.mkdtemp(prefix="hvd-scale-")
     barrier, out = os.path.join(work, "barrier"), os.path.join(work, "out")
     os.makedirs(barrier)
@@ -73,7 +78,11 @@ def _run_job(kind, n, tree, timeout):
             failed = any(p.returncode for p in procs)
             log = "\n".join(e for e in errs if e)[-3000:]
         else:
-            argv = [PY, "-m", "hvdlite.runner.launch", "-np", str(n), PY, WORKER, barrier, out]
+            argv = [PY, "-m", "hvdlite.runner.launch", "-np", str(n)]
+            if cluster is not None:
+                argv += ["-H", cluster.hosts_arg(n // len(cluster.hosts))]
+                env = cluster.client_env(env)
+            argv += [PY, WORKER, barrier, out]
             proc = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, timeout=timeout)
             failed, log = proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
         found = []
@@ -120,8 +129,9 @@ COLUMNS = [
 ]
 
 
-def _markdown(results, notes):
-    lines = ["# Scale on one host (%s)" % time.strftime("%Y-%m-%d"), ""] + notes + [""]
+def _markdown(results, notes, hosts):
+    where = "one host" if hosts == 1 else "%d simulated hosts" % hosts
+    lines = ["# Scale on %s (%s)" % (where, time.strftime("%Y-%m-%d")), ""] + notes + [""]
     head = "| library | N | " + " | ".join(c[1] for c in COLUMNS) + " |"
     lines += [head, "|" + "---|" * (len(COLUMNS) + 2)]
     for lib, rows in results.items():
@@ -139,12 +149,50 @@ def _markdown(results, notes):
     return "\n".join(lines) + "\n"
 
 
+@contextlib.contextmanager
+def _hosts(count):
+    """None for one host; else a started SimCluster of `count` hosts, closed afterwards."""
+    if count == 1:
+        yield None
+        return
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from simhosts import SimCluster
+
+    work = tempfile.mkdtemp(prefix="hvd-scale-hosts-")
+    cluster = SimCluster(os.path.join(work, "sim"), count)
+    os.makedirs(cluster.workdir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(args, jobs, cluster):
+    results = {name: {} for name, _, _ in jobs}
+    load = os.getloadavg()[0]
+    for n in args.sizes:
+        for name, tree, limit in jobs:
+            if n > limit or (cluster is not None and (name == "torch-gloo" or n % len(cluster.hosts))):
+                continue
+            kind = name if name == "torch-gloo" else "hvdlite"
+            try:
+                results[name][str(n)] = _summary(_run_job(kind, n, tree, args.timeout, cluster))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print("skipped: %s" % e, file=sys.stderr)
+                continue
+            print(name, n, json.dumps(results[name][str(n)]), flush=True)
+    return results, load
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 32, 64, 128, 256])
     ap.add_argument("--before", help="another hvdlite tree, built in place, run beside this one")
     ap.add_argument("--before-max", type=int, default=64, help="largest N for --before")
     ap.add_argument("--torch-max", type=int, default=64, help="largest N for the gloo peer (0: none)")
+    ap.add_argument("--hosts", type=int, default=1, help="simulated hosts to spread the ranks over (root)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
@@ -153,29 +201,19 @@ def main():
         jobs.append(("hvdlite before", os.path.abspath(args.before), args.before_max))
     if args.torch_max:
         jobs.append(("torch-gloo", ROOT, args.torch_max))
-    results = {name: {} for name, _, _ in jobs}
-    load = os.getloadavg()[0]
-    for n in args.sizes:
-        for name, tree, limit in jobs:
-            if n > limit:
-                continue
-            try:
-                results[name][str(n)] = _summary(
-                    _run_job(name if name == "torch-gloo" else "hvdlite", n, tree, args.timeout)
-                )
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                print("skipped: %s" % e, file=sys.stderr)
-                continue
-            print(name, n, json.dumps(results[name][str(n)]), flush=True)
+    with _hosts(args.hosts) as cluster:
+        results, load = _measure(args, jobs, cluster)
     notes = [
-        "One host, %d CPUs; load average %.2f before the run. One job per cell (a run of N"
-        " processes on 2 cores is its own repetition: init is the slowest rank's)." % (os.cpu_count(), load),
+        "This machine: %d CPUs (every simulated host shares them); load average %.2f before the run."
+        " One job per cell (a run of N processes on 2 cores is its own repetition: init is the slowest"
+        " rank's)." % (os.cpu_count(), load),
         "/dev/shm per host: the sum of every rank's own segment (segments are unlinked once mapped,"
         " so this is memory, not names). Sockets: every socket the rank holds (transport, its"
         " listener, the store client).",
     ]
-    text = _markdown(results, notes)
-    _report.write_outputs(args.out_dir, "scale", text, data=results)
+    text = _markdown(results, notes, args.hosts)
+    stem = "scale" if args.hosts == 1 else "scale_hosts%d" % args.hosts
+    _report.write_outputs(args.out_dir, stem, text, data=results)
     print(text)
 
 
