@@ -279,7 +279,9 @@ void Runtime::Leave() {
   std::vector<ControlMessage> ignored;
   while (std::chrono::steady_clock::now() < until) {
     bool all_gone = true;
-    for (int r = 0; r < topo_.size; ++r) all_gone &= (r == topo_.rank || transport_->PeerDeparted(r));
+    for (int r = 0; r < topo_.size; ++r) {
+      all_gone &= (r == topo_.rank || !transport_->Connected(r) || transport_->PeerDeparted(r));
+    }
     if (all_gone) break;
     if (!transport_->WaitControl(-1, 50, &ignored).ok()) break;
     ignored.clear();
