@@ -96,8 +96,12 @@ py::tuple P2p(int32_t kind, const std::string& name, uintptr_t data, int64_t nby
               int32_t tag, int32_t process_set, int32_t device) {
   char err[kErrLen] = {0};
   int64_t handle = 0;
-  int code = hvdlite_p2p(kind, name.c_str(), reinterpret_cast<void*>(data), nbytes, peer, tag, process_set,
-                         device, &handle, err, kErrLen);
+  int code;
+  {
+    py::gil_scoped_release nogil;  // a send may start moving its bytes here (Runtime::PostP2p)
+    code = hvdlite_p2p(kind, name.c_str(), reinterpret_cast<void*>(data), nbytes, peer, tag, process_set,
+                       device, &handle, err, kErrLen);
+  }
   return py::make_tuple(code, std::string(code ? err : ""), handle);
 }
 

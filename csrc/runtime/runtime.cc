@@ -90,7 +90,17 @@ Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
     }
     HVD_RETURN_IF_ERROR(p2p_->Post(std::move(op), handle));
   }
-  queue_.Kick();  // after Post's seq_cst count: a sleeping engine wakes and sees HasNew()
+  // Start the transfer from this thread when the engine is free (the background thread
+  // stands by after a caller drove, for up to kStandByGrace: a send would wait that long);
+  // otherwise its holder takes it up (HasNew, after Post's seq_cst count; Kick wakes a sleeper).
+  std::unique_lock<std::mutex> engine(engine_mu_, std::try_to_lock);
+  if (!engine.owns_lock()) {
+    queue_.Kick();
+    return Status::OK();
+  }
+  if (engine_broken_ || finished_) return Status::OK();  // the handle has failed or will
+  Status st = p2p_->Progress();
+  if (!st.ok()) Break(st);
   return Status::OK();
 }
 

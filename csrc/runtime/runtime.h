@@ -62,6 +62,8 @@ class Runtime {
   Status Enqueue(Request request, void* data, int64_t* handle, void* stream = nullptr);
   // Posts a point-to-point send or receive (runtime/p2p.h); no coordinator
   // takes part. Fails at once like Enqueue, or for a bad process set or rank.
+  // When the engine is free, the caller runs P2pEngine::Progress itself, so a
+  // send leaves at once (bounded like every transfer: HVDLITE_TIMEOUT_SECONDS).
   Status PostP2p(P2pEngine::Op op, int64_t* handle);
   // Waits up to timeout_s for the handle's operation, driving the engine
   // meanwhile when it can take it over; the result is the operation's status,
