@@ -140,6 +140,29 @@ def test_unmatched_recv_names_the_pair_and_tags():
     assert "tags received from it and not matched: 1" in msg
 
 
+def _over_the_bound():
+    import hvdlite as hvd
+
+    hvd.init()
+    out = None
+    try:
+        if hvd.rank() == 0:
+            hvd.send(np.ones(300, np.float32), 1, tag=5)  # 1200 bytes nobody has asked for yet
+            hvd.barrier()  # fails: rank 1 broke the job
+        else:
+            hvd.recv(np.ones(1), 0, tag=4)
+    except hvd.HvdliteError as e:
+        out = str(e)
+    hvd.shutdown()
+    return out
+
+
+def test_unexpected_messages_are_bounded():
+    msgs = run_pooled(_over_the_bound, 2, timeout=60, env={"HVDLITE_P2P_UNEXPECTED_BYTES": "1000"})
+    assert "HVDLITE_P2P_UNEXPECTED_BYTES" in msgs[1] and "from rank 0 with tag 5" in msgs[1]
+    assert "rank 1" in msgs[0]
+
+
 def _dead_sender():
     import hvdlite as hvd
 
