@@ -117,6 +117,26 @@ def test_p2p_two_ranks_tcp():
     _check_core(run_pooled(_core_cases, 2, args=(big,), timeout=120, env={"HVDLITE_SHM_DISABLE": "1"}), big)
 
 
+def _send_then_shutdown():
+    import hvdlite as hvd
+
+    hvd.init()
+    got = None
+    if hvd.rank() == 0:  # 4 MiB: more than the window, so most of it moves after send_async returned
+        h = hvd.send_async(np.arange(1 << 20, dtype=np.float32), 1, tag=2)
+        hvd.synchronize(h)
+    else:
+        time.sleep(0.3)
+        got = hvd.recv(np.zeros(1 << 20, np.float32), 0, tag=2)
+        got = bool(np.array_equal(got, np.arange(1 << 20, dtype=np.float32)))
+    hvd.shutdown()  # rank 0 gets here while rank 1 still sleeps
+    return got
+
+
+def test_sender_may_shut_down_before_the_receiver_posts():
+    assert run_pooled(_send_then_shutdown, 2, timeout=60)[1] is True
+
+
 def _unmatched():
     import hvdlite as hvd
 

@@ -143,6 +143,11 @@ Status P2pEngine::Progress() {
 Status P2pEngine::SendSome(int peer, Outbox* box) {
   while (!box->sends.empty()) {
     Pending* s = box->sends.front();
+    if (peer != rank_ && transport_->PeerDeparted(peer)) {  // it shut down: nobody will read this
+      box->sends.pop_front();
+      Finish(s, Status::Aborted(Describe(*s) + ": rank " + std::to_string(peer) + " has shut down"));
+      continue;
+    }
     ChunkHeader h{s->op.process_set, s->op.tag, s->op.bytes, s->done};
     if (peer == rank_) {
       HVD_RETURN_IF_ERROR(Deliver(peer, h, s->op.data, s->op.bytes));
@@ -197,6 +202,7 @@ Status P2pEngine::OnControl(int peer, const std::string& payload) {
   std::memcpy(&h.offset, &payload[17], 8);
   const size_t len = payload.size() - kChunkHeaderBytes;
   HVD_RETURN_IF_ERROR(Deliver(peer, h, payload.data() + kChunkHeaderBytes, len));
+  if (transport_->PeerDeparted(peer)) return Status::OK();  // it sent everything and left: no ack
   return transport_->SendControl(peer, AckFrame(len));
 }
 
