@@ -30,8 +30,10 @@
 // fails at once. A message of another size than the receive's buffer fails
 // that receive, naming tensor, pair and both sizes.
 //
-// Threading: Post() and HasNew() from any thread; everything else is the
-// engine's (the holder of the runtime's engine_mu_).
+// A send to a rank that has shut down fails (Aborted, naming it).
+//
+// Threading: Post() from any thread; everything else is the engine's (the
+// holder of the runtime's engine_mu_).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -75,17 +77,18 @@ class P2pEngine {
   // Any thread: checks `op` (process set, ranks, tag) and queues it for the
   // engine; *handle completes as described above. Errors return at once.
   Status Post(Op op, int64_t* handle);
-  // Any thread: posts arrived that the engine has not taken yet.
+  // Engine: posts arrived that the engine has not taken yet (Post's count is
+  // seq_cst, so a check after TensorQueue::SetSleeping(true) cannot miss one).
   bool HasNew() const { return posted_.load(std::memory_order_seq_cst) != taken_; }
 
   // Engine: true for the control payloads this engine owns.
   static bool Owns(const std::string& payload);
-  // Engine: a chunk or acknowledgement from global rank `peer`.
+  // Engine: a chunk or acknowledgement from global rank `peer`. An error is
+  // fatal (unexpected messages over their bound, a corrupt stream).
   Status OnControl(int peer, const std::string& payload);
   // Engine: takes new posts, sends what the windows allow, fails receives
   // that waited too long or whose sender left. An error is fatal (a peer
-  // that takes no data for HVDLITE_TIMEOUT_SECONDS, unexpected messages
-  // over their bound).
+  // that takes no data for HVDLITE_TIMEOUT_SECONDS, a transport failure).
   Status Progress();
 
  private:
