@@ -87,6 +87,7 @@ void P2pEngine::TakePosted() {
     ops_.push_back(std::move(*raw));
     delete raw;
     Pending* p = &ops_.back();
+    p->self = std::prev(ops_.end());
     p->since = Clock::now();
     if (p->op.send) {
       outboxes_[static_cast<size_t>(p->peer)].sends.push_back(p);
@@ -285,7 +286,7 @@ void P2pEngine::Finish(Pending* p, Status st) {
   HandleResult r;
   r.status = std::move(st);
   handles_->Complete(p->handle, std::move(r));
-  ops_.remove_if([p](const Pending& x) { return &x == p; });
+  ops_.erase(p->self);
 }
 
 Status P2pEngine::SizeMismatch(const Pending& r, uint64_t total) const {

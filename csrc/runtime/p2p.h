@@ -99,6 +99,7 @@ class P2pEngine {
     int peer = -1;  // global rank
     size_t done = 0;
     Clock::time_point since;
+    std::list<Pending>::iterator self;  // where ops_ holds it
   };
   struct ChunkHeader {
     int32_t process_set = 0;
