@@ -125,6 +125,13 @@ SETTINGS = (
         " that computes for hours without a collective is never declared dead",
     ),
     Setting(
+        "P2P_UNEXPECTED_BYTES",
+        "int",
+        1 << 30,
+        "bytes of point-to-point messages a rank keeps while no recv has matched them (sent before"
+        " the receiver posted); a message past this fails the job with an error naming sender and tag",
+    ),
+    Setting(
         "HIERARCHICAL_ALLREDUCE",
         "int",
         -1,

@@ -78,6 +78,14 @@ void hvdlite_wait_end(int64_t token);
  * set; the caller goes on with hvdlite_wait, then wait_end and release. */
 int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, int64_t* token, char* err,
                         size_t err_len);
+/* Point-to-point (csrc/runtime/p2p.h): kind 0 sends, kind 1 receives `nbytes`
+ * bytes at `data` to / from rank `peer` of `process_set` (a rank of the set, not
+ * of the job), matched with the other side by (process set, source, tag >= 0).
+ * No coordinator and no other rank takes part; `data` must stay valid until
+ * the handle completes (a send: once its buffer may be reused, not when the
+ * receiver has it). Host memory only (device -1). Wait with hvdlite_wait. */
+int hvdlite_p2p(int32_t kind, const char* name, void* data, int64_t nbytes, int32_t peer, int32_t tag,
+                int32_t process_set, int32_t device, int64_t* handle, char* err, size_t err_len);
 /* Moves a completed op's output out and forgets the handle. */
 int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len);
 void hvdlite_release(int64_t handle);
