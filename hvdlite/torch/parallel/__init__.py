@@ -17,6 +17,7 @@ from hvdlite.torch.parallel.sparse import (
     ShardedEmbeddingCollection,
     TableSpec,
 )
+from hvdlite.torch.parallel.sparse_checkpoint import load_sparse_checkpoint, save_sparse_checkpoint
 from hvdlite.torch.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -52,7 +53,9 @@ __all__ = [
     "expert_parameters",
     "full_state_dict",
     "load_checkpoint",
+    "load_sparse_checkpoint",
     "moe_zero_optimizers",
     "save_checkpoint",
+    "save_sparse_checkpoint",
     "vocab_parallel_cross_entropy",
 ]
