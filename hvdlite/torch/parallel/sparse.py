@@ -25,7 +25,7 @@ from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.parallel.sparse_plan import TableLayout, plan_tables
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel.sparse_exchange import Exchange, Lookup
+from hvdlite.torch.parallel.sparse_exchange import Exchange, Lookup, Step
 from hvdlite.torch.parallel.sparse_optim import RowOptimizer
 
 _COLLECTION_IDS = itertools.count()
@@ -79,10 +79,11 @@ def _initial_shard(spec, layout, member, seed, table_index):
     return torch.cat(blocks).contiguous() if blocks else torch.zeros(0, c1 - c0)
 
 
-def _layouts(specs, sharding, members, memory_budget, optimizer):
+def _layouts(specs, sharding, members, memory_budget, optimizer, holders):
+    holding = tuple(range(members)) if holders is None else holders
     if sharding == "auto":
         shapes = {n: (s.rows, s.dim) for n, s in specs.items()}
-        plan = plan_tables(shapes, members, memory_budget, optimizer)
+        plan = plan_tables(shapes, members, memory_budget, optimizer, holders)
         return {n: plan[n] for n in specs}
     if isinstance(sharding, str):
         sharding = {n: sharding for n in specs}
@@ -91,8 +92,8 @@ def _layouts(specs, sharding, members, memory_budget, optimizer):
         choice = sharding[n]
         if isinstance(choice, TableLayout):
             out[n] = choice
-        else:  # table sharding without a plan: tables go round-robin over the members
-            out[n] = TableLayout(s.rows, s.dim, choice, members, i % members)
+        else:  # table sharding without a plan: tables go round-robin over the holders
+            out[n] = TableLayout(s.rows, s.dim, choice, members, holding[i % len(holding)], holders)
     return out
 
 
@@ -101,7 +102,13 @@ class ShardedEmbeddingCollection(nn.Module):
     over `process_set` (None: every rank). `sharding`: "row" | "column" | "table" for all, a
     dict per table (a sharding or a TableLayout), or "auto" (plan_tables with
     `memory_budget` bytes per member). `optimizer`: "sgd" | "adagrad" | "adam", with `lr`
-    and that optimizer's options. forward({name: ids or (ids, offsets)}) -> {name: output}."""
+    and that optimizer's options. forward({name: ids or (ids, offsets)}) -> {name: output}.
+
+    Parameter-server mode: `servers` (global ranks, members of the set) hold every table and
+    take no batch; they call serve() while the other members, the workers, train, and the
+    workers end it with stop_servers() (all of them, at the same step). Gradients are then
+    averaged over the workers. `staleness` k: the rows a step reads reflect the gradients of
+    every earlier step but the last k (0, the default, is synchronous), in either mode."""
 
     def __init__(
         self,
@@ -113,6 +120,8 @@ class ShardedEmbeddingCollection(nn.Module):
         memory_budget=None,
         name=None,
         seed=0,
+        servers=None,
+        staleness=0,
         **optimizer_options,
     ):
         super().__init__()
@@ -124,7 +133,18 @@ class ShardedEmbeddingCollection(nn.Module):
         for n in self.specs:
             if not n.isidentifier():
                 raise exceptions.InvalidArgumentError("table names must be identifiers, got %r" % n)
-        self.layouts = _layouts(self.specs, sharding, len(ps.ranks), memory_budget, optimizer)
+        self.holders = _server_positions(ps, servers)
+        self.is_server = self.holders is not None and ps.rank() in self.holders
+        self.layouts = _layouts(self.specs, sharding, len(ps.ranks), memory_budget, optimizer, self.holders)
+        if (
+            self.holders
+            and optimizer == "adagrad"
+            and any(v.sharding == "column" for v in self.layouts.values())
+        ):
+            raise exceptions.NotSupportedError(
+                "row-wise Adagrad on a column-sharded table needs every member to hold columns; with "
+                "servers, shard by row or table"
+            )
         self.name = name if name is not None else "sparse%d" % next(_COLLECTION_IDS)
         self.shards = nn.Module()  # buffers, one per table: in state_dict, not in parameters()
         optimizers = []
@@ -140,6 +160,8 @@ class ShardedEmbeddingCollection(nn.Module):
             optimizers,
             ps,
             self.name,
+            average_over=len(ps.ranks) - len(self.holders or ()),
+            staleness=staleness,
         )
         for spec in self.specs.values():
             spec.weight = None  # the dense initial table is not kept
@@ -151,7 +173,34 @@ class ShardedEmbeddingCollection(nn.Module):
     def from_dense(cls, tables, sharding="row", process_set=None, optimizer="sgd", lr=0.01, **kwargs):
         return cls(tables, sharding, process_set, optimizer, lr, **kwargs)
 
+    def serve(self):
+        """A server's loop (parameter-server mode): answers the workers' lookups and applies
+        their gradients until they call stop_servers(). Returns the number of steps served."""
+        if not self.is_server:
+            raise exceptions.PreconditionError(
+                "rank %d is a worker of %s: train, then call stop_servers()"
+                % (self.process_set.ranks[self.process_set.rank()], self.name)
+            )
+        none = [torch.zeros(0, dtype=torch.int64)] * len(self.specs)
+        steps = 0
+        while True:
+            step = Step()
+            if self.exchange.lookup(none, step) is None:
+                return steps
+            self.exchange.apply_gradients([torch.zeros(0, s.dim) for s in self.specs.values()], step)
+            steps += 1
+
+    def stop_servers(self):
+        """Ends the servers' serve() loops (every worker calls it, at the same step); applies
+        gradients still held back by the staleness bound."""
+        self.exchange.stop()
+
     def forward(self, inputs):
+        if self.is_server:
+            raise exceptions.PreconditionError(
+                "rank %d is a server of %s: it takes no batch, call serve()"
+                % (self.process_set.ranks[self.process_set.rank()], self.name)
+            )
         unknown = set(inputs) - set(self.specs)
         if unknown or len(inputs) != len(self.specs):
             raise exceptions.InvalidArgumentError(
@@ -204,6 +253,19 @@ class ShardedEmbeddingCollection(nn.Module):
         return self.exchange.traffic.as_dict()
 
 
+def _server_positions(ps, servers):
+    """The servers' positions in `ps` (sorted), or None when there are no servers."""
+    if servers is None:
+        return None
+    ranks = servers.ranks if hasattr(servers, "ranks") else [int(r) for r in servers]
+    outside = [r for r in ranks if r not in ps.ranks]
+    if outside or not ranks or len(ranks) >= len(ps.ranks):
+        raise exceptions.InvalidArgumentError(
+            "servers %s must be some, not all, of the set's ranks %s" % (sorted(ranks), ps.ranks)
+        )
+    return tuple(sorted(ps.ranks.index(r) for r in ranks))
+
+
 def _parse(name, spec, given):
     """(ids, offsets, per_sample_weights) of one table's input, as nn.Embedding(Bag) takes it."""
     offsets = weights = None
@@ -254,6 +316,16 @@ class _OneTable(nn.Module):
 
     def memory_bytes(self):
         return self.tables.memory_bytes()
+
+    @property
+    def is_server(self):
+        return self.tables.is_server
+
+    def serve(self):
+        return self.tables.serve()
+
+    def stop_servers(self):
+        self.tables.stop_servers()
 
     def traffic(self):
         return self.tables.traffic()

@@ -65,6 +65,7 @@ def save_sparse_checkpoint(path, module):
                 "dim": lay.dim,
                 "sharding": lay.sharding,
                 "owner": lay.owner,
+                "holders": None if lay.holders is None else list(lay.holders),
                 "optimizer": opt.kind,
                 "options": opt.options,
                 "lr": opt.lr,
@@ -93,7 +94,9 @@ class _Saved:
             raise exceptions.InvalidArgumentError("%s is not an hvdlite sharded-table checkpoint" % path)
         self.members = self.meta["members"]
         self.layouts = {
-            k: TableLayout(v["rows"], v["dim"], v["sharding"], self.members, v["owner"])
+            k: TableLayout(
+                v["rows"], v["dim"], v["sharding"], self.members, v["owner"], _tuple(v.get("holders"))
+            )
             for k, v in self.meta["tables"].items()
         }
         self._files = {}
@@ -104,6 +107,10 @@ class _Saved:
                 shard_file(self.path, m, self.members, PREFIX), mmap=True, weights_only=True
             )
         return self._files[m]
+
+
+def _tuple(holders):
+    return None if holders is None else tuple(holders)
 
 
 def load_sparse_checkpoint(path, module):

@@ -20,11 +20,18 @@ same collection in the same order (a member with no ids sends nothing but still 
 Each exchange blocks until it completes; a missing member is found by the core's stall check.
 """
 
+from collections import deque
+
 import torch
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.parallel.moe_comm import exchange
+
+# one step's updates held back by the staleness bound: ([(table, rows, gradient rows)],
+# {table: mean square of each full row}, for row-wise Adagrad on column-sharded tables)
+Pending = tuple[list[tuple[int, torch.Tensor, torch.Tensor]], dict[int, torch.Tensor]]
+STOP = -2  # the key every member sends every member to end the step loop (Exchange.stop)
 
 
 class Traffic:
@@ -58,12 +65,18 @@ class Exchange:
     """The exchange of one collection. `tables`: the tables' names; `layouts`: one TableLayout each; `shards`: this
     member's shard of each (rows x columns, updated in place); `optimizers`: one RowOptimizer
     per table; `ps`: the process set; `name`: the collectives' name prefix, the same on every
-    member and unique among the collections of the job."""
+    member and unique among the collections of the job; `average_over`: the number of members
+    whose gradients are averaged (default all; the workers in the parameter-server mode);
+    `staleness`: how many steps the holders hold received gradients before applying them (0:
+    a step's rows reflect every earlier step's gradients; k: all but the last k)."""
 
-    def __init__(self, tables, layouts, shards, optimizers, ps, name):
+    def __init__(self, tables, layouts, shards, optimizers, ps, name, average_over=None, staleness=0):
         self.tables, self.layouts, self.shards, self.optimizers = tables, layouts, shards, optimizers
         self.ps, self.name = ps, name
         self.members, self.me = len(ps.ranks), ps.rank()
+        self.average_over = average_over or self.members
+        self.staleness = int(staleness)
+        self.pending: deque[Pending] = deque()
         bases, total = [], 0
         for layout in layouts:
             bases.append(total)
@@ -76,16 +89,36 @@ class Exchange:
     # ---- forward -------------------------------------------------------------------------
     def lookup(self, uniques, step):
         """Rows of `uniques` (one sorted unique int64 id tensor per table): a list of
-        (len(ids) x dim) fp32 tensors. Fills `step` for gradients()."""
+        (len(ids) x dim) fp32 tensors; None when the members stop (stop()). Fills `step` for
+        apply_gradients()."""
         keys, splits = self._requests(uniques, step)
         got_keys, got = exchange(keys, splits, self.name + ".ids", self.ps)
         self.traffic.id_bytes += _sent_elsewhere(splits, self.me, 8)
+        if got_keys.numel() and bool((got_keys == STOP).any()):
+            self.flush()
+            return None
         self._check_ids(got_keys, got, step)
         flat, step.served_splits = self._serve(got_keys, got, step)
         rows_flat, step.row_splits = exchange(flat, step.served_splits, self.name + ".rows", self.ps)
         self.traffic.row_bytes += _sent_elsewhere(step.served_splits, self.me, 4)
         self.traffic.steps += 1
         return self._assemble(uniques, rows_flat, step)
+
+    def stop(self):
+        """Ends the step loop of every member: the workers of the parameter-server mode call
+        it together, the servers' serve() loops see it and return. Applies what is pending."""
+        exchange(
+            torch.full((self.members,), STOP, dtype=torch.int64),
+            [1] * self.members,
+            self.name + ".ids",
+            self.ps,
+        )
+        self.flush()
+
+    def flush(self):
+        """Applies every gradient still held back by the staleness bound."""
+        while self.pending:
+            self._apply(*self.pending.popleft())
 
     def _requests(self, uniques, step):
         per_member: list[list[torch.Tensor]] = [[] for _ in range(self.members)]
@@ -183,8 +216,12 @@ class Exchange:
             g = got[positions].view(local.numel(), -1)
             rows, inverse = torch.unique(local, return_inverse=True)
             summed = torch.zeros(rows.numel(), g.shape[1]).index_add_(0, inverse, g)
-            updates.append((t, rows, summed.div_(self.members)))
-        sq_means = self._row_square_means(updates)
+            updates.append((t, rows, summed.div_(self.average_over)))
+        self.pending.append((updates, self._row_square_means(updates)))
+        while len(self.pending) > self.staleness:
+            self._apply(*self.pending.popleft())
+
+    def _apply(self, updates, sq_means):
         for t, rows, g in updates:
             self.optimizers[t].update(rows, g, sq_means.get(t))
 
@@ -223,6 +260,10 @@ class Lookup(torch.autograd.Function):
     def forward(ctx, anchor, exchange_, uniques):
         step = Step()
         rows = exchange_.lookup(uniques, step)
+        if rows is None:
+            raise exceptions.PreconditionError(
+                "%s: another worker stopped the servers while this rank still trains" % exchange_.name
+            )
         ctx.exchange, ctx.step = exchange_, step
         return tuple(rows)
 
