@@ -227,7 +227,9 @@ class ShardedEmbeddingCollection(nn.Module):
         return out
 
     def full_weight(self, table):
-        """Table `table` whole, gathered from its holders (a collective over the set)."""
+        """Table `table` whole, gathered from its holders (a collective over the set), with the
+        last backward's gradients applied."""
+        self.exchange.settle()
         layout, shard = self.layouts[table], getattr(self.shards, table)
         flat = mpi_ops.synchronize(
             mpi_ops.allgather_async(

@@ -50,6 +50,8 @@ def save_sparse_checkpoint(path, module):
     set: every member writes its own file; returns once all files are written."""
     tables = _tables(module)
     ps = tables[0][1].process_set
+    for c in _collections(module).values():
+        c.exchange.flush()  # the last backward's gradients, and any held back by staleness
     os.makedirs(path, exist_ok=True)
     payload = {}
     for key, c, t in tables:
@@ -116,8 +118,11 @@ def _tuple(holders):
 def load_sparse_checkpoint(path, module):
     """Loads directory `path` (written by save_sparse_checkpoint at any set size and sharding)
     into the sharded tables of `module`, resharding to their current layouts. Each member reads
-    only the files that hold its blocks; no collective."""
+    only the files that hold its blocks; collective only when gradients of a backward are still
+    in flight (they are applied first)."""
     saved = _Saved(path)
+    for c in _collections(module).values():
+        c.exchange.settle()  # gradients in flight land before the tables are overwritten
     for key, c, t in _tables(module):
         if key not in saved.layouts:
             raise exceptions.InvalidArgumentError(

@@ -76,6 +76,11 @@ class Exchange:
         self.members, self.me = len(ps.ranks), ps.rank()
         self.average_over = average_over or self.members
         self.staleness = int(staleness)
+        self.in_flight = None  # (alltoall handle, Step) of gradients sent, not yet applied
+        # per table, per member: the rows and columns it holds, and who holds anything
+        self.rows = [[lay.row_range(m) for m in range(self.members)] for lay in layouts]
+        self.cols = [[lay.col_range(m) for m in range(self.members)] for lay in layouts]
+        self.serving = [lay.serving_members() for lay in layouts]
         self.pending: deque[Pending] = deque()
         bases, total = [], 0
         for layout in layouts:
@@ -91,6 +96,7 @@ class Exchange:
         """Rows of `uniques` (one sorted unique int64 id tensor per table): a list of
         (len(ids) x dim) fp32 tensors; None when the members stop (stop()). Fills `step` for
         apply_gradients()."""
+        self.settle()
         keys, splits = self._requests(uniques, step)
         got_keys, got = exchange(keys, splits, self.name + ".ids", self.ps)
         self.traffic.id_bytes += _sent_elsewhere(splits, self.me, 8)
@@ -116,7 +122,8 @@ class Exchange:
         self.flush()
 
     def flush(self):
-        """Applies every gradient still held back by the staleness bound."""
+        """Applies every gradient still in flight or held back by the staleness bound."""
+        self.settle()
         while self.pending:
             self._apply(*self.pending.popleft())
 
@@ -126,9 +133,9 @@ class Exchange:
         for t, (layout, ids) in enumerate(zip(self.layouts, uniques)):
             if ids.numel() and (ids[0] < 0 or ids[-1] >= layout.rows):  # sorted: ends suffice
                 step.bad_id = (t, int(ids[0] if ids[0] < 0 else ids[-1]), layout.rows)
-            for m in layout.serving_members():
+            for m in self.serving[t]:
                 if layout.sharding == "row":
-                    r0, r1 = layout.row_range(m)
+                    r0, r1 = self.rows[t][m]
                     sel = torch.nonzero((ids >= r0) & (ids < r1)).reshape(-1)
                 else:
                     sel = torch.arange(ids.numel())
@@ -189,7 +196,7 @@ class Exchange:
         offset = 0
         for m in range(self.members):
             for t, sel in step.sent[m]:
-                c0, c1 = self.layouts[t].col_range(m)
+                c0, c1 = self.cols[t][m]
                 n = sel.numel() * (c1 - c0)
                 out[t][sel, c0:c1] = rows_flat[offset : offset + n].view(sel.numel(), c1 - c0)
                 offset += n
@@ -197,16 +204,31 @@ class Exchange:
 
     # ---- backward ------------------------------------------------------------------------
     def apply_gradients(self, grads, step):
-        """Sends the gradient rows (one (unique ids x dim) tensor per table, as lookup()
-        returned the rows) to their holders, which average and apply them."""
+        """Starts sending the gradient rows (one (unique ids x dim) tensor per table, as
+        lookup() returned the rows) to their holders and returns; settle() (called first
+        thing by the next lookup, by stop() and by the collection's full_weight and
+        checkpoints) waits for them, and the holders average and apply them. So the exchange
+        overlaps the rest of the backward and the dense optimizer's step."""
         parts = []
         for m in range(self.members):
             for t, sel in step.sent[m]:
-                c0, c1 = self.layouts[t].col_range(m)
+                c0, c1 = self.cols[t][m]
                 parts.append(grads[t][sel, c0:c1].reshape(-1))
-        flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32)
-        got, _ = exchange(flat.float(), step.row_splits, self.name + ".grads", self.ps)
+        flat = torch.cat(parts).float() if parts else torch.zeros(0, dtype=torch.float32)
+        splits = torch.tensor(step.row_splits, dtype=torch.int32)
+        handle = mpi_ops.alltoall_async(flat, splits=splits, name=self.name + ".grads", process_set=self.ps)
         self.traffic.row_bytes += _sent_elsewhere(step.row_splits, self.me, 4)
+        self.in_flight = (handle, step)
+
+    def settle(self):
+        """Waits for the gradients apply_gradients() sent and applies them (or holds them back
+        as the staleness bound says). Collective when gradients are in flight: every member
+        settles at the same point of its step sequence."""
+        if self.in_flight is None:
+            return
+        handle, step = self.in_flight
+        self.in_flight = None
+        got, _ = mpi_ops.synchronize(handle)
         updates = []
         for t, held in enumerate(step.held):
             if held is None:
