@@ -68,7 +68,7 @@ def _check_plain(module):
 def _initial_shard(spec, layout, member, seed, table_index):
     r0, r1 = layout.row_range(member)
     c0, c1 = layout.col_range(member)
-    if spec.weight is not None:
+    if spec.weight is not None:  # on the dense module's device
         return spec.weight[r0:r1, c0:c1].to(torch.float32).clone().contiguous()
     blocks = []
     for b in range(r0 // INIT_CHUNK_ROWS, -(-r1 // INIT_CHUNK_ROWS)):
@@ -108,7 +108,9 @@ class ShardedEmbeddingCollection(nn.Module):
     take no batch; they call serve() while the other members, the workers, train, and the
     workers end it with stop_servers() (all of them, at the same step). Gradients are then
     averaged over the workers. `staleness` k: the rows a step reads reflect the gradients of
-    every earlier step but the last k (0, the default, is synchronous), in either mode."""
+    every earlier step but the last k (0, the default, is synchronous), in either mode.
+    `device`: where the shards and their optimizer state live (default: the dense module's
+    device, CPU for tables given by shape); the exchange itself runs through host memory."""
 
     def __init__(
         self,
@@ -122,6 +124,7 @@ class ShardedEmbeddingCollection(nn.Module):
         seed=0,
         servers=None,
         staleness=0,
+        device=None,
         **optimizer_options,
     ):
         super().__init__()
@@ -150,6 +153,7 @@ class ShardedEmbeddingCollection(nn.Module):
         optimizers = []
         for i, (n, spec) in enumerate(self.specs.items()):
             shard = _initial_shard(spec, self.layouts[n], ps.rank(), seed, i)
+            shard = shard if device is None else shard.to(device)
             self.shards.register_buffer(n, shard)
             optimizers.append(RowOptimizer(optimizer, shard, lr, **optimizer_options))
         self.optimizers = dict(zip(self.specs, optimizers))
@@ -233,7 +237,7 @@ class ShardedEmbeddingCollection(nn.Module):
         layout, shard = self.layouts[table], getattr(self.shards, table)
         flat = mpi_ops.synchronize(
             mpi_ops.allgather_async(
-                shard.reshape(-1), name="%s.full.%s" % (self.name, table), process_set=self.process_set
+                shard.reshape(-1).cpu(), name="%s.full.%s" % (self.name, table), process_set=self.process_set
             )
         )
         whole, offset = torch.empty(layout.rows, layout.dim), 0
@@ -242,7 +246,7 @@ class ShardedEmbeddingCollection(nn.Module):
             n = (r1 - r0) * (c1 - c0)
             whole[r0:r1, c0:c1] = flat[offset : offset + n].view(r1 - r0, c1 - c0)
             offset += n
-        return whole
+        return whole.to(shard.device)
 
     def memory_bytes(self):
         """{"table": bytes of this member's shards, "optimizer": bytes of their state}."""

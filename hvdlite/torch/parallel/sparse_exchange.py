@@ -15,6 +15,9 @@ One step, for all tables of a collection at once, on every member of the process
 So per step a member sends its unique ids (8 bytes each, times the holders of a column-sharded
 table) and unique ids x dim x 4 bytes twice (rows back, gradients out), and nothing else.
 
+The exchange runs on CPU tensors (the core's alltoall takes host memory); shards and their
+optimizer state may live on a CUDA device, and rows and gradients are copied across at the
+holder (lookup, update) and at the requester (the rows returned, the gradients sent).
 Every call is a collective over the set: every member must run forward and backward of the
 same collection in the same order (a member with no ids sends nothing but still takes part).
 Each exchange blocks until it completes; a missing member is found by the core's stall check.
@@ -181,7 +184,7 @@ class Exchange:
             local = keys[mine] - self.bases[t] - self.row_starts[t]
             w = int(self.widths[t])
             positions = (starts[mine].unsqueeze(1) + torch.arange(w)).reshape(-1)
-            flat[positions] = shard[local].reshape(-1)
+            flat[positions] = shard[local.to(shard.device)].reshape(-1).cpu()
             step.held.append((local, positions))
         bounds = torch.cumsum(torch.tensor([0] + got), 0)
         served = [
@@ -281,15 +284,16 @@ class Lookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, exchange_, uniques):
         step = Step()
-        rows = exchange_.lookup(uniques, step)
+        device = uniques[0].device if uniques else torch.device("cpu")
+        rows = exchange_.lookup([u.cpu() for u in uniques], step)
         if rows is None:
             raise exceptions.PreconditionError(
                 "%s: another worker stopped the servers while this rank still trains" % exchange_.name
             )
         ctx.exchange, ctx.step = exchange_, step
-        return tuple(rows)
+        return tuple(r.to(device) for r in rows)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.exchange.apply_gradients([g.contiguous() for g in grads], ctx.step)
+        ctx.exchange.apply_gradients([g.cpu().contiguous() for g in grads], ctx.step)
         return None, None, None

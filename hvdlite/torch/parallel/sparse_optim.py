@@ -50,9 +50,9 @@ class RowOptimizer:
         rows, width = self.weight.shape
         if self.kind == "adagrad":
             init = float(self.options["initial_accumulator_value"])
-            return {"sum_sq": torch.full((rows,), init, dtype=torch.float32)}
+            return {"sum_sq": torch.full((rows,), init, dtype=torch.float32, device=self.weight.device)}
         if self.kind == "adam":
-            zeros = lambda: torch.zeros(rows, width, dtype=torch.float32)  # noqa: E731
+            zeros = lambda: torch.zeros(rows, width, dtype=torch.float32, device=self.weight.device)  # noqa: E731
             return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "step": torch.zeros((), dtype=torch.int64)}
         return {}
 
@@ -73,6 +73,9 @@ class RowOptimizer:
             self.state["step"] += 1
         if rows.numel() == 0:
             return
+        device = self.weight.device
+        rows, grad = rows.to(device), grad.to(device)
+        row_sq_mean = None if row_sq_mean is None else row_sq_mean.to(device)
         if self.kind == "sgd":
             self.weight.index_add_(0, rows, grad, alpha=-self.lr)
         elif self.kind == "adagrad":
