@@ -184,6 +184,7 @@ def _collection_body():
             k: float((coll.full_weight(k) - refs[k]).abs().max() / refs[k].abs().max()) for k in refs
         }
         out[label + "_layouts"] = {k: lay.sharding for k, lay in coll.layouts.items()}
+    out["two_forwards"] = _two_forwards_one_backward(hvd, torch)
     out["memory"] = _memory(hvd, torch)
     out["traffic"] = _traffic(hvd, torch)
     try:
@@ -195,6 +196,28 @@ def _collection_body():
         out["bad_id"] = str(e)
     hvd.shutdown()
     return out
+
+
+def _two_forwards_one_backward(hvd, torch):
+    """Two lookups in one graph (micro-batches summed into one loss): with SGD the table moves
+    as one process moves it on the loss of both."""
+    import torch.nn.functional as F
+
+    n, me = hvd.size(), hvd.rank()
+    torch.manual_seed(5)
+    dense = torch.nn.EmbeddingBag(25, 3, mode="sum")
+    emb = hvd.parallel.ShardedEmbeddingBag.from_dense(dense, sharding="row", optimizer="sgd", lr=LR)
+    ids = torch.randint(0, 25, (4 * n, 2), generator=torch.Generator().manual_seed(9))
+    mine = ids[4 * me : 4 * me + 4]
+    (emb(mine[:2]).pow(2).mean() + emb(mine[2:]).pow(2).mean()).backward()
+    w = dense.weight.detach().clone().requires_grad_(True)
+    sum(
+        F.embedding_bag(ids[4 * r + h : 4 * r + h + 2], w, mode="sum").pow(2).mean()
+        for r in range(n)
+        for h in (0, 2)
+    ).backward()
+    W = dense.weight.detach() - LR * w.grad / n
+    return float((emb.full_weight() - W).abs().max() / W.abs().max())
 
 
 def _memory(hvd, torch):
@@ -248,6 +271,7 @@ def test_collection_planner_memory_traffic_and_bad_ids():
         for label in ("dict", "auto"):
             assert max(r[label].values()) <= 1e-6, (rank, label, r[label])
         assert r["dict_layouts"] == {"a": "table", "b": "row", "c": "column"}
+        assert r["two_forwards"] <= 1e-6, (rank, r["two_forwards"])
         for key, (got, want) in r["memory"].items():
             assert got == want, (rank, key, got, want)
         assert r["traffic"]["sent"] < r["traffic"]["allgather_path"], (rank, r["traffic"])

@@ -211,7 +211,10 @@ class Exchange:
         lookup() returned the rows) to their holders and returns; settle() (called first
         thing by the next lookup, by stop() and by the collection's full_weight and
         checkpoints) waits for them, and the holders average and apply them. So the exchange
-        overlaps the rest of the backward and the dense optimizer's step."""
+        overlaps the rest of the backward and the dense optimizer's step. A graph holding
+        several lookups (two forwards, one backward) settles each one's gradients before the
+        next is sent: every backward of a lookup is one optimizer step of the tables."""
+        self.settle()
         parts = []
         for m in range(self.members):
             for t, sel in step.sent[m]:
