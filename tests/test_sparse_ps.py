@@ -3,7 +3,8 @@ table (serve()), ranks 1 and 2 train a pooled embedding + a dense layer, the den
 gradients allreduced among the workers only (DistributedOptimizer on a worker process set).
 With staleness 0 the table and the dense layer equal one process on the whole batch; with
 staleness k the table equals one process that applies each step's table gradient k steps late
-(rows read at step t miss the last k steps' updates), and stop_servers() applies the rest."""
+(rows read at step t miss the last k steps' updates), and stop_servers() applies the rest.
+Also: a table sharded over a process set of two of the three ranks."""
 
 import pytest
 from helpers import run_pooled
@@ -83,9 +84,28 @@ def _job(staleness):
     out["table_err"] = float((full - W).abs().max() / W.abs().max())
     if not emb.is_server:
         out["dense_err"] = max(float((lin.state_dict()[k] - ref_lin[k]).abs().max()) for k in ref_lin)
+    if not emb.is_server:
+        out["subset_err"] = _sharded_over_a_subset(hvd, torch, workers)
     hvd.remove_process_set(workers)
     hvd.shutdown()
     return out
+
+
+def _sharded_over_a_subset(hvd, torch, workers):
+    """A table row-sharded over a process set of two of the three ranks (the workers) trains
+    as one process on the set's whole batch."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(1)
+    dense = torch.nn.EmbeddingBag(V, D, mode="mean")
+    emb = hvd.parallel.ShardedEmbeddingBag.from_dense(dense, sharding="row", process_set=workers, lr=LR)
+    ids, y = _batch(torch, 0)
+    mine = slice(workers.rank() * BAGS, (workers.rank() + 1) * BAGS)
+    F.mse_loss(emb(ids[mine]).sum(1), y[mine, 0]).backward()
+    w = dense.weight.detach().clone().requires_grad_(True)
+    F.mse_loss(F.embedding_bag(ids, w, mode="mean").sum(1), y[:, 0]).backward()
+    W = dense.weight.detach() - LR * w.grad
+    return float((emb.full_weight() - W).abs().max() / W.abs().max())
 
 
 @pytest.mark.parametrize("staleness", [0, 2])
@@ -99,3 +119,4 @@ def test_parameter_server_equals_one_process(staleness):
     for r in workers:
         assert r["server_bytes"] == {"table": 0, "optimizer": 0}
         assert r["dense_err"] <= 1e-6, r
+        assert r["subset_err"] <= 1e-6, r

@@ -15,6 +15,7 @@ collection in the same order, also with no ids. The dense module given to from_d
 the same on every member (same seed, or broadcast_parameters first).
 """
 
+import collections
 import itertools
 
 import torch
@@ -28,7 +29,12 @@ from hvdlite.torch import mpi_ops
 from hvdlite.torch.parallel.sparse_exchange import Exchange, Lookup, Step
 from hvdlite.torch.parallel.sparse_optim import RowOptimizer
 
-_COLLECTION_IDS = itertools.count()
+# Default collective names: one counter per process set, so the members of a set, which must
+# build the same collections over it in the same order, agree on the names whatever else
+# each of them built (a server builds fewer collections than a worker).
+_COLLECTION_IDS: "collections.defaultdict[int, itertools.count[int]]" = collections.defaultdict(
+    itertools.count
+)
 INIT_CHUNK_ROWS = 65536  # rows per seeded block of a table initialized without a dense module
 
 
@@ -110,7 +116,9 @@ class ShardedEmbeddingCollection(nn.Module):
     averaged over the workers. `staleness` k: the rows a step reads reflect the gradients of
     every earlier step but the last k (0, the default, is synchronous), in either mode.
     `device`: where the shards and their optimizer state live (default: the dense module's
-    device, CPU for tables given by shape); the exchange itself runs through host memory."""
+    device, CPU for tables given by shape); the exchange itself runs through host memory.
+    `name`: the prefix of its collectives' names, the same on every member (default: counted
+    per process set, so members must build their collections over a set in the same order)."""
 
     def __init__(
         self,
@@ -148,7 +156,8 @@ class ShardedEmbeddingCollection(nn.Module):
                 "row-wise Adagrad on a column-sharded table needs every member to hold columns; with "
                 "servers, shard by row or table"
             )
-        self.name = name if name is not None else "sparse%d" % next(_COLLECTION_IDS)
+        set_id = ps.process_set_id or 0
+        self.name = name if name is not None else "sparse%d.%d" % (set_id, next(_COLLECTION_IDS[set_id]))
         self.shards = nn.Module()  # buffers, one per table: in state_dict, not in parameters()
         optimizers = []
         for i, (n, spec) in enumerate(self.specs.items()):
