@@ -323,6 +323,7 @@ int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len) {
   out->fused_responses = s.fused_responses.load(std::memory_order_relaxed);
   out->scheduled_responses = s.scheduled_responses.load(std::memory_order_relaxed);
   out->voted_responses = s.voted_responses.load(std::memory_order_relaxed);
+  out->alltoall_bytes_sent = s.alltoall_bytes_sent.load(std::memory_order_relaxed);
   if (const Coordinator* c = rt->coordinator()) {
     out->cache_entries = c->cache_entries();
     out->cache_evictions = c->cache_evictions();

@@ -219,6 +219,7 @@ PYBIND11_MODULE(_core, m) {
     d["cache_evictions"] = s.cache_evictions;
     d["scheduled_responses"] = s.scheduled_responses;
     d["voted_responses"] = s.voted_responses;
+    d["alltoall_bytes_sent"] = s.alltoall_bytes_sent;
     return py::make_tuple(code, std::string(code ? err : ""), d);
   });
 }

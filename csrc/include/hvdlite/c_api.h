@@ -129,6 +129,7 @@ typedef struct hvdlite_stats {
   int64_t cache_evictions;     /* rank 0: response cache evictions so far; 0 elsewhere */
   int64_t scheduled_responses; /* responses run from the steady-state schedule (no coordinator) */
   int64_t voted_responses;     /* of those, allreduces reduced from the inputs their votes carried */
+  int64_t alltoall_bytes_sent; /* bytes this rank's alltoalls sent to other members */
 } hvdlite_stats;
 /* Fills *out; a Precondition status (and zeros) when not initialized. */
 int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len);
