@@ -141,7 +141,8 @@ void SerializeWithRoom(Vote* vote, size_t input_size);
 Status Deserialize(std::string bytes, Vote* out);
 
 // First byte of every control payload says which kind it is.
-enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3 };
+// kP2pChunk and kP2pAck carry point-to-point messages (runtime/p2p.h).
+enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3, kP2pChunk = 4, kP2pAck = 5 };
 ControlKind PeekControlKind(const std::string& bytes);
 
 }  // namespace hvdlite

@@ -1,6 +1,6 @@
-"""hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor, context, pipeline and expert (MoE) parallelism for PyTorch
-modules, built only on hvdlite.torch's public collectives. One file (or zero_*.py family) per
-technique."""
+"""hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor, context, pipeline and expert (MoE)
+parallelism and sharded embedding tables for PyTorch modules, built only on hvdlite.torch's public
+collectives. One file (or name_*.py family) per technique."""
 
 from hvdlite.torch.parallel.cp import (
     ContextParallelAttention,
@@ -17,6 +17,13 @@ from hvdlite.torch.parallel.pipeline import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
+from hvdlite.torch.parallel.sparse import (
+    ShardedEmbedding,
+    ShardedEmbeddingBag,
+    ShardedEmbeddingCollection,
+    TableSpec,
+)
+from hvdlite.torch.parallel.sparse_checkpoint import load_sparse_checkpoint, save_sparse_checkpoint
 from hvdlite.torch.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -43,6 +50,10 @@ __all__ = [
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
     "SequenceParallelLayerNorm",
+    "ShardedEmbedding",
+    "ShardedEmbeddingBag",
+    "ShardedEmbeddingCollection",
+    "TableSpec",
     "VocabParallelEmbedding",
     "ZeroOptimizer",
     "consolidate_checkpoint",
@@ -52,7 +63,9 @@ __all__ = [
     "expert_parameters",
     "full_state_dict",
     "load_checkpoint",
+    "load_sparse_checkpoint",
     "moe_zero_optimizers",
     "save_checkpoint",
+    "save_sparse_checkpoint",
     "vocab_parallel_cross_entropy",
 ]
