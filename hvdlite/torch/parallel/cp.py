@@ -96,6 +96,29 @@ class Layout:
         docs = (cp_math.documents(qpos, self.cu_seqlens), cp_math.documents(kpos, self.cu_seqlens))
         return cp_math.allowed(qpos, kpos, docs[0], docs[1], self.causal)
 
+    def pieces(self, member, padded):
+        """Slices of `member`'s local rows, one per range of the full sequence it holds (two in
+        the zigzag layout; empty ones left out); with `padded`, the last one reaches the longest
+        member's length. Attention between pieces can be skipped where the mask hides it all."""
+        out, start = [], 0
+        ranges = cp_layout.shard_ranges(self.seq_len, self.members, member, self.causal)
+        for i, (_, n) in enumerate(ranges):
+            end = start + n + (self.longest - self.lengths[member] if padded and i == len(ranges) - 1 else 0)
+            if end > start:
+                out.append(slice(start, end))
+            start += n
+        return out
+
+    def visible(self, src):
+        """(query rows, key rows, mask) of every pair of pieces of this member's queries and
+        member `src`'s padded keys that the mask does not hide entirely."""
+        qpos, kpos = self.padded[self.me], self.padded[src]
+        for qs in self.pieces(self.me, False):
+            for ks in self.pieces(src, True):
+                mask = self.mask(qpos[qs], kpos[ks])
+                if mask is None or bool(mask.any()):
+                    yield qs, ks, mask
+
     def every_position(self):
         """Every member's padded positions, in member order."""
         return torch.cat(self.padded)

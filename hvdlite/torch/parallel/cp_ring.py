@@ -5,8 +5,10 @@ longest member's length, K and V in one buffer) travel around the ring, member i
 i+1 and receiving from i-1. At step s a member holds the block of member (i - s) mod P; it
 posts the send of that block and the receive of the next one before computing on it (double
 buffering: transfer overlaps compute) and merges the block's partial result into its running
-output by log-sum-exp in float32 (cp_math.merge). Blocks the mask leaves empty are skipped:
-with the zigzag layout of causal attention every member skips about the same work.
+output by log-sum-exp in float32 (cp_math.merge). It computes piece by piece (a member's two
+zigzag chunks against the block's two; Layout.visible) and skips the pieces the mask hides
+entirely: with the zigzag layout of causal attention every member skips about half of every
+other member's block, the same share on every member.
 
 Backward (flash-attention style, recomputing each block's scores from the saved log-sum-exp):
 the key/value blocks travel the same ring again, and with each block travels the float32
@@ -82,17 +84,19 @@ class RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, layout, ps, scale):
         ring = _Ring(layout, ps)
         heads, kv_heads = q.shape[1], k.shape[1]
-        qf, qpos = q.float(), layout.padded[layout.me][: q.shape[2]]
+        qf = q.float()
         out = qf.new_zeros(q.shape)
         lse = qf.new_full(q.shape[:3], cp_math.NEG_INF)
         block = _kv_block(k, v, layout)
         for step in range(ring.members):
             last = step == ring.members - 1
             pending = None if last else ring.shift(block, _KV_TAG)
-            mask = layout.mask(qpos, layout.padded[(ring.me - step) % ring.members])
-            if mask is None or bool(mask.any()):
+            pairs = list(layout.visible((ring.me - step) % ring.members))
+            if pairs:
                 kb, vb = (cp_math.expand_heads(t, heads).float() for t in block.split(kv_heads, dim=1))
-                out, lse = cp_math.merge(out, lse, *cp_math.block_forward(qf, kb, vb, mask, scale))
+            for qs, ks, mask in pairs:
+                part = cp_math.block_forward(qf[:, :, qs], kb[:, :, ks], vb[:, :, ks], mask, scale)
+                out[:, :, qs], lse[:, :, qs] = cp_math.merge(out[:, :, qs], lse[:, :, qs], *part)
             if pending is not None:
                 ring.wait(pending[0])
                 block = pending[1]
@@ -107,7 +111,7 @@ class RingAttention(torch.autograd.Function):
         layout, scale = ctx.layout, ctx.scale
         ring = _Ring(layout, ctx.ps)
         heads, kv_heads = q.shape[1], k.shape[1]
-        qf, qpos = q.float(), layout.padded[layout.me][: q.shape[2]]
+        qf = q.float()
         dout = dout.float()
         delta = (dout * out).sum(dim=-1)
         dq = torch.zeros_like(qf)
@@ -118,15 +122,26 @@ class RingAttention(torch.autograd.Function):
         for step in range(ring.members):
             last = step == ring.members - 1
             pending = None if last else ring.shift(block, _KV_TAG)
-            mask = layout.mask(qpos, layout.padded[(ring.me - step) % ring.members])
+            pairs = list(layout.visible((ring.me - step) % ring.members))
             share = block.new_zeros(block.shape, dtype=torch.float32)
-            if mask is None or bool(mask.any()):
+            if pairs:
                 kb, vb = (cp_math.expand_heads(t, heads).float() for t in block.split(kv_heads, dim=1))
-                dq_b, dk_b, dv_b = cp_math.block_backward(qf, kb, vb, mask, scale, dout, lse, delta)
-                dq += dq_b
-                share = torch.cat(
-                    [cp_math.fold_heads(dk_b, kv_heads), cp_math.fold_heads(dv_b, kv_heads)], dim=1
-                )
+                dk, dv = torch.zeros_like(kb), torch.zeros_like(vb)
+                for qs, ks, mask in pairs:
+                    dq_b, dk_b, dv_b = cp_math.block_backward(
+                        qf[:, :, qs],
+                        kb[:, :, ks],
+                        vb[:, :, ks],
+                        mask,
+                        scale,
+                        dout[:, :, qs],
+                        lse[:, :, qs],
+                        delta[:, :, qs],
+                    )
+                    dq[:, :, qs] += dq_b
+                    dk[:, :, ks] += dk_b
+                    dv[:, :, ks] += dv_b
+                share = torch.cat([cp_math.fold_heads(dk, kv_heads), cp_math.fold_heads(dv, kv_heads)], dim=1)
             if grad_in is not None:
                 ring.wait(grad_in[0])
                 share = share + grad_in[1]
