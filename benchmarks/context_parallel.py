@@ -15,7 +15,8 @@ each mode (ulysses, allgather, and ring where hvdlite has point-to-point), three
   the median over --reps repetitions after one warm-up; against "compute-only", the time the same
   call spent in the attention arithmetic itself (cp_math's block kernels, merges and masks, timed
   on every rank, max over ranks), i.e. the call with free communication. The ratio
-  compute-only / total is the mode's efficiency; the goal for ring is >= 0.85 at cp=2 and 4.
+  compute-only / total is the mode's efficiency (median over repetitions, and its range); the
+  goal for ring is >= 0.85 at cp=2 and 4.
 
 One compute thread per rank (torch.set_num_threads(1)). On a 2-core machine cp=4 oversubscribes
 the cores: its absolute times mean little, its ratios (both sides oversubscribed alike) still do.
@@ -163,10 +164,12 @@ def report(runs, args):
             total, kernel = statistics.median(r["total"]), statistics.median(r["kernel"])
             tokens = args.batch * args.seq
             ratio = "%.2f" % (r["memory"][1] / base["memory"][1]) if base else "-"
+            eff = sorted(k / t for k, t in zip(r["kernel"], r["total"]))
             print(
-                "| %d | %s | %.1f | %s | %s | %.0f | %.0f | %.2f |"
+                "| %d | %s | %.1f | %s | %s | %.0f | %.0f | %.2f (%.2f-%.2f) |"
                 % (cp, "(one process)" if cp == 1 else mode, r["memory"][1] / 2**20, ratio,
-                   _longest(r["memory"], args), tokens / total, tokens / kernel, kernel / total)
+                   _longest(r["memory"], args), tokens / total, tokens / kernel, statistics.median(eff),
+                   eff[0], eff[-1])
             )  # fmt: skip
     print()
     print("* extrapolated: saved bytes measured at %d and %d tokens, affine in the length."

@@ -1,5 +1,6 @@
-"""examples/long_context_gpt.py under hvdliterun: on cp=2 its loss goes down; on dp x cp and
-cp x tp (slow) it follows the same loss curve as one process (cp=1) to the printed digits."""
+"""examples/long_context_gpt.py under hvdliterun: on cp=2 its loss goes down; on cp x tp and
+cp=4 in ring mode (slow) it follows the same loss curve as one process (cp=1) to the printed
+digits, and on dp x cp it learns."""
 
 import re
 import subprocess
@@ -39,5 +40,7 @@ def test_long_context_example_matches_one_process():
     one, _ = _run(1, "--cp", "1", "--dp", "1", "--mode", "allgather", steps=8)
     cp_tp, _ = _run(4, "--cp", "2", "--tp", "2", "--dp", "1", "--mode", "ulysses", steps=8)
     assert cp_tp == one
+    ring, _ = _run(4, "--cp", "4", "--dp", "1", "--mode", "ring", steps=8)
+    assert ring == one
     dp_cp, out = _run(4, "--cp", "2", "--dp", "2", steps=8)
     assert "dp=2, ep=1, cp=2" in out and dp_cp[1] < dp_cp[0] - 1.0, out
