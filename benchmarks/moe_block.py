@@ -83,12 +83,12 @@ def _measure(block, args, rank, size, barrier, spent):
 
 def worker(args):
     import hvdlite.torch as hvd
-    from hvdlite.torch.parallel import moe_comm
+    from hvdlite.torch import conjugate
 
     torch.set_num_threads(1)
     hvd.init()
     spent = [0.0]
-    _timed(moe_comm, "exchange", spent)  # the layer's every alltoall goes through it
+    _timed(conjugate, "exchange", spent)  # the layer's every alltoall goes through it
     torch.manual_seed(0)
     moe = hvd.parallel.MoE(
         args.hidden, expert=lambda: _ffn(args.hidden), num_experts=args.experts, k=args.k,

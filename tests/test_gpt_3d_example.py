@@ -31,7 +31,7 @@ def test_gpt_3d_example_learns():
     )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    assert "[0]<stdout>:mesh (pp=2, dp=1, ep=1, tp=2) over 4 ranks" in out, out
+    assert "[0]<stdout>:mesh (pp=2, dp=1, ep=1, cp=1, tp=2) over 4 ranks" in out, out
     assert "[1]<stdout>:" not in out  # only rank 0 prints
     first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+) after 12 steps", out).groups())
     assert last < first - 1.0, out

@@ -10,13 +10,13 @@ from hvdlite.parallel import MeshLayout
 
 def test_layout_tp_innermost_pp_outermost():
     lay = MeshLayout(8, pp=2, dp=-1, tp=2)
-    assert lay.sizes == {"pp": 2, "dp": 2, "ep": 1, "tp": 2}
+    assert lay.sizes == {"pp": 2, "dp": 2, "ep": 1, "cp": 1, "tp": 2}
     assert lay.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert lay.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert lay.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert lay.groups(("dp", "tp")) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert lay.groups(("tp", "dp")) == lay.groups(("dp", "tp"))
-    assert lay.coords_of(5) == (1, 0, 0, 1)
+    assert lay.coords_of(5) == (1, 0, 0, 0, 1)
     assert all(lay.rank_of(**lay.coords_of(r)._asdict()) == r for r in range(8))
     assert lay.pipeline_pairs() == [(0, 4), (1, 5), (2, 6), (3, 7)]
 
@@ -69,8 +69,29 @@ def test_mesh_process_sets_on_eight_ranks():
     lay = MeshLayout(8, pp=2, dp=-1, tp=2)
     for r, out in enumerate(outs):
         assert out["coords"] == tuple(lay.coords_of(r))
-        assert "Mesh(pp=2, dp=2, ep=1, tp=2)" in out["repr"]
+        assert "Mesh(pp=2, dp=2, ep=1, cp=1, tp=2)" in out["repr"]
         for axis in ("pp", "dp", "ep", "tp", ("dp", "ep"), ("dp", "tp")):
             total, idx, n, ranks = out[str(axis)]
             assert ranks == lay.group_of(axis, r)
             assert total == sum(ranks) and idx == ranks.index(r) and n == len(ranks)
+
+
+def test_layout_cp_sits_between_ep_and_tp():
+    lay = MeshLayout(8, dp=-1, cp=2, tp=2)
+    assert lay.sizes == {"pp": 1, "dp": 2, "ep": 1, "cp": 2, "tp": 2}
+    assert lay.groups("cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert lay.groups(("cp", "tp")) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert lay.groups(("dp", "cp")) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_mesh_registers_single_axes_and_used_combinations_only():
+    lay = MeshLayout(16, pp=2, dp=2, ep=1, cp=2, tp=2)
+    every = lay.all_groups("all")
+    used = lay.all_groups()
+    # 5 axes: 31 combinations before; now the 5 axes and COMBINATIONS, deduplicated.
+    assert len(used) < len(every)
+    expected = {
+        tuple(g) for a in ("pp", "dp", "ep", "cp", "tp", ("dp", "ep"), ("dp", "cp")) for g in lay.groups(a)
+    }
+    expected |= set(lay.pipeline_pairs())
+    assert {tuple(g) for g in used} == expected

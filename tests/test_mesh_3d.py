@@ -60,7 +60,7 @@ def _mesh_body(sizes, n_microbatches):
     from torch import nn
 
     import hvdlite.torch as hvd
-    from hvdlite.torch.parallel.tp_comm import partition
+    from hvdlite.torch.conjugate import partition
 
     torch.set_num_threads(1)
     hvd.init()
@@ -119,7 +119,7 @@ def _check(sizes, n_microbatches, world):
                 dim, start, n = sliced
                 want = want[start : start + n] if dim == 0 else want[:, start : start + n]
             np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-6, err_msg=str((coords, key)))
-            by_key.setdefault((coords[3] if sliced else None, key), []).append(grad)  # coords[3]: tp
+            by_key.setdefault((coords[-1] if sliced else None, key), []).append(grad)  # coords[-1]: tp
     # dp replicas (and tp replicas of replicated parameters) hold the same bits
     for key, grads in by_key.items():
         assert all(np.array_equal(g, grads[0]) for g in grads), key

@@ -61,7 +61,7 @@ def _mlp(hvd, fc1, fc2, x, probe, out):
 def _sequence_parallel(hvd, fc1, fc2, ln, x, probe, out):
     import torch.nn.functional as F
 
-    from hvdlite.torch.parallel.tp_comm import partition
+    from hvdlite.torch.conjugate import partition
 
     P = hvd.parallel
     k, i = hvd.size(), hvd.rank()
@@ -90,7 +90,7 @@ def _vocab(hvd, emb, head, ids, target, out):
     logits = phead(pemb(ids))
     loss = P.vocab_parallel_cross_entropy(logits, target)
     loss.backward()
-    from hvdlite.torch.parallel.tp_comm import partition
+    from hvdlite.torch.conjugate import partition
 
     s0, n = partition(ids.shape[0], hvd.size(), hvd.rank())
     sp_emb = P.VocabParallelEmbedding.from_dense(emb, sequence_parallel=True)

@@ -1,5 +1,5 @@
 """hvdlite.parallel: framework-neutral building blocks of model parallelism: the device mesh
-(process sets for pipeline, data, expert and tensor parallel axes) and pipeline schedules as
+(process sets for pipeline, data, expert, context and tensor parallel axes) and pipeline schedules as
 checked per-rank action lists. The framework layers (hvdlite.torch.parallel) run them."""
 
 from hvdlite.parallel.mesh import AXES, Mesh, MeshCoords, MeshLayout, pair_process_set

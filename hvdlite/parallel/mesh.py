@@ -1,16 +1,19 @@
-"""A device mesh over the job's ranks: pipeline (pp), data (dp), expert (ep) and tensor (tp)
-parallel axes, framework-neutral.
+"""A device mesh over the job's ranks: pipeline (pp), data (dp), expert (ep), context (cp) and
+tensor (tp) parallel axes, framework-neutral.
 
 Rank layout: tp is the innermost axis (consecutive ranks, so on one host when ranks are
-placed host by host), then ep, then dp, and pp outermost::
+placed host by host), then cp, then ep, then dp, and pp outermost (Megatron-Core's order)::
 
-    rank = ((pp_index * dp + dp_index) * ep + ep_index) * tp + tp_index
+    rank = (((pp_index * dp + dp_index) * ep + ep_index) * cp + cp_index) * tp + tp_index
 
-``MeshLayout`` is the pure arithmetic (no runtime needed); ``Mesh`` also registers, at
-construction, one process set for every group of every axis and of every combination of
-axes, plus one two-rank set per pair of adjacent pipeline stages (the pipeline's transfer
-channels). Construction is collective: every rank must build the same Mesh at the same
-point of its program, because hvd.add_process_set is.
+``MeshLayout`` is the pure arithmetic (no runtime needed). ``Mesh`` registers, at
+construction, one process set for every group of every single axis, of the axis combinations
+add-ons use (``COMBINATIONS``: ("dp", "ep") for MoE statistics, ("dp", "cp") for gradient
+averaging under context parallelism) and of any the caller names, plus one two-rank set per
+pair of adjacent pipeline stages (the pipeline's transfer channels); a group equal to one
+already registered is not registered again. Construction is collective: every rank must build
+the same Mesh at the same point of its program, because hvd.add_process_set is. The first
+``process_set`` of any other combination registers its groups then, and so is collective too.
 """
 
 import collections
@@ -22,9 +25,12 @@ from hvdlite.common.process_sets import ProcessSet, add_process_set, global_proc
 from hvdlite.common.topology import rank as _world_rank
 from hvdlite.common.topology import size as _world_size
 
-AXES = ("pp", "dp", "ep", "tp")  # outermost first
+AXES = ("pp", "dp", "ep", "cp", "tp")  # outermost first
 
-MeshCoords = collections.namedtuple("MeshCoords", ["pp", "dp", "ep", "tp"])
+# Axis combinations registered with every Mesh (the ones the add-ons ask for).
+COMBINATIONS = (("dp", "ep"), ("dp", "cp"))
+
+MeshCoords = collections.namedtuple("MeshCoords", ["pp", "dp", "ep", "cp", "tp"])  # AXES
 
 
 def _axes_of(axis):
@@ -39,11 +45,11 @@ def _axes_of(axis):
 
 
 class MeshLayout:
-    """The arithmetic of a pp x dp x ep x tp mesh over `world_size` ranks. Pure Python:
+    """The arithmetic of a pp x dp x ep x cp x tp mesh over `world_size` ranks. Pure Python:
     it needs no runtime, so a layout can be planned (and tested) for any size."""
 
-    def __init__(self, world_size, pp=1, dp=-1, ep=1, tp=1):
-        sizes = {"pp": pp, "dp": dp, "ep": ep, "tp": tp}
+    def __init__(self, world_size, pp=1, dp=-1, ep=1, tp=1, cp=1):
+        sizes = {"pp": pp, "dp": dp, "ep": ep, "cp": cp, "tp": tp}
         bad = {a: s for a, s in sizes.items() if not isinstance(s, int) or (s < 1 and s != -1)}
         free = [a for a, s in sizes.items() if s == -1]
         if bad or len(free) > 1:
@@ -113,16 +119,20 @@ class MeshLayout:
                 pairs.add(tuple(sorted((group[k], group[(k + 1) % pp]))))
         return sorted(pairs)
 
-    def all_groups(self):
-        """Every distinct rank group of every non-empty combination of axes, then the pipeline
-        pairs: the order in which Mesh registers them (the same on every rank)."""
+    def all_groups(self, combinations=None):
+        """Every distinct rank group of every single axis and of each combination of axes in
+        `combinations` (default ``COMBINATIONS``; "all" for every non-empty combination), then
+        the pipeline pairs: the order in which Mesh registers them (the same on every rank)."""
+        if combinations == "all":
+            combos = [c for n in range(2, len(AXES) + 1) for c in itertools.combinations(AXES, n)]
+        else:
+            combos = [_axes_of(c) for c in (COMBINATIONS if combinations is None else combinations)]
         seen, out = set(), []
-        for n in range(1, len(AXES) + 1):
-            for axes in itertools.combinations(AXES, n):
-                for g in self.groups(axes):
-                    if tuple(g) not in seen:
-                        seen.add(tuple(g))
-                        out.append(g)
+        for axes in [(a,) for a in AXES] + combos:
+            for g in self.groups(axes):
+                if tuple(g) not in seen:
+                    seen.add(tuple(g))
+                    out.append(g)
         for g in self.pipeline_pairs():
             if tuple(g) not in seen:
                 seen.add(tuple(g))
@@ -167,27 +177,23 @@ def pair_process_set(a, b):
 
 
 class Mesh:
-    """hvd.Mesh(pp=1, dp=-1, ep=1, tp=1): this job's ranks as a 4-axis mesh (-1: whatever
-    is left). Collective: every rank must construct it with the same sizes, in the same
-    order relative to its other collectives; all process sets are registered here, once."""
+    """hvd.Mesh(pp=1, dp=-1, ep=1, tp=1, cp=1, combinations=None): this job's ranks as a
+    5-axis mesh (-1: whatever is left). Collective: every rank must construct it with the same
+    arguments, in the same order relative to its other collectives. `combinations` lists
+    further axis tuples whose sets to register now (default: ``COMBINATIONS``)."""
 
-    def __init__(self, pp=1, dp=-1, ep=1, tp=1):
-        self.layout = MeshLayout(_world_size(), pp=pp, dp=dp, ep=ep, tp=tp)
+    def __init__(self, pp=1, dp=-1, ep=1, tp=1, cp=1, combinations=()):
+        self.layout = MeshLayout(_world_size(), pp=pp, dp=dp, ep=ep, tp=tp, cp=cp)
         self._rank = _world_rank()
         self.coords = self.layout.coords_of(self._rank)
         self._sets: dict[tuple[int, ...], ProcessSet] = {}
-        world = tuple(range(self.layout.world_size))
-        for group in self.layout.all_groups():
-            key = tuple(group)
-            self._sets[key] = (
-                global_process_set if key == world else add_process_set(list(group), allow_duplicate=True)
-            )
+        self._register(self.layout.all_groups(list(COMBINATIONS) + list(combinations)))
         for a, b in self.layout.pipeline_pairs():
             _PAIR_SETS[(a, b)] = self._sets[(a, b)]
 
     @property
     def sizes(self):
-        """{axis: size} for pp, dp, ep, tp."""
+        """{axis: size} for pp, dp, ep, cp, tp."""
         return dict(self.layout.sizes)
 
     def size(self, axis=None):
@@ -207,10 +213,25 @@ class Mesh:
         """The global ranks of this rank's group along `axis`, ascending."""
         return self.layout.group_of(axis, self._rank)
 
+    def _register(self, groups):
+        """Registers each group not registered yet (collective: every rank, same groups)."""
+        world = tuple(range(self.layout.world_size))
+        for group in groups:
+            key = tuple(group)
+            if key not in self._sets:
+                self._sets[key] = (
+                    global_process_set if key == world else add_process_set(list(group), allow_duplicate=True)
+                )
+
     def process_set(self, axis):
         """The registered process set of this rank's group along `axis` (a name, or a tuple
-        of names such as ("dp", "ep")); the global set when the group is every rank."""
-        return self._sets[tuple(self.ranks(axis))]
+        of names such as ("dp", "ep")); the global set when the group is every rank. A
+        combination not registered at construction is registered now, for every group of it:
+        then this call is collective (every rank calls it at the same point)."""
+        key = tuple(self.ranks(axis))
+        if key not in self._sets:
+            self._register(self.layout.groups(axis))
+        return self._sets[key]
 
     def pipeline_peer(self, offset):
         """The global rank of the pipeline stage `offset` stages after this one (wrapping)."""

@@ -1,7 +1,13 @@
-"""hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor, pipeline and expert (MoE) parallelism
-and sharded embedding tables for PyTorch modules, built only on hvdlite.torch's public
+"""hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor, context, pipeline and expert (MoE)
+parallelism and sharded embedding tables for PyTorch modules, built only on hvdlite.torch's public
 collectives. One file (or name_*.py family) per technique."""
 
+from hvdlite.torch.parallel.cp import (
+    ContextParallelAttention,
+    context_parallel_attention,
+    cp_shard,
+    cp_unshard,
+)
 from hvdlite.torch.parallel.moe import MoE, expert_parameters
 from hvdlite.torch.parallel.moe_zero import moe_zero_optimizers
 from hvdlite.torch.parallel.pipeline import (
@@ -35,6 +41,7 @@ from hvdlite.torch.parallel.zero_optimizer import ZeroOptimizer
 
 __all__ = [
     "ColumnParallelLinear",
+    "ContextParallelAttention",
     "MoE",
     "PipelineStage",
     "RowParallelLinear",
@@ -50,6 +57,9 @@ __all__ = [
     "VocabParallelEmbedding",
     "ZeroOptimizer",
     "consolidate_checkpoint",
+    "context_parallel_attention",
+    "cp_shard",
+    "cp_unshard",
     "expert_parameters",
     "full_state_dict",
     "load_checkpoint",

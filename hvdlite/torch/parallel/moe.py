@@ -30,7 +30,8 @@ from torch import nn
 
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.torch.parallel import moe_comm, moe_experts
+from hvdlite.torch import conjugate
+from hvdlite.torch.parallel import moe_experts
 
 _LAYER_IDS = itertools.count()
 
@@ -148,7 +149,9 @@ class MoE(nn.Module):
         top_p, top_i = probs.topk(k, dim=-1)
         weights = top_p / top_p.sum(dim=-1, keepdim=True) if k > 1 else top_p
         counts = torch.stack([torch.bincount(top_i[:, s], minlength=E) for s in range(k)])  # [k, E]
-        every = moe_comm.gather_rows(counts.reshape(1, k * E), self.name + ".counts", sps).reshape(-1, k, E)
+        every = conjugate.gather_now(counts.reshape(1, k * E), 0, self.name + ".counts", sps).reshape(
+            -1, k, E
+        )
         total = every.sum(dim=0)  # [k, E]
         n_global = int(total[0].sum())
         cap = self.capacity(n_global)
@@ -174,7 +177,7 @@ class MoE(nn.Module):
         if not (self.aux_loss_coef or self.z_loss_coef) or n_global == 0:
             return torch.zeros((), dtype=torch.float32)
         z_local = torch.logsumexp(logits, dim=-1).square().sum().reshape(1)
-        sums = moe_comm.sum_everywhere(
+        sums = conjugate.sum_everywhere(
             torch.cat([probs.sum(dim=0), z_local]), self.name + ".stats", self.stats_process_set
         )
         E = self.num_experts
@@ -194,9 +197,9 @@ class MoE(nn.Module):
         order = torch.sort(expert, stable=True).indices  # expert-major, then token, then slot
         token, expert, weight = token[order], expert[order], weight[order]
         send = torch.bincount(expert, minlength=E)  # [E]: rows for each expert
-        recv, _ = moe_comm.exchange(send, [L] * members, self.name + ".sizes", ps)
+        recv, _ = conjugate.exchange(send, [L] * members, self.name + ".sizes", ps)
         recv = recv.reshape(members, L)  # rows from member q for local expert l
-        rows = moe_comm.all_to_all(
+        rows = conjugate.all_to_all(
             h[token], send.reshape(members, L).sum(dim=1).tolist(), self.name + ".dispatch", ps
         )
         local = list(self.experts)
@@ -206,7 +209,7 @@ class MoE(nn.Module):
         else:
             self.expert_runs["loop"] += 1
             done = moe_experts.run_loop(local, rows, recv)
-        returned = moe_comm.all_to_all(done, recv.sum(dim=1).tolist(), self.name + ".combine", ps)
+        returned = conjugate.all_to_all(done, recv.sum(dim=1).tolist(), self.name + ".combine", ps)
         scaled = returned * weight.to(returned.dtype).unsqueeze(1)
         out = returned.new_zeros((T, *returned.shape[1:]))
         return out.index_add(0, token, scaled)

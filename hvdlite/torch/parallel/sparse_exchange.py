@@ -29,7 +29,7 @@ import torch
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel.moe_comm import exchange
+from hvdlite.torch.conjugate import exchange
 
 # one step's updates held back by the staleness bound: ([(table, rows, gradient rows)],
 # {table: mean square of each full row}, for row-wise Adagrad on column-sharded tables)

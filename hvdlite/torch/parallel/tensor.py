@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvdlite.common import exceptions
+from hvdlite.common import dtypes, exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.torch.parallel import tp_comm
-from hvdlite.torch.parallel.tp_comm import partition
+from hvdlite.torch import conjugate
+from hvdlite.torch.conjugate import partition
 
 _ids = itertools.count()  # per-process layer numbering: the same on members that build alike
 
@@ -48,7 +48,7 @@ def _member(process_set, what):
 def _gather_param(t, dim, name, ps):
     """The full tensor from every member's block along `dim` (collective, not differentiable)."""
     with torch.no_grad():
-        return tp_comm._gather(t.detach(), dim, name, ps)
+        return conjugate.gather_now(t.detach(), dim, name, ps)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -100,12 +100,12 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x):
         ps = self.process_set
         if self.sequence_parallel:
-            x = tp_comm.gather_sequence(x, self._tag + ".sp", ps)
+            x = conjugate.gather_sequence(x, self._tag + ".sp", ps)
         else:
-            x = tp_comm.copy_to_region(x, self._tag + ".in", ps)
+            x = conjugate.copy_to_region(x, self._tag + ".in", ps)
         y = F.linear(x, self.weight, self.bias)
         if self.gather_output:
-            y = tp_comm.gather_from_region(y, -1, self._tag + ".out", ps, rows=self._rows)
+            y = conjugate.gather_from_region(y, -1, self._tag + ".out", ps, sizes=self._rows)
         return y
 
     def full_weight(self):
@@ -183,13 +183,13 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         ps = self.process_set
         if not self.input_is_parallel:
-            x = tp_comm.scatter_to_region(x, -1, self._tag + ".in", ps)
+            x = conjugate.scatter_to_region(x, -1, self._tag + ".in", ps)
         y = F.linear(x, self.weight)
         if self.sequence_parallel:
-            y = tp_comm.reduce_scatter_sequence(y, self._tag + ".sp", ps)
-            bias = None if self.bias is None else tp_comm.copy_to_region(self.bias, self._tag + ".bias", ps)
+            y = conjugate.reduce_scatter_sequence(y, self._tag + ".sp", ps)
+            bias = None if self.bias is None else conjugate.copy_to_region(self.bias, self._tag + ".bias", ps)
         else:
-            y = tp_comm.reduce_from_region(y, self._tag + ".out", ps)
+            y = conjugate.reduce_from_region(y, self._tag + ".out", ps)
             bias = self.bias
         return y if bias is None else y + bias
 
@@ -260,8 +260,8 @@ class VocabParallelEmbedding(nn.Module):
         local = (ids - self.start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
-            return tp_comm.reduce_scatter_sequence(out, self._tag + ".sp", self.process_set)
-        return tp_comm.reduce_from_region(out, self._tag + ".out", self.process_set)
+            return conjugate.reduce_scatter_sequence(out, self._tag + ".sp", self.process_set)
+        return conjugate.reduce_from_region(out, self._tag + ".out", self.process_set)
 
     def full_weight(self):
         """The whole embedding table, gathered (collective over the set)."""
@@ -293,9 +293,9 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
     def forward(self, x):
         w, b = self.weight, self.bias
         if w is not None:
-            w = tp_comm.copy_to_region(w, self._tag + ".w", self.process_set)
+            w = conjugate.copy_to_region(w, self._tag + ".w", self.process_set)
         if b is not None:
-            b = tp_comm.copy_to_region(b, self._tag + ".b", self.process_set)
+            b = conjugate.copy_to_region(b, self._tag + ".b", self.process_set)
         return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
 
 
@@ -312,15 +312,15 @@ def vocab_parallel_cross_entropy(
         raise exceptions.InvalidArgumentError(
             "reduction must be 'mean', 'sum' or 'none', not %r" % (reduction,)
         )
-    sizes = tp_comm._rows(logits, -1, name + ".sizes", ps)
+    sizes = conjugate.sizes_now(logits, -1, name + ".sizes", ps)
     start, n = sum(sizes[:i]), sizes[i]
     with torch.no_grad():
-        top = tp_comm.allreduce_max(logits.max(dim=-1).values, name + ".max", ps)
+        top = conjugate.allreduce_now(logits.max(dim=-1).values, dtypes.Max, name + ".max", ps)
     shifted = logits - top.unsqueeze(-1)
     outside = (target < start) | (target >= start + n)
     local = (target - start).masked_fill(outside, 0)
     picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-    both = tp_comm.reduce_from_region(torch.stack([picked, shifted.exp().sum(dim=-1)]), name + ".sum", ps)
+    both = conjugate.reduce_from_region(torch.stack([picked, shifted.exp().sum(dim=-1)]), name + ".sum", ps)
     loss = both[1].log() - both[0]
     ignored = target == ignore_index
     loss = loss.masked_fill(ignored, 0.0)
