@@ -41,7 +41,7 @@
 //  Epochs: votes carry the schedule's epoch, so a late vote of a schedule
 //  that is over is dropped, and one of a schedule a rank has not received yet
 //  is kept for it.
-//  Bounded waits (runtime_steady.cc): a live rank's engine votes within its
+//  Bounded waits (runtime/steady_driver.cc): a live rank's engine votes within its
 //  patience (at most 1 s) of seeing a peer's vote, so a rank that voted ready
 //  waits at most that long for a live peer; it warns as the stall inspector
 //  does after HVDLITE_STALL_CHECK_TIME_SECONDS and fails, as a hung transfer

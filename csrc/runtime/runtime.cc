@@ -19,7 +19,6 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   if (rt->cfg_.PIN_CORES) PinToCoreIfHostIsFull(rt->topo_);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), rt->topo_.host_of, &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
-  rt->steady_ = SteadySchedule(rt->topo_.rank, rt->topo_.size);
   rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);
   Timeline* timeline = rt->topo_.rank == 0 ? &rt->timeline_ : nullptr;
   if (timeline && !rt->cfg_.TIMELINE.empty()) {
@@ -31,6 +30,16 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   }
   rt->executor_.reset(new Executor(rt->topo_.rank, rt->backend_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
                                    &rt->local_cache_, timeline));
+  SteadyStateDriver::Parts parts;
+  parts.cfg = &rt->cfg_;
+  parts.topo = &rt->topo_;
+  parts.transport = rt->transport_.get();
+  parts.executor = rt->executor_.get();
+  parts.queue = &rt->queue_;
+  parts.cache = &rt->local_cache_;
+  parts.timeline = &rt->timeline_;
+  parts.host = rt.get();
+  rt->steady_.reset(new SteadyStateDriver(parts));
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
   *out = std::move(rt);
   return Status::OK();
@@ -119,15 +128,7 @@ Status Runtime::SendNewRequests() {
   } else {
     queue_.TakeNew(&fresh, &list.waits, &list.has_waits);
   }
-  if (held_has_waits_ && !list.has_waits) {  // reported while in schedule mode (and not changed since)
-    list.waits = std::move(held_waits_);
-    list.has_waits = true;
-  }
-  held_has_waits_ = false;
-  if (!held_.empty()) {  // held in schedule mode, which this rank just left: they go first
-    fresh.insert(fresh.begin(), std::make_move_iterator(held_.begin()), std::make_move_iterator(held_.end()));
-    held_.clear();
-  }
+  steady_->TakeHeld(&fresh, &list.waits, &list.has_waits);  // held in schedule mode, which this rank left
   if (fresh.empty() && !list.has_waits) return Status::OK();
   list.cache_ack = local_cache_.acked();
   if (timeline_.Active() && timeline_.MarkCycles()) timeline_.Mark("", "CYCLE_START");
@@ -156,21 +157,24 @@ Status Runtime::HandleIncoming() {
       for (auto& r : list.responses) todo_.push_back(std::move(r));
       local_cache_.QueueEvictions(list.evicted_cache_ids, list.eviction_seq);
       finished_ |= list.shutdown;
-      if (!list.schedule.empty()) {
-        announced_epoch_ = list.schedule_epoch;
-        announced_ = std::move(list.schedule);
-      }
+      steady_->Announce(list.schedule_epoch, std::move(list.schedule));
     } else if (PeekControlKind(msg.payload) == ControlKind::kVote) {
-      Vote v;
-      HVD_RETURN_IF_ERROR(
-          Deserialize(std::move(msg.payload), &v).WithContext("from rank " + std::to_string(msg.peer)));
-      steady_.OnVote(msg.peer, std::move(v));
+      HVD_RETURN_IF_ERROR(steady_->OnVoteMessage(msg.peer, std::move(msg.payload)));
     } else {
       return Status::Internal("unexpected control message from rank " + std::to_string(msg.peer));
     }
   }
   incoming_.clear();
   return Status::OK();
+}
+
+Status Runtime::DrainControl() {
+  HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));
+  return HandleIncoming();
+}
+
+void Runtime::ScheduleEnded() {
+  if (coordinator_) coordinator_->EndSchedule();
 }
 
 // Rank 0: turn what every rank has submitted into responses, send each rank
@@ -188,10 +192,7 @@ Status Runtime::Coordinate() {
   }
   for (auto& resp : per_rank[0].responses) todo_.push_back(std::move(resp));
   local_cache_.QueueEvictions(per_rank[0].evicted_cache_ids, per_rank[0].eviction_seq);
-  if (!per_rank[0].schedule.empty()) {
-    announced_epoch_ = per_rank[0].schedule_epoch;
-    announced_ = std::move(per_rank[0].schedule);
-  }
+  steady_->Announce(per_rank[0].schedule_epoch, std::move(per_rank[0].schedule));
   return Status::OK();
 }
 
@@ -227,7 +228,7 @@ int Runtime::WaitBudgetMs(bool shutting_down) {
   int budget = 1000;  // idle: wake once a second at most (stall checks)
   if (!cfg_.DEADLOCK_CHECK_DISABLE) budget = std::min(budget, queue_.MsUntilWaitReport());
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
-  budget = std::min(budget, ScheduleBudgetMs());
+  budget = std::min(budget, steady_->BudgetMs());
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
                                                                       std::chrono::steady_clock::now())
