@@ -34,10 +34,22 @@ void SteadyStateDriver::TakeHeld(std::vector<Request>* fresh, RankWaits* waits, 
   }
 }
 
-Status SteadyStateDriver::OnVoteMessage(int peer, std::string payload) {
-  Vote v;
-  HVD_RETURN_IF_ERROR(Deserialize(std::move(payload), &v).WithContext("from rank " + std::to_string(peer)));
-  steady_.OnVote(peer, std::move(v));
+Status SteadyStateDriver::OnVoteMessage(int peer, const std::string& payload) {
+  VoteMessage m;
+  HVD_RETURN_IF_ERROR(Deserialize(payload, &m).WithContext("from rank " + std::to_string(peer)));
+  steady_.OnMessage(peer, m, payload);
+  return Flush();  // a decision goes on down at once
+}
+
+// Sends what the vote tree has for this rank's parent and children. A peer
+// that departed gets nothing (CountDeparted accounts for it).
+Status SteadyStateDriver::Flush() {
+  steady_.TakeOutgoing(&outgoing_);
+  for (const SteadySchedule::Outgoing& out : outgoing_) {
+    if (p_.transport->PeerDeparted(out.peer)) continue;
+    HVD_RETURN_IF_ERROR(p_.transport->SendControl(out.peer, out.wire));
+  }
+  outgoing_.clear();
   return Status::OK();
 }
 
@@ -115,7 +127,7 @@ bool SteadyStateDriver::ChooseVote(Vote* v) {
     v->barrier = true;
     return true;
   }
-  if (held_.empty() && !steady_.AnyVote()) {
+  if (held_.empty() && !steady_.Aware()) {
     patience_started_ = false;
     return false;
   }
@@ -139,30 +151,51 @@ Status SteadyStateDriver::SendVote(Vote v) {
   v.position = steady_.position();
   if (!v.ready || !p_.executor->VotedInput(steady_.group(), &v)) SerializeWithRoom(&v, 0);
   voted_at_ = last_vote_warning_ = Clock::now();
-  for (int peer = 0; peer < p_.topo->size; ++peer) {
-    if (peer == p_.topo->rank || p_.transport->PeerDeparted(peer)) continue;
-    HVD_RETURN_IF_ERROR(p_.transport->SendControl(peer, v.wire));
-  }
   voted_barrier_ = v.barrier;
   steady_.VoteSelf(std::move(v));
-  return Status::OK();
+  return Flush();
 }
 
-// A peer that departed without voting at the current position never will:
-// it counts as exit. Its vote, if it sent one, was sent before its departure
-// notice; the control plane is drained once more first so it is not missed.
-Status SteadyStateDriver::CountDepartedAsExit() {
-  for (int peer = 0; peer < p_.topo->size; ++peer) {
-    if (peer == p_.topo->rank || steady_.Voted(peer) || !p_.transport->PeerDeparted(peer)) continue;
-    HVD_RETURN_IF_ERROR(p_.host->DrainControl());
-    if (!steady_.active()) return Status::OK();
-    if (steady_.Voted(peer)) continue;
-    Vote v;
-    v.epoch = steady_.epoch();
-    v.position = steady_.position();
-    steady_.OnVote(peer, v);
+// A child that departed without reporting at the current position never
+// will: its subtree counts as exit; a departed parent's decision never comes
+// (SteadySchedule::PeerDeparted). What it sent before its departure notice is
+// taken in first, so it is not missed.
+Status SteadyStateDriver::CountDeparted() {
+  const int parent = steady_.parent();
+  auto departed = [&](int peer) { return peer >= 0 && p_.transport->PeerDeparted(peer); };
+  bool any = departed(parent);
+  for (int c : steady_.children()) any |= departed(c);
+  if (!any) return Status::OK();
+  HVD_RETURN_IF_ERROR(p_.host->DrainControl());
+  if (!steady_.active()) return Status::OK();
+  if (departed(parent)) steady_.PeerDeparted(parent);
+  for (int c : steady_.children()) {
+    if (departed(c)) steady_.PeerDeparted(c);
   }
-  return Status::OK();
+  return Flush();
+}
+
+// Once this rank knew of a vote at its position, its subtree has the stall
+// delay (the patience) to complete; then the vote tree reports the stall up
+// and wakes the idle ranks below (coordinator/steady_state.h).
+Status SteadyStateDriver::CheckStall() {
+  if (!steady_.Aware() || steady_.SubtreeComplete()) return Status::OK();
+  const Clock::time_point now = Clock::now();
+  if (!aware_started_) {
+    aware_started_ = true;
+    aware_since_ = now;
+  }
+  if (std::chrono::duration<double>(now - aware_since_).count() < PatienceSeconds()) return Status::OK();
+  steady_.Stall();
+  return Flush();
+}
+
+// How long this rank waits, after its vote, for the decision before it
+// fails: rank 0 fails first and tells every rank (kFail); the others allow
+// for rank 0 voting up to a stall delay and a patience after them.
+double SteadyStateDriver::FailAfterSeconds() const {
+  return p_.cfg->TIMEOUT_SECONDS + PatienceSeconds() * (p_.topo->rank == 0 ? 1 : 3) +
+         (p_.topo->rank == 0 ? 0.0 : 1.0);
 }
 
 // This rank voted and waits for the others. A live peer votes within its
@@ -170,22 +203,26 @@ Status SteadyStateDriver::CountDepartedAsExit() {
 // a hung process: warn as the stall inspector would, and after
 // HVDLITE_TIMEOUT_SECONDS (plus the patience) fail as a hung transfer does.
 Status SteadyStateDriver::CheckVoteWait() {
-  if (!steady_.Voted(p_.topo->rank)) return Status::OK();
+  if (!steady_.VotedSelf()) return Status::OK();
   const Clock::time_point now = Clock::now();
   const double waited = std::chrono::duration<double>(now - voted_at_).count();
-  const bool fail = waited >= p_.cfg->TIMEOUT_SECONDS + PatienceSeconds();
+  const bool fail = waited >= FailAfterSeconds();
   const bool warn =
       !p_.cfg->STALL_CHECK_DISABLE &&
       std::chrono::duration<double>(now - last_vote_warning_).count() >= p_.cfg->STALL_CHECK_TIME_SECONDS;
   if (!fail && !warn) return Status::OK();
-  std::string missing;
-  for (int r = 0; r < p_.topo->size; ++r) {
-    if (!steady_.Voted(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  const std::vector<int> missing = steady_.Missing();
+  std::ostringstream os;
+  if (missing.empty()) {
+    os << "rank 0 sent no steady-state decision";
+  } else {
+    os << "ranks ";
+    for (size_t i = 0; i < missing.size() && i < kNamedRanks; ++i) os << (i ? ", " : "") << missing[i];
+    if (missing.size() > kNamedRanks) os << " (and " << missing.size() - kNamedRanks << " more)";
+    os << " sent no steady-state vote";
   }
   const Response& g = steady_.group();
-  std::ostringstream os;
-  os << "ranks " << missing << " sent no steady-state vote for " << static_cast<int>(waited)
-     << " s while rank " << p_.topo->rank;
+  os << " for " << static_cast<int>(waited) << " s while rank " << p_.topo->rank;
   if (voted_barrier_ && HeldBarrier() != nullptr) {
     os << " waits in barrier '" << HeldBarrier()->name << "'";
   } else {
@@ -193,9 +230,12 @@ Status SteadyStateDriver::CheckVoteWait() {
     if (g.names.size() > 1) os << " (and " << g.names.size() - 1 << " more)";
   }
   if (fail) {
-    return Status::Timeout(os.str() +
-                           ": their hvdlite engine does not run (a stopped or hung process). "
-                           "Raise HVDLITE_TIMEOUT_SECONDS if it is only slow");
+    const std::string why = os.str() +
+                            ": their hvdlite engine does not run (a stopped or hung process). "
+                            "Raise HVDLITE_TIMEOUT_SECONDS if it is only slow";
+    steady_.Fail(why);  // rank 0: every rank fails with this message
+    HVD_RETURN_IF_ERROR(Flush());
+    return Status::Timeout(why);
   }
   last_vote_warning_ = now;
   HVD_LOG(kWarning, os.str() << "; a live rank votes within a second, so it may be stopped or hung.");
@@ -207,11 +247,14 @@ Status SteadyStateDriver::CheckVoteWait() {
 Status SteadyStateDriver::Run() {
   while (steady_.active()) {
     Vote vote;
-    if (!steady_.Voted(p_.topo->rank) && ChooseVote(&vote)) HVD_RETURN_IF_ERROR(SendVote(std::move(vote)));
-    HVD_RETURN_IF_ERROR(CountDepartedAsExit());
+    if (!steady_.VotedSelf() && ChooseVote(&vote)) HVD_RETURN_IF_ERROR(SendVote(std::move(vote)));
+    HVD_RETURN_IF_ERROR(CountDeparted());
+    HVD_RETURN_IF_ERROR(CheckStall());
     switch (steady_.Decide()) {
       case SteadySchedule::Outcome::kWait:
         return CheckVoteWait();
+      case SteadySchedule::Outcome::kFail:
+        return Status::Timeout(steady_.failure());
       case SteadySchedule::Outcome::kExit:
         return LeaveSchedule();
       case SteadySchedule::Outcome::kRun:
@@ -241,7 +284,7 @@ Status SteadyStateDriver::RunScheduledGroup() {
   const bool voted_inputs = steady_.VotedInputs(&voted_inputs_);
   Status st = p_.executor->ExecuteScheduled(group, voted_inputs ? &voted_inputs_ : nullptr);
   steady_.Advance();
-  patience_started_ = false;
+  patience_started_ = aware_started_ = false;
   return st;
 }
 
@@ -258,7 +301,7 @@ Status SteadyStateDriver::RunScheduledBarrier() {
   if (p_.timeline->Active()) p_.timeline->End(barrier.names[0], "QUEUE");
   Status st = p_.executor->ExecuteScheduled(barrier);
   steady_.Advance();
-  patience_started_ = false;
+  patience_started_ = aware_started_ = false;
   return st;
 }
 
@@ -268,7 +311,7 @@ Status SteadyStateDriver::LeaveSchedule() {
   HVD_LOG(kDebug,
           "steady state: leaving schedule " << steady_.epoch() << " at position " << steady_.position());
   steady_.Leave();
-  patience_started_ = false;
+  patience_started_ = aware_started_ = false;
   unexpected_held_ = false;
   p_.host->ScheduleEnded();
   return p_.host->SendNewRequests();
@@ -279,7 +322,7 @@ Status SteadyStateDriver::EnterAnnounced() {
   if (announced_.empty() || steady_.active()) return Status::OK();
   steady_.Enter(announced_epoch_, std::move(announced_));
   announced_.clear();
-  patience_started_ = false;
+  patience_started_ = aware_started_ = false;
   unexpected_held_ = false;
   HVD_LOG(kDebug, "steady state: entering schedule " << steady_.epoch() << " of "
                                                      << steady_.group().names.size() << "+ tensors");
@@ -297,15 +340,17 @@ int SteadyStateDriver::BudgetMs() const {
     return from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   };
   Clock::time_point due;
-  if (steady_.Voted(p_.topo->rank)) {
-    due = after(voted_at_, p_.cfg->TIMEOUT_SECONDS + PatienceSeconds());
+  due = Clock::time_point::max();
+  if (steady_.VotedSelf()) {
+    due = after(voted_at_, FailAfterSeconds());
     if (!p_.cfg->STALL_CHECK_DISABLE)
       due = std::min(due, after(last_vote_warning_, p_.cfg->STALL_CHECK_TIME_SECONDS));
   } else if (patience_started_) {
     due = after(patience_since_, PatienceSeconds());
-  } else {
-    return 1000;
   }
+  if (aware_started_ && !steady_.SubtreeComplete())
+    due = std::min(due, after(aware_since_, PatienceSeconds()));
+  if (due == Clock::time_point::max()) return 1000;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count();
   return static_cast<int>(std::max<long long>(0, std::min<long long>(left + 1, 1000)));
 }

@@ -64,7 +64,7 @@ class SteadyStateDriver {
   // *has_waits is false, the held report of blocked callers into *waits.
   void TakeHeld(std::vector<Request>* fresh, RankWaits* waits, bool* has_waits);
   // A vote message from `peer` (the wire form of a Vote).
-  Status OnVoteMessage(int peer, std::string payload);
+  Status OnVoteMessage(int peer, const std::string& payload);
   // A schedule the coordinator announced with this turn's responses; it is
   // entered by EnterAnnounced once they have run.
   void Announce(int64_t epoch, std::vector<Response> schedule);
@@ -80,24 +80,31 @@ class SteadyStateDriver {
   bool ChooseVote(Vote* v);
   Status SendVote(Vote v);
   const Request* HeldBarrier() const;
-  Status CountDepartedAsExit();
+  Status Flush();
+  Status CountDeparted();
+  Status CheckStall();
   Status CheckVoteWait();
+  double FailAfterSeconds() const;
   Status RunScheduledGroup();
   Status RunScheduledBarrier();
   Status LeaveSchedule();
   double PatienceSeconds() const;
 
+  static constexpr size_t kNamedRanks = 32;  // an error names at most this many missing ranks
   Parts p_;
   SteadySchedule steady_;
-  std::vector<Request> taken_;             // scratch for TakeNew (capacity kept)
-  std::vector<const char*> voted_inputs_;  // scratch: the inputs a group's votes carried
-  std::vector<Request> held_;              // submitted, not sent to the coordinator
-  bool unexpected_held_ = false;           // held_ has something the schedule does not expect
-  RankWaits held_waits_;                   // the blocked callers' report, when it changed in schedule mode
+  std::vector<SteadySchedule::Outgoing> outgoing_;  // scratch for Flush (capacity kept)
+  std::vector<Request> taken_;                      // scratch for TakeNew (capacity kept)
+  std::vector<const char*> voted_inputs_;           // scratch: the inputs a group's votes carried
+  std::vector<Request> held_;                       // submitted, not sent to the coordinator
+  bool unexpected_held_ = false;                    // held_ has something the schedule does not expect
+  RankWaits held_waits_;  // the blocked callers' report, when it changed in schedule mode
   bool held_has_waits_ = false;
   bool voted_barrier_ = false;     // this rank's last vote was barrier (CheckVoteWait's message)
   bool patience_started_ = false;  // this rank waits at the current position since patience_since_
   Clock::time_point patience_since_;
+  bool aware_started_ = false;  // a vote at the current position is known here since aware_since_
+  Clock::time_point aware_since_;
   Clock::time_point voted_at_, last_vote_warning_;  // this rank's vote at the current position
   int64_t announced_epoch_ = 0;                     // a schedule announced in this turn's responses,
   std::vector<Response> announced_;                 // entered once they have run
