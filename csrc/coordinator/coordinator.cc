@@ -87,7 +87,9 @@ void Coordinator::Add(int rank, const RequestList& list) {
       waits_[rank] = list.waits;
     }
   }
-  if (!waits_.empty() && (list.has_waits || !list.requests.empty())) CheckDeadlock();
+  // Checked once per Drain, not per Add: a cycle brings up to one list per
+  // rank, and a check per list would cost O(ranks^2) per cycle.
+  deadlock_check_due_ |= !waits_.empty() && (list.has_waits || !list.requests.empty());
 }
 
 void Coordinator::CheckDeadlock() {
@@ -351,6 +353,10 @@ void Coordinator::FuseInto(std::vector<Decided>* out) {
 }
 
 bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
+  if (deadlock_check_due_) {
+    deadlock_check_due_ = false;
+    if (!waits_.empty()) CheckDeadlock();
+  }
   bool announce = AllRanksShutDown() && !shutdown_announced_;
   if (decided_.empty() && !announce) return false;  // (every turn in the steady state: no allocation)
   if (!announce && cycle_time_ms_ > 0 && MsUntilDue() > 0) return false;  // hold for fusion
