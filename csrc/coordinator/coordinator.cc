@@ -141,7 +141,8 @@ void Coordinator::AddOne(Request r) {
     OnJoin(r.rank);
     return;
   }
-  std::vector<int> ranks = sets_->Ranks(r.process_set);
+  const std::shared_ptr<const std::vector<int>> members = sets_->Members(r.process_set);
+  const std::vector<int>& ranks = *members;
   if (ranks.empty()) {
     DecideError(r, {r.rank},
                 Status::InvalidArgument(std::string(OpTypeName(r.type)) + " of tensor '" + r.name +
@@ -194,6 +195,9 @@ void Coordinator::AddOne(Request r) {
 }
 
 bool Coordinator::Ready(const Pending& p, const std::vector<int>& ranks) const {
+  // O(1) unless some rank has joined: this runs once per request.
+  if (p.count == static_cast<int>(ranks.size())) return p.count > 0;
+  if (joined_ranks_.empty()) return false;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (!p.have[i] && !joined_ranks_.count(ranks[i])) return false;
   }
