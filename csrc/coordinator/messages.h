@@ -159,7 +159,7 @@ std::string Serialize(const VoteMessage& message);
 Status Deserialize(const std::string& bytes, VoteMessage* out);
 
 // First byte of every control payload says which kind it is.
-enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3 };
+enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3, kRelay = 4 };
 ControlKind PeekControlKind(const std::string& bytes);
 
 }  // namespace hvdlite

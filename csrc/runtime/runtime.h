@@ -28,6 +28,7 @@
 #include "coordinator/autotuner.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
+#include "coordinator/relay.h"
 #include "coordinator/response_cache.h"
 #include "coordinator/steady_state.h"
 #include "runtime/bootstrap.h"
@@ -95,6 +96,8 @@ class Runtime : private SteadyStateDriver::Host {
   bool SpinYields() const;
   // Runtime (runtime.cc).
   Status HandleIncoming();
+  Status FlushRelay();
+  Status TakeResponses(const std::string& payload);
   Status Coordinate();
   Status CheckCoordinatorStays();
   int WaitBudgetMs(bool shutting_down);
@@ -115,6 +118,7 @@ class Runtime : private SteadyStateDriver::Host {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<NegotiationRelay> relay_;   // negotiation's way to and from rank 0 (the vote tree)
   std::unique_ptr<Executor> executor_;
   std::mutex gpu_mu_;                     // guards loading the NCCL module
   std::unique_ptr<GpuBackend> gpu_;       // loaded on the first CUDA tensor; destroyed before executor_
@@ -133,6 +137,8 @@ class Runtime : private SteadyStateDriver::Host {
   // Scratch reused every turn: the requests a turn takes from the queue
   // (TakeNew swaps its buffer with the queue's, so both keep their capacity).
   std::vector<Request> taken_;
+  std::vector<NegotiationRelay::Delivery> relayed_;  // what a relay message held for this rank
+  std::vector<NegotiationRelay::Outgoing> relay_out_;
   bool finished_ = false;       // every rank shut down: the background thread leaves
   bool engine_broken_ = false;  // Break() ran: nobody may run the engine again
   SpinBudget engine_spin_;      // how long the engine holder polls for work before sleeping

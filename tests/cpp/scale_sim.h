@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
+#include "coordinator/relay.h"
 #include "coordinator/response_cache.h"
 #include "coordinator/steady_state.h"
 
@@ -68,69 +69,66 @@ class ScaleSim {
   using Clock = Coordinator::Clock;
   // `model`: one step's tensors (their requests, as rank 0 would submit them).
   ScaleSim(int n, std::vector<Request> model, const Config& cfg = Config())
-      : n_(n), model_(std::move(model)), cfg_(cfg), caches_(n) {
+      : n_(n), model_(std::move(model)), cfg_(cfg), caches_(n), inbox_(n) {
     sets_.Reset(n);
     for (size_t i = 0; i < model_.size(); ++i) index_[model_[i].name] = i;
     coordinator_.reset(new Coordinator(cfg_, &sets_, n, nullptr, [this] { return now_; }));
-    for (int r = 0; r < n; ++r) schedules_.emplace_back(r, n);
+    for (int r = 0; r < n; ++r) {
+      schedules_.emplace_back(r, n);
+      relays_.emplace_back(r, n);
+    }
   }
   int size() const { return n_; }
   bool scheduled() const { return schedules_[0].active(); }
   const std::vector<std::string>& errors() const { return errors_; }
 
-  // One negotiated step: every rank sends rank 0 its requests for the whole
-  // model (cached ones compact) and, when `blocked` is set, the report of a
-  // caller blocked on all of them; rank 0's coordinator decides, and sends
-  // each rank its responses, which the rank takes in (cache ids, a schedule).
+  // One negotiated step: every rank sends its requests for the whole model
+  // (cached ones compact) and, when `blocked` is set, the report of a caller
+  // blocked on all of them, up the relay tree (NegotiationRelay) to rank 0,
+  // whose coordinator decides; each rank's responses come back down the tree,
+  // and the rank takes them in (cache ids, a schedule).
   // `skip_last`: rank n-1 submits "extra" instead of the model's last tensor
   // (the deadlock detector must fail both).
+  // Ranks act from n-1 down to 0 going up (a parent after its children, which
+  // have higher ranks), and from 0 up going down: so each forwards its whole
+  // subtree in one message each way (the runtime forwards whatever arrived
+  // in a turn: the same or a few more messages, depending on timing).
   StepCost NegotiationStep(bool blocked = false, bool skip_last = false) {
     StepCost cost = NewCost();
-    for (int r = 0; r < n_; ++r) {
+    for (int r = n_ - 1; r >= 0; --r) {
       const double t0 = ThreadCpuSeconds();
-      RequestList list;
-      for (size_t i = 0; i < model_.size(); ++i) {
-        Request q = model_[i];
-        if (skip_last && r == n_ - 1 && i + 1 == model_.size()) q.name = "extra";
-        q.rank = r;
-        caches_[r].Compact(&q);
-        list.requests.push_back(std::move(q));
+      std::vector<NegotiationRelay::Delivery> mine;
+      relays_[r].Up(r, Serialize(OwnRequests(r, blocked, skip_last)), &mine);
+      for (auto& m : TakeInbox(&cost, r)) Check(relays_[r].OnMessage(m.first, m.second, &mine));
+      for (auto& d : mine) {  // rank 0: every rank's list
+        RequestList list;
+        Check(Deserialize(d.payload, &list));
+        coordinator_->Add(d.rank, list);
       }
-      list.cache_ack = caches_[r].acked();
-      if (blocked) {
-        list.has_waits = true;
-        list.waits.emplace_back();
-        for (const Request& q : model_) list.waits.back().push_back(WaitKey{0, q.name});
-        if (skip_last && r == n_ - 1) list.waits.back().back().name = "extra";
-      }
-      std::string wire = Serialize(list);
+      SendRelayed(&cost, r);
       cost.cpu[r] += ThreadCpuSeconds() - t0;
-      Send(&cost, r, 0, std::move(wire));
     }
-    // Rank 0 takes in every list, then drains once the cycle time has passed.
+    // Rank 0 drains once the cycle time has passed, and sends the responses down.
     const double t0 = ThreadCpuSeconds();
-    for (auto& m : TakeInbox(&cost, 0)) {
-      RequestList list;
-      Check(Deserialize(m.second, &list));
-      coordinator_->Add(m.first, list);
-    }
     now_ += std::chrono::seconds(1);
     std::vector<ResponseList> per_rank;
-    std::vector<std::string> wires(n_);
     if (coordinator_->Drain(&per_rank)) {
-      for (int r = 0; r < n_; ++r) wires[r] = Serialize(per_rank[r]);
+      TakeResponses(0, per_rank[0]);
+      std::vector<NegotiationRelay::Delivery> mine;
+      for (int r = 1; r < n_; ++r) relays_[0].Down(r, r + 1, Serialize(per_rank[r]), &mine);
+      SendRelayed(&cost, 0);
     }
     cost.cpu[0] += ThreadCpuSeconds() - t0;
-    for (int r = 0; r < n_; ++r) {
-      if (!wires[r].empty()) Send(&cost, 0, r, std::move(wires[r]));
-    }
-    for (int r = 0; r < n_; ++r) {
+    for (int r = 1; r < n_; ++r) {
       const double t1 = ThreadCpuSeconds();
-      for (auto& m : TakeInbox(&cost, r)) {
+      std::vector<NegotiationRelay::Delivery> mine;
+      for (auto& m : TakeInbox(&cost, r)) Check(relays_[r].OnMessage(m.first, m.second, &mine));
+      for (auto& d : mine) {
         ResponseList list;
-        Check(Deserialize(m.second, &list));
+        Check(Deserialize(d.payload, &list));
         TakeResponses(r, list);
       }
+      SendRelayed(&cost, r);
       cost.cpu[r] += ThreadCpuSeconds() - t1;
     }
     return cost;
@@ -169,6 +167,30 @@ class ScaleSim {
  private:
   using Message = std::pair<int, std::string>;  // (from, wire)
 
+  void SendRelayed(StepCost* cost, int rank) {
+    relays_[rank].TakeOutgoing(&relay_out_);
+    for (auto& o : relay_out_) Send(cost, rank, o.peer, std::move(o.wire));
+    relay_out_.clear();
+  }
+  // Rank r's RequestList for one step of the model (see NegotiationStep).
+  RequestList OwnRequests(int r, bool blocked, bool skip_last) {
+    RequestList list;
+    for (size_t i = 0; i < model_.size(); ++i) {
+      Request q = model_[i];
+      if (skip_last && r == n_ - 1 && i + 1 == model_.size()) q.name = "extra";
+      q.rank = r;
+      caches_[r].Compact(&q);
+      list.requests.push_back(std::move(q));
+    }
+    list.cache_ack = caches_[r].acked();
+    if (blocked) {
+      list.has_waits = true;
+      list.waits.emplace_back();
+      for (const Request& q : model_) list.waits.back().push_back(WaitKey{0, q.name});
+      if (skip_last && r == n_ - 1) list.waits.back().back().name = "extra";
+    }
+    return list;
+  }
   StepCost NewCost() const {
     StepCost c;
     c.cpu.assign(n_, 0.0);
@@ -258,6 +280,8 @@ class ScaleSim {
   std::unique_ptr<Coordinator> coordinator_;
   std::vector<LocalRequestCache> caches_;
   std::vector<SteadySchedule> schedules_;
+  std::vector<NegotiationRelay> relays_;
+  std::vector<NegotiationRelay::Outgoing> relay_out_;
   std::vector<std::deque<Message>> inbox_;
   std::vector<SteadySchedule::Outgoing> outgoing_;
   size_t schedule_groups_ = 0;
