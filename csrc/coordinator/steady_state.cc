@@ -136,6 +136,8 @@ SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
     for (auto& m : b.child_missing) m.clear();
     b.child_stalled.assign(n, 0);
     b.aware = b.reported = b.stalled = b.woke = false;
+    b.peer = -1;
+    b.peer_input.clear();
     b.decision = -1;
     b.input_size = 0;
     b.decided.clear();
@@ -184,7 +186,8 @@ void SteadySchedule::Decided(const Slot& at, Ballot& b, uint8_t outcome, uint32_
   b.decision = static_cast<int8_t>(outcome);
   b.input_size = input_size;
   b.decided = std::move(payload);
-  if (children_.empty()) return;
+  // Two ranks: rank 1 decides from rank 0's vote itself (PairDecide); only a failure goes down.
+  if (children_.empty() || (size_ == 2 && outcome != VoteMessage::kFail)) return;
   VoteMessage m;
   m.type = VoteMessage::Type::kDecision;
   m.epoch = at.first;
@@ -242,6 +245,22 @@ void SteadySchedule::SendStalled(const Slot& at, Ballot& b) {
   SendUp(at, b, VoteMessage::Type::kStalled, 0, 0, std::move(payload));
 }
 
+// Two ranks: a decision down from rank 0 would make rank 1 wait for a second
+// one-way trip; instead rank 0 sends rank 1 its own vote (VoteSelf), as rank 1
+// sends its report up, and each decides from the two votes, alike.
+void SteadySchedule::PairDecide(const Slot& at, Ballot& b) {
+  if (b.decision >= 0) return;
+  const int8_t mine = b.own, theirs = b.peer;
+  if (mine == VoteMessage::kExit || theirs == VoteMessage::kExit)
+    return Decided(at, b, VoteMessage::kExit, 0, "");
+  if (mine < 0 || theirs < 0) return;
+  if (mine != theirs) return Decided(at, b, VoteMessage::kExit, 0, "");  // ready against barrier
+  const bool inputs =
+      mine == VoteMessage::kReady && !b.own_input.empty() && b.peer_input.size() == b.own_input.size();
+  Decided(at, b, static_cast<uint8_t>(mine), inputs ? static_cast<uint32_t>(b.own_input.size()) : 0,
+          inputs ? b.peer_input + b.own_input : std::string());  // rank order: 0, then 1
+}
+
 void SteadySchedule::Wake(const Slot& at, Ballot& b) {
   if (b.woke) return;
   b.woke = true;
@@ -293,6 +312,12 @@ void SteadySchedule::OnMessage(int peer, const VoteMessage& m, const std::string
       b.aware = true;
       return Wake(at, b);
     case VoteMessage::Type::kReport:
+      if (size_ == 2 && from_parent && b.peer < 0) {  // rank 0's own vote (two ranks)
+        b.aware = true;
+        b.peer = static_cast<int8_t>(m.outcome);
+        if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.peer_input = m.payload;
+        return PairDecide(at, b);
+      }
       if (child < 0 || b.child[child] >= 0) return;
       b.aware = true;
       b.child[child] = static_cast<int8_t>(m.outcome);
@@ -325,7 +350,18 @@ void SteadySchedule::VoteSelf(Vote own) {
   if (b.own >= 0) return;
   b.own = own.ready ? VoteMessage::kReady : own.barrier ? VoteMessage::kBarrier : VoteMessage::kExit;
   if (own.ready && own.input_size > 0) b.own_input.assign(own.input(), own.input_size);
+  if (size_ == 2 && rank_ == 0) {  // two ranks: rank 1 decides from this vote (PairDecide)
+    VoteMessage m;
+    m.type = VoteMessage::Type::kReport;
+    m.epoch = at.first;
+    m.position = at.second;
+    m.outcome = static_cast<uint8_t>(b.own);
+    m.input_size = static_cast<uint32_t>(b.own_input.size());
+    m.payload = b.own_input;
+    outbox_.push_back({1, Serialize(m)});
+  }
   Update(at, b);
+  if (size_ == 2 && rank_ == 1) PairDecide(at, b);
   if (b.stalled) SendStalled(at, b);
 }
 

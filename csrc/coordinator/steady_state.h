@@ -48,7 +48,9 @@
 //  to its parent once it has its own vote and every child's report (all ready,
 //  all barrier, or exit), and reports exit at once, without waiting, as soon
 //  as it knows one. Rank 0 decides from its children's reports and sends the
-//  decision down; each rank forwards it to its children on receipt. So a
+//  decision down; each rank forwards it to its children on receipt (with two
+//  ranks, rank 0 sends rank 1 its vote instead and each decides from both, so
+//  a position costs one one-way trip, as before the tree). So a
 //  position costs 2(n-1) messages in all (about two per rank: one report up,
 //  one decision down, each relayed by the parents), in 2 log2(n) hops, and a
 //  rank talks to its parent and at most log2(n) children only.
@@ -207,7 +209,9 @@ class SteadySchedule {
     std::vector<std::vector<int32_t>> child_missing;  // per child: its last stall notice
     std::vector<uint8_t> child_stalled;
     bool aware = false, reported = false, stalled = false, woke = false;
-    int8_t decision = -1;  // rank 0's outcome, once it reached this rank
+    int8_t peer = -1;        // two ranks, on rank 1: rank 0's own vote (PairDecide)
+    std::string peer_input;  // and the input it carried
+    int8_t decision = -1;    // rank 0's outcome, once it reached this rank
     uint32_t input_size = 0;
     std::string decided;  // the decision's payload: every rank's input, or the failure
   };
@@ -220,6 +224,7 @@ class SteadySchedule {
   void SendUp(const Slot& at, Ballot& b, VoteMessage::Type type, uint8_t outcome, uint32_t input_size,
               std::string payload);
   void Wake(const Slot& at, Ballot& b);
+  void PairDecide(const Slot& at, Ballot& b);
   void SendStalled(const Slot& at, Ballot& b);
   std::vector<int> MissingAt(const Ballot& b) const;
   int ChildIndex(int peer) const;
