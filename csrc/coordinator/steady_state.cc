@@ -227,8 +227,10 @@ void SteadySchedule::Update(const Slot& at, Ballot& b) {
     }
     if (whole) {
       input_size = static_cast<uint32_t>(each);
-      inputs = b.own_input;
-      for (const std::string& in : b.child_inputs) inputs += in;
+      if (size_ != 2 || rank_ != 0) {  // (two ranks: rank 0 reads them where they are, VotedInputs)
+        inputs = b.own_input;
+        for (const std::string& in : b.child_inputs) inputs += in;
+      }
     }
   }
   if (rank_ == 0) return Decided(at, b, outcome, input_size, std::move(inputs));
@@ -257,8 +259,8 @@ void SteadySchedule::PairDecide(const Slot& at, Ballot& b) {
   if (mine != theirs) return Decided(at, b, VoteMessage::kExit, 0, "");  // ready against barrier
   const bool inputs =
       mine == VoteMessage::kReady && !b.own_input.empty() && b.peer_input.size() == b.own_input.size();
-  Decided(at, b, static_cast<uint8_t>(mine), inputs ? static_cast<uint32_t>(b.own_input.size()) : 0,
-          inputs ? b.peer_input + b.own_input : std::string());  // rank order: 0, then 1
+  // (VotedInputs reads the two inputs where they are: no copy on the latency path)
+  Decided(at, b, static_cast<uint8_t>(mine), inputs ? static_cast<uint32_t>(b.own_input.size()) : 0, "");
 }
 
 void SteadySchedule::Wake(const Slot& at, Ballot& b) {
@@ -447,8 +449,17 @@ const std::string& SteadySchedule::failure() const {
 bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
   if (Decide() != Outcome::kRun) return false;
   const Ballot& b = *Current();
-  if (b.input_size == 0 || b.decided.size() != static_cast<size_t>(size_) * b.input_size) return false;
+  if (b.input_size == 0) return false;
   parts->clear();
+  if (size_ == 2 && b.decided.empty()) {  // two ranks decide from the two votes' own buffers
+    const std::string& zero = rank_ == 0 ? b.own_input : b.peer_input;
+    const std::string& one = rank_ == 0 ? b.child_inputs[0] : b.own_input;
+    if (zero.size() != b.input_size || one.size() != b.input_size) return false;
+    parts->push_back(zero.data());
+    parts->push_back(one.data());
+    return true;
+  }
+  if (b.decided.size() != static_cast<size_t>(size_) * b.input_size) return false;
   for (int r = 0; r < size_; ++r) parts->push_back(b.decided.data() + static_cast<size_t>(r) * b.input_size);
   return true;
 }
