@@ -313,8 +313,10 @@ void SerializeWithRoom(Vote* vote, size_t input_size) {
 // then the payload to the end. One allocation per message.
 constexpr size_t kVoteMessageHeader = 1 + 1 + 8 + 8 + 1 + 4;
 
-std::string Serialize(const VoteMessage& m) {
-  std::string wire(kVoteMessageHeader + m.payload.size(), '\0');
+std::string Serialize(const VoteMessage& m) { return Serialize(m, m.payload.data(), m.payload.size()); }
+
+std::string Serialize(const VoteMessage& m, const char* payload, size_t size) {
+  std::string wire(kVoteMessageHeader + size, '\0');
   char* p = &wire[0];
   p[0] = static_cast<char>(ControlKind::kVote);
   p[1] = static_cast<char>(m.type);
@@ -322,7 +324,7 @@ std::string Serialize(const VoteMessage& m) {
   std::memcpy(p + 10, &m.position, 8);
   p[18] = static_cast<char>(m.outcome);
   std::memcpy(p + 19, &m.input_size, 4);
-  if (!m.payload.empty()) std::memcpy(p + kVoteMessageHeader, m.payload.data(), m.payload.size());
+  if (size > 0) std::memcpy(p + kVoteMessageHeader, payload, size);
   return wire;
 }
 

@@ -156,6 +156,8 @@ Status Deserialize(const std::string& bytes, ResponseList* out);
 // at vote->input_offset, for the caller to write.
 void SerializeWithRoom(Vote* vote, size_t input_size);
 std::string Serialize(const VoteMessage& message);
+// The same with `size` bytes at `payload` as the payload (header.payload unused): no copy of it first.
+std::string Serialize(const VoteMessage& header, const char* payload, size_t size);
 Status Deserialize(const std::string& bytes, VoteMessage* out);
 
 // First byte of every control payload says which kind it is.

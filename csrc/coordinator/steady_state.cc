@@ -128,7 +128,7 @@ SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
     Ballot& b = it->second;  // a recycled ballot keeps its vectors' capacity
     const size_t n = children_.size();
     b.own = -1;
-    b.own_input.clear();
+    b.own_vote = Vote();
     b.child.assign(n, -1);
     b.child_inputs.resize(n);
     for (auto& in : b.child_inputs) in.clear();
@@ -167,15 +167,14 @@ int SteadySchedule::ChildIndex(int peer) const {
 }
 
 void SteadySchedule::SendUp(const Slot& at, Ballot& b, VoteMessage::Type type, uint8_t outcome,
-                            uint32_t input_size, std::string payload) {
+                            uint32_t input_size, const char* payload, size_t size) {
   VoteMessage m;
   m.type = type;
   m.epoch = at.first;
   m.position = at.second;
   m.outcome = outcome;
   m.input_size = input_size;
-  m.payload = std::move(payload);
-  outbox_.push_back({VoteTree::Parent(rank_), Serialize(m)});
+  outbox_.push_back({VoteTree::Parent(rank_), Serialize(m, payload, size)});
   if (type == VoteMessage::Type::kReport) b.reported = true;
 }
 
@@ -218,8 +217,9 @@ void SteadySchedule::Update(const Slot& at, Ballot& b) {
   // consecutive subtree), when every rank carried one of the same length.
   uint32_t input_size = 0;
   std::string inputs;
-  if (outcome == VoteMessage::kReady && !b.own_input.empty()) {
-    const size_t each = b.own_input.size();
+  const Vote& own = b.own_vote;
+  if (outcome == VoteMessage::kReady && own.input_size > 0) {
+    const size_t each = own.input_size;
     bool whole = true;
     for (size_t i = 0; whole && i < children_.size(); ++i) {
       const int c = children_[i];
@@ -227,14 +227,18 @@ void SteadySchedule::Update(const Slot& at, Ballot& b) {
     }
     if (whole) {
       input_size = static_cast<uint32_t>(each);
-      if (size_ != 2 || rank_ != 0) {  // (two ranks: rank 0 reads them where they are, VotedInputs)
-        inputs = b.own_input;
+      if (!children_.empty() && size_ != 2) {  // (a leaf sends its own as packed; two ranks: VotedInputs)
+        inputs.assign(own.input(), each);
         for (const std::string& in : b.child_inputs) inputs += in;
       }
     }
   }
   if (rank_ == 0) return Decided(at, b, outcome, input_size, std::move(inputs));
-  SendUp(at, b, VoteMessage::Type::kReport, outcome, input_size, std::move(inputs));
+  if (input_size > 0 && children_.empty()) {
+    SendUp(at, b, VoteMessage::Type::kReport, outcome, input_size, own.input(), own.input_size);
+  } else {
+    SendUp(at, b, VoteMessage::Type::kReport, outcome, input_size, inputs.data(), inputs.size());
+  }
 }
 
 // Sends a stall notice up with the ranks missing now (never from rank 0, or
@@ -244,7 +248,7 @@ void SteadySchedule::SendStalled(const Slot& at, Ballot& b) {
   const std::vector<int> missing = MissingAt(b);
   std::string payload(missing.size() * 4, '\0');
   for (size_t i = 0; i < missing.size(); ++i) std::memcpy(&payload[i * 4], &missing[i], 4);
-  SendUp(at, b, VoteMessage::Type::kStalled, 0, 0, std::move(payload));
+  SendUp(at, b, VoteMessage::Type::kStalled, 0, 0, payload.data(), payload.size());
 }
 
 // Two ranks: a decision down from rank 0 would make rank 1 wait for a second
@@ -257,10 +261,10 @@ void SteadySchedule::PairDecide(const Slot& at, Ballot& b) {
     return Decided(at, b, VoteMessage::kExit, 0, "");
   if (mine < 0 || theirs < 0) return;
   if (mine != theirs) return Decided(at, b, VoteMessage::kExit, 0, "");  // ready against barrier
-  const bool inputs =
-      mine == VoteMessage::kReady && !b.own_input.empty() && b.peer_input.size() == b.own_input.size();
+  const bool inputs = mine == VoteMessage::kReady && b.own_vote.input_size > 0 &&
+                      b.peer_input.size() == b.own_vote.input_size;
   // (VotedInputs reads the two inputs where they are: no copy on the latency path)
-  Decided(at, b, static_cast<uint8_t>(mine), inputs ? static_cast<uint32_t>(b.own_input.size()) : 0, "");
+  Decided(at, b, static_cast<uint8_t>(mine), inputs ? static_cast<uint32_t>(b.own_vote.input_size) : 0, "");
 }
 
 void SteadySchedule::Wake(const Slot& at, Ballot& b) {
@@ -292,7 +296,7 @@ std::vector<int> SteadySchedule::MissingAt(const Ballot& b) const {
   return missing;
 }
 
-void SteadySchedule::OnMessage(int peer, const VoteMessage& m, const std::string& wire) {
+void SteadySchedule::OnMessage(int peer, VoteMessage& m, const std::string& wire) {
   const Slot at{m.epoch, m.position};
   const bool from_parent = rank_ != 0 && peer == VoteTree::Parent(rank_);
   const int child = ChildIndex(peer);
@@ -307,7 +311,7 @@ void SteadySchedule::OnMessage(int peer, const VoteMessage& m, const std::string
       if (!from_parent || b.decision >= 0) return;
       b.decision = static_cast<int8_t>(m.outcome);
       b.input_size = m.input_size;
-      b.decided = m.payload;
+      b.decided = std::move(m.payload);
       return;
     case VoteMessage::Type::kWake:
       if (!from_parent) return;
@@ -317,13 +321,13 @@ void SteadySchedule::OnMessage(int peer, const VoteMessage& m, const std::string
       if (size_ == 2 && from_parent && b.peer < 0) {  // rank 0's own vote (two ranks)
         b.aware = true;
         b.peer = static_cast<int8_t>(m.outcome);
-        if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.peer_input = m.payload;
+        if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.peer_input = std::move(m.payload);
         return PairDecide(at, b);
       }
       if (child < 0 || b.child[child] >= 0) return;
       b.aware = true;
       b.child[child] = static_cast<int8_t>(m.outcome);
-      if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.child_inputs[child] = m.payload;
+      if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.child_inputs[child] = std::move(m.payload);
       break;
     case VoteMessage::Type::kStalled:
       if (child < 0 || b.child[child] >= 0) return;
@@ -351,16 +355,15 @@ void SteadySchedule::VoteSelf(Vote own) {
   Ballot& b = Tally(at);
   if (b.own >= 0) return;
   b.own = own.ready ? VoteMessage::kReady : own.barrier ? VoteMessage::kBarrier : VoteMessage::kExit;
-  if (own.ready && own.input_size > 0) b.own_input.assign(own.input(), own.input_size);
+  if (own.ready && own.input_size > 0) b.own_vote = std::move(own);
   if (size_ == 2 && rank_ == 0) {  // two ranks: rank 1 decides from this vote (PairDecide)
     VoteMessage m;
     m.type = VoteMessage::Type::kReport;
     m.epoch = at.first;
     m.position = at.second;
     m.outcome = static_cast<uint8_t>(b.own);
-    m.input_size = static_cast<uint32_t>(b.own_input.size());
-    m.payload = b.own_input;
-    outbox_.push_back({1, Serialize(m)});
+    m.input_size = static_cast<uint32_t>(b.own_vote.input_size);
+    outbox_.push_back({1, Serialize(m, b.own_vote.input(), b.own_vote.input_size)});
   }
   Update(at, b);
   if (size_ == 2 && rank_ == 1) PairDecide(at, b);
@@ -452,11 +455,10 @@ bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
   if (b.input_size == 0) return false;
   parts->clear();
   if (size_ == 2 && b.decided.empty()) {  // two ranks decide from the two votes' own buffers
-    const std::string& zero = rank_ == 0 ? b.own_input : b.peer_input;
-    const std::string& one = rank_ == 0 ? b.child_inputs[0] : b.own_input;
-    if (zero.size() != b.input_size || one.size() != b.input_size) return false;
-    parts->push_back(zero.data());
-    parts->push_back(one.data());
+    const std::string& peer = rank_ == 0 ? b.child_inputs[0] : b.peer_input;
+    if (peer.size() != b.input_size || b.own_vote.input_size != b.input_size) return false;
+    parts->push_back(rank_ == 0 ? b.own_vote.input() : peer.data());
+    parts->push_back(rank_ == 0 ? peer.data() : b.own_vote.input());
     return true;
   }
   if (b.decided.size() != static_cast<size_t>(size_) * b.input_size) return false;

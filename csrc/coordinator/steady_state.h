@@ -153,7 +153,8 @@ class SteadySchedule {
   // as is). Messages of epochs that are over are dropped; those of an epoch
   // not entered yet, or of a later position, are kept for it. A decision is
   // forwarded to the children on receipt.
-  void OnMessage(int peer, const VoteMessage& m, const std::string& wire);
+  // Takes m's payload (moves it).
+  void OnMessage(int peer, VoteMessage& m, const std::string& wire);
   // This rank's vote at position(): ready or exit; or `own` (ready, barrier
   // or exit), keeping the input it carries. A second vote is ignored.
   void VoteSelf(bool ready);
@@ -202,9 +203,9 @@ class SteadySchedule {
  private:
   using Slot = std::pair<int64_t, int64_t>;  // (epoch, position)
   struct Ballot {
-    int8_t own = -1;                                  // -1 none, else a VoteMessage outcome
-    std::string own_input;                            // the input this rank's ready vote carried
-    std::vector<int8_t> child;                        // per child: -1 none, else its subtree's outcome
+    int8_t own = -1;            // -1 none, else a VoteMessage outcome
+    Vote own_vote;              // this rank's ready vote with the input it carried (kept as packed: no copy)
+    std::vector<int8_t> child;  // per child: -1 none, else its subtree's outcome
     std::vector<std::string> child_inputs;            // per child: its subtree's inputs ("" none)
     std::vector<std::vector<int32_t>> child_missing;  // per child: its last stall notice
     std::vector<uint8_t> child_stalled;
@@ -222,7 +223,7 @@ class SteadySchedule {
   void Update(const Slot& at, Ballot& b);
   void Decided(const Slot& at, Ballot& b, uint8_t outcome, uint32_t input_size, std::string payload);
   void SendUp(const Slot& at, Ballot& b, VoteMessage::Type type, uint8_t outcome, uint32_t input_size,
-              std::string payload);
+              const char* payload, size_t size);
   void Wake(const Slot& at, Ballot& b);
   void PairDecide(const Slot& at, Ballot& b);
   void SendStalled(const Slot& at, Ballot& b);
