@@ -14,7 +14,9 @@ each of its v stages 1/v of the per-rank work, so every schedule does the same t
 Idle fraction = 1 - (time in forward/backward actions) / (step time, first action of any
 rank to last action of any rank); the bubble ratio is idle / busy, which the textbook gives
 as (p-1)/m for 1F1B and (p-1)/(v*m) interleaved. The rest of the idle time is spent in the
-blocking stage-to-stage transfers (their mean time is printed).
+stage-to-stage transfers (their mean time is printed: a send returns once posted, a receive
+when its message is there). The ranks meet in a barrier between steps, so every step starts
+together, as the textbook bubble assumes.
 """
 
 import argparse
@@ -66,6 +68,10 @@ def measure(mesh, name, m, steps, f_ms):
     timelines = []
     for i in range(steps + 1):
         sched.step(x, target=y)
+        # Every step starts together: sends are asynchronous, so a rank that ends its step early
+        # (the last stage) would otherwise start the next one waiting for the first stage, and
+        # that wait would count as idle time of the step it has not really started.
+        hvd.barrier(process_set=ps)
         if i:  # the first step negotiates every transfer's name: not counted
             timelines.append(sched.last_timeline)
     return v, timelines

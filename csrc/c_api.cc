@@ -127,6 +127,28 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
   return Enqueue(*rt, op, handle, err, err_len);
 }
 
+int hvdlite_p2p(int32_t kind, const char* name, void* data, int64_t nbytes, int32_t peer, int32_t tag,
+                int32_t process_set, int32_t device, int64_t* handle, char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  P2pEngine::Op op;
+  op.send = kind == 0;
+  op.name = name ? name : "";
+  if ((kind != 0 && kind != 1) || nbytes < 0)
+    return Report(Status::InvalidArgument("point-to-point of tensor '" + op.name + "': bad kind or size"),
+                  err, err_len);
+  if (device >= 0)
+    return Report(Status::NotSupported("point-to-point of CUDA tensor '" + op.name +
+                                       "' is not supported by the core; copy it to the CPU first"),
+                  err, err_len);
+  op.data = static_cast<char*>(data);
+  op.bytes = static_cast<size_t>(nbytes);
+  op.peer = peer;
+  op.tag = tag;
+  op.process_set = process_set;
+  return Report(rt->PostP2p(std::move(op), handle), err, err_len);
+}
+
 int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, int64_t* token, char* err,
                         size_t err_len) {
   *handle = 0;
@@ -301,6 +323,7 @@ int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len) {
   out->fused_responses = s.fused_responses.load(std::memory_order_relaxed);
   out->scheduled_responses = s.scheduled_responses.load(std::memory_order_relaxed);
   out->voted_responses = s.voted_responses.load(std::memory_order_relaxed);
+  out->alltoall_bytes_sent = s.alltoall_bytes_sent.load(std::memory_order_relaxed);
   if (const Coordinator* c = rt->coordinator()) {
     out->cache_entries = c->cache_entries();
     out->cache_evictions = c->cache_evictions();

@@ -43,6 +43,7 @@ from hvdlite.common.exceptions import (
     PreconditionError,
 )
 from hvdlite.common.ops import join, poll, synchronize
+from hvdlite.common.p2p import P2POp
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hvdlite.numpy_ops import (
     allgather,
@@ -54,6 +55,7 @@ from hvdlite.numpy_ops import (
     alltoall,
     alltoall_async,
     barrier,
+    batch_isend_irecv,
     broadcast,
     broadcast_,
     broadcast_async,
@@ -62,8 +64,12 @@ from hvdlite.numpy_ops import (
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    recv,
+    recv_async,
     reducescatter,
     reducescatter_async,
+    send,
+    send_async,
 )
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ core and wrapped as arrays without a copy.
 
 import numpy as np
 
-from hvdlite.common import adasum, collectives, dtypes, exceptions, ops
+from hvdlite.common import adasum, collectives, dtypes, exceptions, ops, p2p
 from hvdlite.common.numpy_buffers import NUMPY
 from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.reduction import resolve_op
@@ -256,3 +256,34 @@ def reducescatter(
 def barrier(process_set=global_process_set):
     """Returns once every member of the process set has called barrier()."""
     collectives.barrier(process_set)
+
+
+# ---- point-to-point (hvdlite/common/p2p.py) ---------------------------------
+
+
+def send_async(tensor, dst, tag=0, process_set=global_process_set, name=None):
+    """Posts a send of `tensor` to rank `dst` of `process_set`, matched by `tag`; returns a
+    handle whose synchronize() returns None once `tensor` may be reused (never waits for
+    the receiver to post its recv)."""
+    return p2p.start(NUMPY, p2p.SEND, tensor, dst, tag, process_set, name)
+
+
+def recv_async(tensor, src, tag=0, process_set=global_process_set, name=None):
+    """Posts a receive into `tensor` (whose shape and dtype the message must have) from rank
+    `src` of `process_set` with `tag`; synchronize() returns `tensor`."""
+    return p2p.start(NUMPY, p2p.RECV, tensor, src, tag, process_set, name)
+
+
+def send(tensor, dst, tag=0, process_set=global_process_set, name=None):
+    """Sends `tensor` to rank `dst` of `process_set`; returns once `tensor` may be reused."""
+    p2p.run(NUMPY, p2p.SEND, tensor, dst, tag, process_set, name)
+
+
+def recv(tensor, src, tag=0, process_set=global_process_set, name=None):
+    """Receives the message from rank `src` of `process_set` with `tag` into `tensor`; returns it."""
+    return p2p.run(NUMPY, p2p.RECV, tensor, src, tag, process_set, name)
+
+
+def batch_isend_irecv(p2p_ops):
+    """Posts every P2POp at once (as torch.distributed.batch_isend_irecv); returns their handles."""
+    return p2p.start_group(NUMPY, p2p_ops)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from test_elastic import LINE, REPO, SCRIPT, check_exactly_once, worker_lines
@@ -123,10 +124,8 @@ def test_worker_killed_on_a_remote_host_survivors_reform_and_finish(simhosts):
 def test_crashed_host_survivors_on_the_other_host_continue(simhosts):
     cluster = simhosts(2)
     a, b = cluster.hosts
-    # No FIN or RST ever comes from a crashed host: the survivors learn of it when their transfer
-    # with it times out (HVDLITE_TIMEOUT_SECONDS) or, when they were negotiating rather than
-    # transferring, when the stall inspector fails the stalled tensor; then they re-form. The
-    # defaults (120 s, 600 s) are for real jobs; a test wants seconds.
+    # No FIN or RST ever comes from a crashed host: the survivors' transports find it silent
+    # (HVDLITE_LIVENESS_SECONDS, 4 s) and fail; then they re-form. Default settings throughout.
     proc = _popen(
         cluster,
         "-np",
@@ -137,23 +136,22 @@ def test_crashed_host_survivors_on_the_other_host_continue(simhosts):
         cluster.hosts_arg(2),
         ELASTIC_STEPS="150",
         ELASTIC_SLEEP="0.03",
-        HVDLITE_TIMEOUT_SECONDS="3",
-        HVDLITE_STALL_CHECK_TIME_SECONDS="1",
-        HVDLITE_STALL_SHUTDOWN_TIME_SECONDS="3",
-        HVDLITE_SHUTDOWN_TIMEOUT_SECONDS="3",  # shutdown() after the failure: the dead ranks never answer
     )
     crashed = []
+    resumed = []
 
     def on_step(worker, step, size):
         if not crashed and step == 10:
             cluster.crash_host(b)  # link down, every process on it gone: no FIN, no RST
-            crashed.append(step)
+            crashed.append(time.monotonic())
+        if crashed and size == 2 and not resumed:
+            resumed.append(time.monotonic())
 
     res = _follow(proc, on_step)
     assert res.returncode == 0, res.stderr[-4000:]
+    print("first step on the survivors %.1f s after the crash" % (resumed[0] - crashed[0]))
     log = check_exactly_once(res, 150)
     assert _changes(log) == [4, 2], _changes(log)
-    assert "lost its ssh connection" in res.stderr, res.stderr[-4000:]
     assert "2 worker(s): %s[0], %s[1]" % (a.addr, a.addr) in res.stderr
     assert _no_job_left(cluster) == {}
 

@@ -132,7 +132,7 @@ def test_two_hosts_two_slots_run_the_collective_suite(simhosts, tmp_path):
     assert [out[r]["cross"] for r in range(4)] == [[0, 2], [0, 2], [1, 2], [1, 2]]
     assert [out[r]["bad"] for r in range(4)] == [[]] * 4
     # Shared memory only inside a host: each rank links its one same-host peer, never more.
-    assert len(re.findall(r"shared memory with 1 of 1 local peers", res.stderr)) == 4, res.stderr[-4000:]
+    assert len(re.findall(r"shared memory with 1 of 1 partners on this host", res.stderr)) == 4, res.stderr[-4000:]
     # The suite's large allreduces ran in two levels (HVDLITE_HIERARCHICAL_ALLREDUCE's default).
     assert len(re.findall(r"allreduce in two levels: 2 hosts x 2 ranks", res.stderr)) == 4
     assert _no_job_left(cluster) == {}

@@ -50,8 +50,15 @@ def _pp_body():
         mesh = hvd.Mesh(pp=p, dp=-1)
         out[p] = {cfg: run_pipeline(hvd, mesh.process_set("pp"), *cfg) for cfg in _configs(p)}
     errors = _bad_configs(hvd, mesh)
+    # Any process set that holds the stages, not only a Mesh's: ranks 3 and 1 (set ranks 1, 0).
+    plain = hvd.add_process_set([1, 3])
+    if plain.included():
+        out["plain"] = {cfg: run_pipeline(hvd, plain, *cfg) for cfg in _PLAIN_CONFIGS}
     hvd.shutdown()
     return out, errors
+
+
+_PLAIN_CONFIGS = [("Schedule1F1B", 1, 4, 12), ("ScheduleInterleavedZeroBubble", 2, 4, 12)]
 
 
 def _check(outs, configs, p):
@@ -80,6 +87,7 @@ def test_every_schedule_equals_one_process():
     _check([outs[0][0][2], outs[2][0][2]], _configs(2), 2)  # the pp=2 pipeline of ranks 0 and 2
     _check([outs[1][0][2], outs[3][0][2]], _configs(2), 2)  # and its twin on ranks 1 and 3
     _check([o[0][4] for o in outs], _configs(4), 4)
+    _check([outs[1][0]["plain"], outs[3][0]["plain"]], _PLAIN_CONFIGS, 2)  # hvd.add_process_set([1, 3])
     for _, errors in outs:
         assert "belongs on pipeline rank" in errors[0]
         assert "divisible" in errors[1]

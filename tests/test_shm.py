@@ -85,7 +85,7 @@ def test_every_collective_over_shm_or_tcp(size, disable, tmp_path):
             assert got == _expected(key[0], key[1], r, size), (key, r)
         assert out["leftovers"] == []
         log = (tmp_path / ("rank%d.err" % r)).read_text()
-        uses_shm = "shared memory with %d of %d local peers" % (size - 1, size - 1) in log
+        uses_shm = "shared memory with %d of %d partners on this host" % (size - 1, size - 1) in log
         assert uses_shm == (size > 1 and not disable), log[-2000:]
 
 

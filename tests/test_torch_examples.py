@@ -64,3 +64,13 @@ def test_e2e_torch_benchmark_rows_run():
     for row in ("hvdlite", "hvdlite-fp16"):
         result = e2e_torch.run_row(row, "cnn", 2, idle_wait=0.0)
         assert result["median_s"] > 0 and result["params"] > 0, result
+
+
+@pytest.mark.slow  # about 15 s: 26 sharded tables, a few hundred steps
+def test_dlrm_sparse_learns():
+    out = _launch(
+        REPO / "examples" / "dlrm_sparse.py", "--steps", "150", "--max-rows", "20000", "--batch", "256"
+    )
+    before = float(re.search(r"AUC before training ([0-9.]+)", out).group(1))
+    after = float(re.search(r"AUC after 150 steps: ([0-9.]+)", out).group(1))
+    assert after > before + 0.1 and after > 0.6, out

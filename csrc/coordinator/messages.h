@@ -161,7 +161,16 @@ std::string Serialize(const VoteMessage& header, const char* payload, size_t siz
 Status Deserialize(const std::string& bytes, VoteMessage* out);
 
 // First byte of every control payload says which kind it is.
-enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3, kRelay = 4 };
+// kP2pChunk and kP2pAck carry point-to-point messages (runtime/p2p.h); kRelay
+// carries requests and responses along the vote tree (coordinator/relay.h).
+enum class ControlKind : uint8_t {
+  kRequests = 1,
+  kResponses = 2,
+  kVote = 3,
+  kP2pChunk = 4,
+  kP2pAck = 5,
+  kRelay = 6
+};
 ControlKind PeekControlKind(const std::string& bytes);
 
 }  // namespace hvdlite

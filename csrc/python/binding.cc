@@ -91,6 +91,20 @@ py::tuple TakeOutput(int64_t handle) {
   return py::make_tuple(0, std::string(), bytes, shape, splits, out.value);
 }
 
+// (code, message, handle): a point-to-point send (kind 0) or recv (kind 1); see hvdlite_p2p.
+py::tuple P2p(int32_t kind, const std::string& name, uintptr_t data, int64_t nbytes, int32_t peer,
+              int32_t tag, int32_t process_set, int32_t device) {
+  char err[kErrLen] = {0};
+  int64_t handle = 0;
+  int code;
+  {
+    py::gil_scoped_release nogil;  // a send may start moving its bytes here (Runtime::PostP2p)
+    code = hvdlite_p2p(kind, name.c_str(), reinterpret_cast<void*>(data), nbytes, peer, tag, process_set,
+                       device, &handle, err, kErrLen);
+  }
+  return py::make_tuple(code, std::string(code ? err : ""), handle);
+}
+
 py::tuple AddProcessSet(const std::vector<int32_t>& ranks) {
   char err[kErrLen] = {0};
   int32_t id = -1;
@@ -178,6 +192,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("wait_end", &hvdlite_wait_end);
   m.def("take_output", &TakeOutput);
   m.def("release", &hvdlite_release);
+  m.def("p2p", &P2p);
   m.def("add_process_set", &AddProcessSet);
   m.def("remove_process_set", &RemoveProcessSet);
   m.def("process_set_ranks", &ProcessSetRanks);
@@ -204,6 +219,7 @@ PYBIND11_MODULE(_core, m) {
     d["cache_evictions"] = s.cache_evictions;
     d["scheduled_responses"] = s.scheduled_responses;
     d["voted_responses"] = s.voted_responses;
+    d["alltoall_bytes_sent"] = s.alltoall_bytes_sent;
     return py::make_tuple(code, std::string(code ? err : ""), d);
   });
 }

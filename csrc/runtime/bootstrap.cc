@@ -152,6 +152,47 @@ Status ResolveJob(const Config& cfg, Topology* topo, std::string* store_addr, st
   return Status::OK();
 }
 
+// Every rank learns every rank's host id in O(N) store operations in all:
+// each rank sets its own; rank 0 reads them all and publishes the list as one
+// value (ids once each, then one index per rank); the others read that one
+// value. (Each rank reading every key was N^2 round trips through the store.)
+Status ExchangeHosts(Store* store, const std::string& prefix, int rank, int size, const std::string& mine,
+                     double timeout_s, std::vector<std::string>* hosts) {
+  hosts->assign(size, std::string());
+  HVD_RETURN_IF_ERROR(store->Set(prefix + "host/" + std::to_string(rank), mine));
+  std::string table;
+  if (rank == 0) {
+    std::map<std::string, int> index;
+    std::string ids, of;
+    for (int r = 0; r < size; ++r) {
+      std::string id;
+      HVD_RETURN_IF_ERROR(store->Get(prefix + "host/" + std::to_string(r), timeout_s, &id)
+                              .WithContext("waiting for rank " + std::to_string(r) + " to join"));
+      auto it = index.emplace(id, static_cast<int>(index.size()));
+      if (it.second) ids += id + "\n";
+      of += std::to_string(it.first->second) + " ";
+    }
+    table = std::to_string(index.size()) + "\n" + ids + of;
+    HVD_RETURN_IF_ERROR(store->Set(prefix + "hosts", table));
+  } else {
+    HVD_RETURN_IF_ERROR(store->Get(prefix + "hosts", timeout_s, &table)
+                            .WithContext("waiting for rank 0 to collect every rank's host"));
+  }
+  std::istringstream in(table);
+  size_t count = 0;
+  in >> count;
+  in.ignore(1);
+  std::vector<std::string> ids(count);
+  for (auto& id : ids) std::getline(in, id);
+  for (int r = 0; r < size; ++r) {
+    size_t i = count;
+    in >> i;
+    if (i >= count) return Status::Internal("malformed host table in the rendezvous store");
+    (*hosts)[r] = ids[i];
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* transport,
@@ -185,12 +226,9 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
   int64_t epoch = 0;
   HVD_RETURN_IF_ERROR(store->Add("hvdlite/epoch/" + std::to_string(topo->rank), 1, &epoch));
   const std::string prefix = "e" + std::to_string(epoch) + "/";
-  HVD_RETURN_IF_ERROR(store->Set(prefix + "host/" + std::to_string(topo->rank), ThisHostId(cfg)));
-  std::vector<std::string> hosts(topo->size);
-  for (int r = 0; r < topo->size; ++r) {
-    HVD_RETURN_IF_ERROR(store->Get(prefix + "host/" + std::to_string(r), cfg.START_TIMEOUT, &hosts[r])
-                            .WithContext("waiting for rank " + std::to_string(r) + " to join"));
-  }
+  std::vector<std::string> hosts;
+  HVD_RETURN_IF_ERROR(ExchangeHosts(store.get(), prefix, topo->rank, topo->size, ThisHostId(cfg),
+                                    cfg.START_TIMEOUT, &hosts));
   ComputeTopology(hosts, topo->rank, topo);
   std::map<std::string, int> host_index;
   topo->host_of.assign(hosts.size(), 0);
@@ -212,7 +250,8 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
   shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(cfg.SHM_CHANNEL_BYTES, 0));
   shm.spin_us = cfg.SPIN_US;
   HVD_RETURN_IF_ERROR(CreateShmTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret,
-                                         cfg.START_TIMEOUT, cfg.TIMEOUT_SECONDS, hosts, shm, transport));
+                                         cfg.START_TIMEOUT, cfg.TIMEOUT_SECONDS, hosts, shm, transport,
+                                         static_cast<int>(cfg.LIVENESS_SECONDS)));
   if (job_store != nullptr) *job_store = JobStore{std::shared_ptr<Store>(std::move(store)), prefix};
   return Status::OK();
 }

@@ -396,7 +396,11 @@ Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, Te
   if (out->output == nullptr) return Status::Internal("out of memory allocating alltoall output");
   o.send = e.data;
   o.recv = out->output;
-  return backend_->Alltoallv(ctx, o);
+  HVD_RETURN_IF_ERROR(backend_->Alltoallv(ctx, o));
+  int64_t elsewhere = 0;
+  for (size_t j = 0; j < n; ++j) elsewhere += j == static_cast<size_t>(ctx.me) ? 0 : send[j];
+  stats_.alltoall_bytes_sent.fetch_add(elsewhere, std::memory_order_relaxed);
+  return Status::OK();
 }
 
 // Rows of the first dimension are split across members, the first

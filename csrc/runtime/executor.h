@@ -67,6 +67,7 @@ class Executor {
   struct Stats {
     std::atomic<int64_t> allreduce_responses{0}, allreduce_tensors{0}, fused_responses{0};
     std::atomic<int64_t> scheduled_responses{0}, voted_responses{0};
+    std::atomic<int64_t> alltoall_bytes_sent{0};  // to other members (a rank's own part stays)
   };
   const Stats& stats() const { return stats_; }
 

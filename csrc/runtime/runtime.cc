@@ -31,6 +31,8 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   }
   rt->executor_.reset(new Executor(rt->topo_.rank, rt->backend_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
                                    &rt->local_cache_, timeline));
+  rt->p2p_.reset(new P2pEngine(rt->topo_.rank, rt->transport_.get(), &rt->sets_, &rt->handles_,
+                               rt->cfg_.TIMEOUT_SECONDS, rt->cfg_.P2P_UNEXPECTED_BYTES));
   SteadyStateDriver::Parts parts;
   parts.cfg = &rt->cfg_;
   parts.topo = &rt->topo_;
@@ -86,6 +88,29 @@ Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stre
     return st;
   }
   *handle = h;
+  return Status::OK();
+}
+
+Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);  // so Break() fails the handle if it runs after this
+    if (stopped_) {
+      return broken_.WithContext(std::string(op.send ? "cannot send" : "cannot receive") + " tensor '" +
+                                 op.name + "'");
+    }
+    HVD_RETURN_IF_ERROR(p2p_->Post(std::move(op), handle));
+  }
+  // Start the transfer from this thread when the engine is free (the background thread
+  // stands by after a caller drove, for up to kStandByGrace: a send would wait that long);
+  // otherwise its holder takes it up (HasNew, after Post's seq_cst count; Kick wakes a sleeper).
+  std::unique_lock<std::mutex> engine(engine_mu_, std::try_to_lock);
+  if (!engine.owns_lock()) {
+    queue_.Kick();
+    return Status::OK();
+  }
+  if (engine_broken_ || finished_) return Status::OK();  // the handle has failed or will
+  Status st = p2p_->Progress();
+  if (!st.ok()) Break(st);
   return Status::OK();
 }
 
@@ -191,6 +216,8 @@ Status Runtime::HandleIncoming() {
       }
     } else if (kind == ControlKind::kVote) {
       HVD_RETURN_IF_ERROR(steady_->OnVoteMessage(msg.peer, msg.payload));
+    } else if (P2pEngine::Owns(msg.payload)) {
+      HVD_RETURN_IF_ERROR(p2p_->OnControl(msg.peer, msg.payload));
     } else {
       return Status::Internal("unexpected control message from rank " + std::to_string(msg.peer));
     }
@@ -320,7 +347,9 @@ void Runtime::Leave() {
   std::vector<ControlMessage> ignored;
   while (std::chrono::steady_clock::now() < until) {
     bool all_gone = true;
-    for (int r = 0; r < topo_.size; ++r) all_gone &= (r == topo_.rank || transport_->PeerDeparted(r));
+    for (int r = 0; r < topo_.size; ++r) {
+      all_gone &= (r == topo_.rank || !transport_->Connected(r) || transport_->PeerDeparted(r));
+    }
     if (all_gone) break;
     if (!transport_->WaitControl(-1, 50, &ignored).ok()) break;
     ignored.clear();

@@ -34,6 +34,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/executor.h"
 #include "runtime/handles.h"
+#include "runtime/p2p.h"
 #include "runtime/steady_driver.h"
 #include "runtime/tensor_queue.h"
 #include "transport/transport.h"
@@ -61,6 +62,11 @@ class Runtime : private SteadyStateDriver::Host {
   // name is already in flight. CUDA data (request.device >= 0) is read once
   // the work queued so far on `stream` is done (null = the legacy default stream).
   Status Enqueue(Request request, void* data, int64_t* handle, void* stream = nullptr);
+  // Posts a point-to-point send or receive (runtime/p2p.h); no coordinator
+  // takes part. Fails at once like Enqueue, or for a bad process set or rank.
+  // When the engine is free, the caller runs P2pEngine::Progress itself, so a
+  // send leaves at once (bounded like every transfer: HVDLITE_TIMEOUT_SECONDS).
+  Status PostP2p(P2pEngine::Op op, int64_t* handle);
   // Waits up to timeout_s for the handle's operation, driving the engine
   // meanwhile when it can take it over; the result is the operation's status,
   // Timeout when still pending, InvalidArgument for an unknown handle.
@@ -120,6 +126,7 @@ class Runtime : private SteadyStateDriver::Host {
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<NegotiationRelay> relay_;   // negotiation's way to and from rank 0 (the vote tree)
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<P2pEngine> p2p_;        // point-to-point; its engine part runs in Turn()
   std::mutex gpu_mu_;                     // guards loading the NCCL module
   std::unique_ptr<GpuBackend> gpu_;       // loaded on the first CUDA tensor; destroyed before executor_
   Status gpu_error_;                      // why loading failed, once it has

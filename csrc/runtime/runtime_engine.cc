@@ -76,6 +76,7 @@ Status Runtime::Turn() {
     HVD_RETURN_IF_ERROR(SendNewRequests());
   }
   HVD_RETURN_IF_ERROR(HandleIncoming());
+  HVD_RETURN_IF_ERROR(p2p_->Progress());  // point-to-point: no coordinator, no schedule
   if (steady_->active()) HVD_RETURN_IF_ERROR(steady_->Run());
   if (coordinator_) {
     coordinator_->AllowSchedule(!(autotuner_ && autotuner_->tuning()));
@@ -102,7 +103,9 @@ Status Runtime::Turn() {
 // messages, (background thread) a caller asking for the engine, or after at
 // most budget_ms. Polls for the spin budget, then sleeps in the transport.
 Status Runtime::WaitForWork(Spinner* spin, int budget_ms, bool for_driver) {
-  auto wanted = [&] { return queue_.HasNew() || (!for_driver && drive_requests_.load() > 0); };
+  auto wanted = [&] {
+    return queue_.HasNew() || p2p_->HasNew() || (!for_driver && drive_requests_.load() > 0);
+  };
   for (;;) {
     if (wanted()) break;
     HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));

@@ -1,14 +1,13 @@
 // Shared-memory segments of the shm transport (private to csrc/transport).
 //
 // Each rank owns one POSIX shared-memory segment holding the channels it
-// produces: for every other rank on its host, a control channel and a data
-// channel (shm_channel.h). Peers map it read-write (consumers write their
+// produces: for each of its partners on its host (shm_setup.cc), a control
+// channel and a data channel (shm_channel.h). Peers map it read-write (consumers write their
 // tail counters into it) and the owner unlinks its name as soon as the peers
 // have mapped it, so the memory lives exactly as long as some process maps it.
 //
 // Layout: [SegmentHeader][pair 0: control channel | data channel][pair 1]...
-// where pair k serves the k-th other member of the host (in local-rank order,
-// skipping the owner), see PairIndex.
+// where pair k serves the owner's k-th partner (HostPartners order).
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -56,12 +55,6 @@ struct SegmentHeader {
 inline size_t HeaderBytes() { return RoundUp(sizeof(SegmentHeader), kLine); }
 inline size_t SegmentBytes(const Geometry& g, uint32_t pairs) {
   return HeaderBytes() + pairs * g.PairBytes();
-}
-
-// Index of the channel pair serving local member `peer` in the segment of
-// local member `owner` (peer != owner).
-inline uint32_t PairIndex(int owner, int peer) {
-  return static_cast<uint32_t>(peer < owner ? peer : peer - 1);
 }
 
 // Control and data channels of pair `k` in a mapped segment.

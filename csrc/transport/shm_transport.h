@@ -80,6 +80,8 @@ class ShmTransport : public Transport {
 
   void Depart() override { base_->Depart(); }
   bool PeerDeparted(int peer) const override { return base_->PeerDeparted(peer); }
+  bool Connected(int peer) const override { return base_->Connected(peer); }
+  int open_sockets() const override { return base_->open_sockets(); }
   void Close() override;
 
   // Number of peers reached through shared memory (for tests and logs).
@@ -132,6 +134,19 @@ class ShmTransport : public Transport {
   std::chrono::steady_clock::time_point last_socket_check_{};  // WaitControl(timeout 0)
   bool closed_ = false;
 };
+
+// Shared memory per member of a host: every data ring of a member shares this
+// budget (at most ShmOptions::channel_bytes each, at least the minimum).
+constexpr size_t kShmBudgetBytes = 3u << 20;
+constexpr size_t kShmMinChannelBytes = 128u << 10;
+
+// The partners of local member `me` among `local_size` (local indices,
+// ascending, without me): ring neighbours, me ^ 2^k below the largest power
+// of two p2 <= local_size, and me -+ p2 (recursive doubling's fold). The
+// relation is symmetric.
+std::vector<int> HostPartners(int me, int local_size);
+// The global ranks of `rank`'s partners on its host (hosts[r]: r's host).
+std::vector<int> ShmPartnerRanks(const std::vector<std::string>& hosts, int rank);
 
 // CreateShmTransport's shared-memory half (shm_setup.cc), over `base`, the
 // transport to every rank that transport.cc has already connected (its rank

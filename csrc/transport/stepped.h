@@ -90,7 +90,8 @@ struct RecvOp {
 class SteppedTransport : public Transport {
  public:
   // Moves what can move for `s` and `r` (either may be done already) without
-  // blocking; sets *progressed when a byte moved. Peers must be valid ranks
+  // blocking (except that a send to a peer with no connection yet first opens
+  // one, bounded by the transport's connect timeout); sets *progressed when a byte moved. Peers must be valid ranks
   // other than this one. Errors are returned unrecorded: the caller decides,
   // usually through Abort.
   virtual Status StepOps(SendOp* s, RecvOp* r, bool* progressed) = 0;
@@ -111,6 +112,7 @@ class SteppedTransport : public Transport {
   virtual void Nudge(int peer) = 0;
   // True once a departed peer's connection is gone (it will send nothing more).
   virtual bool PeerClosed(int peer) const = 0;
+
 
   // Marks the transport broken with `st` (unless already broken), tells the
   // peers, and returns the first error.

@@ -12,7 +12,6 @@
 #include "common/logging.h"
 #include "common/socket_util.h"
 #include "rendezvous/store.h"
-#include "transport/tcp_mesh.h"
 #include "transport/tcp_transport.h"
 
 namespace hvdlite {
@@ -21,36 +20,45 @@ using namespace tcp_wire;
 
 Status TcpTransport::Pump(int peer, bool* progressed) {
   Peer& p = peers_[peer];
-  while (!p.data_pending && !p.closed) {
+  for (int i = 0; i < p.nconn; ++i) HVD_RETURN_IF_ERROR(PumpConn(peer, &p.conn[i], progressed));
+  bool all_eof = p.nconn > 0;
+  for (int i = 0; i < p.nconn; ++i) all_eof = all_eof && p.conn[i].eof;
+  p.closed = p.departed && all_eof;
+  return Status::OK();
+}
+
+Status TcpTransport::PumpConn(int peer, Conn* c, bool* progressed) {
+  Peer& p = peers_[peer];
+  while (!c->data_pending && !c->eof) {
     char* dst;
     size_t want;
-    if (p.in_payload) {
-      if (p.payload_got == p.payload.size()) {
-        HVD_RETURN_IF_ERROR(OnPayload(peer));
+    if (c->in_payload) {
+      if (c->payload_got == c->payload.size()) {
+        HVD_RETURN_IF_ERROR(OnPayload(peer, c));
         continue;
       }
-      dst = &p.payload[p.payload_got];
-      want = p.payload.size() - p.payload_got;
+      dst = &c->payload[c->payload_got];
+      want = c->payload.size() - c->payload_got;
     } else {
-      dst = reinterpret_cast<char*>(&p.hdr) + p.hdr_got;
-      want = sizeof(FrameHeader) - p.hdr_got;
+      dst = reinterpret_cast<char*>(&c->hdr) + c->hdr_got;
+      want = sizeof(FrameHeader) - c->hdr_got;
     }
-    ssize_t n = ::recv(p.fd, dst, want, 0);
+    ssize_t n = ::recv(c->fd, dst, want, 0);
     if (n > 0) {
       *progressed = true;
-      if (p.in_payload) {
-        p.payload_got += size_t(n);
-      } else if ((p.hdr_got += size_t(n)) == sizeof(FrameHeader)) {
-        HVD_RETURN_IF_ERROR(OnHeader(peer));
+      if (c->in_payload) {
+        c->payload_got += size_t(n);
+      } else if ((c->hdr_got += size_t(n)) == sizeof(FrameHeader)) {
+        HVD_RETURN_IF_ERROR(OnHeader(peer, c));
       }
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::OK();
     int err = n == 0 ? 0 : errno;
-    bool at_boundary = !p.in_payload && p.hdr_got == 0;
+    bool at_boundary = !c->in_payload && c->hdr_got == 0;
     if (p.departed && at_boundary && (err == 0 || err == ECONNRESET)) {
-      p.closed = true;  // a departed peer going away is not an error
+      c->eof = true;  // a departed peer going away is not an error
       return Status::OK();
     }
     return PeerLost(peer, err);
@@ -58,11 +66,11 @@ Status TcpTransport::Pump(int peer, bool* progressed) {
   return Status::OK();
 }
 
-Status TcpTransport::OnHeader(int peer) {
+Status TcpTransport::OnHeader(int peer, Conn* c) {
   Peer& p = peers_[peer];
-  const FrameHeader& h = p.hdr;
+  const FrameHeader& h = c->hdr;
   if (h.kind == kData) {
-    p.data_pending = true;  // hdr_got stays full until the matching Recv consumes it
+    c->data_pending = true;  // hdr_got stays full until the matching Recv consumes it
     return Status::OK();
   }
   bool ok_len = (h.kind == kControl && h.length <= kMaxControlLen) ||
@@ -74,7 +82,7 @@ Status TcpTransport::OnHeader(int peer) {
        << h.kind << std::dec << ", length " << h.length << ")";
     return Status::Internal(os.str());
   }
-  p.hdr_got = 0;
+  c->hdr_got = 0;
   if (h.kind == kNudge) {
     nudged_ = true;
     return Status::OK();
@@ -83,25 +91,29 @@ Status TcpTransport::OnHeader(int peer) {
     p.departed = true;
     return Status::OK();
   }
-  p.in_payload = true;
-  p.payload.assign(size_t(h.length), '\0');
-  p.payload_got = 0;
+  c->in_payload = true;
+  c->payload.assign(size_t(h.length), '\0');
+  c->payload_got = 0;
   return Status::OK();
 }
 
-Status TcpTransport::OnPayload(int peer) {
+Status TcpTransport::OnPayload(int peer, Conn* c) {
   Peer& p = peers_[peer];
-  p.in_payload = false;
-  if (p.hdr.kind == kAbort) {
-    return Status::Aborted("rank " + std::to_string(peer) + " failed: " + p.payload);
+  c->in_payload = false;
+  if (c->hdr.kind == kAbort) {
+    return Status::Aborted(Who(peer) + " failed: " + c->payload);
   }
-  p.control.push_back(std::move(p.payload));
-  p.payload = std::string();
+  p.control.push_back(std::move(c->payload));
+  c->payload = std::string();
   return Status::OK();
 }
 
 Status TcpTransport::PeerLost(int peer, int err) const {
-  std::string who = "rank " + std::to_string(peer);
+  std::string who = Who(peer);
+  if (err == ETIMEDOUT) {
+    return Status::Aborted(who + " stopped answering (no reply to TCP keepalive probes for several seconds: "
+                                 "its host is down or unreachable, or the network between us failed)");
+  }
   if (err != 0 && err != ECONNRESET && err != EPIPE) {
     return Status::Aborted("connection to " + who + " failed: " + net::ErrnoString(err));
   }
@@ -126,12 +138,15 @@ void TcpTransport::BroadcastAbort(const std::string& reason) {
   std::memcpy(&frame[0], &h, sizeof(h));
   frame += text;
   for (Peer& p : peers_) {
-    if (p.fd < 0) continue;
-    if (!p.send_mid_frame && !p.closed) {
-      ssize_t n = ::send(p.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      (void)n;
+    for (int i = 0; i < p.nconn; ++i) {
+      Conn& c = p.conn[i];
+      if (c.fd < 0) continue;
+      if (!(i == p.send && p.send_mid_frame) && !p.closed) {
+        ssize_t n = ::send(c.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n;
+      }
+      ::shutdown(c.fd, SHUT_WR);  // readers see EOF right after the ABORT frame
     }
-    ::shutdown(p.fd, SHUT_WR);  // readers see EOF right after the ABORT frame
   }
 }
 
@@ -139,6 +154,7 @@ Status TcpTransport::SendControl(int peer, const std::string& payload) {
   if (!broken_.ok()) return broken_;
   HVD_RETURN_IF_ERROR(CheckPeer(peer, "control"));
   if (payload.size() > kMaxControlLen) return Status::InvalidArgument("control message larger than 1 GiB");
+  HVD_RETURN_IF_ERROR(EnsureSendConn(peer));
   SendOp s = SendOp::Control(peer, payload);
   RecvOp r;
   Status st = RunOps(&s, &r);
@@ -171,30 +187,42 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, in
   std::vector<int>& owners = poll_owners_;
   if (any_progress) nudged_ = false;
   for (;;) {
+    AdoptAccepted();
     pfds.clear();
     owners.clear();
     for (int q = 0; q < size_; ++q) {
       const Peer& p = peers_[q];
-      if (p.fd < 0 || p.closed) continue;
-      short events = p.data_pending && q != readable_peer ? 0 : POLLIN;
-      if (q == writable_peer) events |= POLLOUT;
-      if (events == 0) continue;
-      pfds.push_back(pollfd{p.fd, events, 0});
-      owners.push_back(q);
+      if (p.closed) continue;
+      for (int i = 0; i < p.nconn; ++i) {
+        const Conn& c = p.conn[i];
+        if (c.eof) continue;
+        short events = c.data_pending && q != readable_peer ? 0 : POLLIN;
+        if (q == writable_peer && i == p.send) events |= POLLOUT;
+        if (events == 0) continue;
+        pfds.push_back(pollfd{c.fd, events, 0});
+        owners.push_back(q);
+      }
     }
+    // The connector's doorbell: a peer that connects may already be sending.
+    const size_t doorbell = pfds.size();
+    if (connector_ != nullptr) pfds.push_back(pollfd{connector_->wake_fd(), POLLIN, 0});
+    const size_t wake_at = pfds.size();
     if (wake_fd >= 0) pfds.push_back(pollfd{wake_fd, POLLIN, 0});
     int n = ::poll(pfds.data(), pfds.size(), wait_ms);
     if (n < 0 && errno != EINTR) return Fail(Status::Internal("poll failed: " + net::ErrnoString(errno)));
     bool progressed = false;
     for (size_t i = 0; n > 0 && i < pfds.size(); ++i) {
       if (pfds[i].revents == 0) continue;
-      if (i == owners.size()) {
+      if (i == wake_at) {
         *woken = true;
+        continue;
+      }
+      if (i == doorbell) {
+        progressed = true;  // new sockets are taken at the top of the loop
         continue;
       }
       if (owners[i] == writable_peer && (pfds[i].revents & (POLLOUT | POLLERR | POLLHUP))) progressed = true;
       if (owners[i] == readable_peer && (pfds[i].revents & (POLLIN | POLLERR | POLLHUP))) progressed = true;
-      if (peers_[owners[i]].data_pending) continue;
       Status st = Pump(owners[i], &progressed);
       if (!st.ok()) return Fail(st);
     }
@@ -216,15 +244,16 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, in
 // timeout, so a NUDGE that does not fit the socket buffer is simply dropped.
 void TcpTransport::Nudge(int peer) {
   Peer& p = peers_[peer];
-  if (closed_ || p.fd < 0 || p.closed || p.send_mid_frame) return;
+  if (closed_ || p.send < 0 || p.closed || p.send_mid_frame) return;
+  const int fd = p.conn[p.send].fd;
   FrameHeader h{kNudge, 0, 0};
   ssize_t n;
   do {
-    n = ::send(p.fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+    n = ::send(fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
   } while (n < 0 && errno == EINTR);
   // A partial header would corrupt the stream: finish it (16 bytes, bounded).
   if (n > 0 && size_t(n) < sizeof(h)) {
-    Status st = net::WriteExact(p.fd, reinterpret_cast<const char*>(&h) + n, sizeof(h) - size_t(n),
+    Status st = net::WriteExact(fd, reinterpret_cast<const char*>(&h) + n, sizeof(h) - size_t(n),
                                 Deadline::After(io_timeout_s_));
     if (!st.ok()) Fail(st);
   }
@@ -236,8 +265,8 @@ void TcpTransport::Depart() {
   Deadline deadline = Deadline::After(std::min(io_timeout_s_, 2.0));
   FrameHeader h{kDepart, 0, 0};
   for (Peer& p : peers_) {
-    if (p.fd < 0 || p.send_mid_frame || p.closed) continue;
-    Status st = net::WriteExact(p.fd, &h, sizeof(h), deadline);
+    if (p.send < 0 || p.send_mid_frame || p.closed) continue;
+    Status st = net::WriteExact(p.conn[p.send].fd, &h, sizeof(h), deadline);
     if (!st.ok()) HVD_LOG(kDebug, "could not tell a peer this rank departs: " << st.message());
   }
 }
@@ -249,20 +278,65 @@ void TcpTransport::Close() {
   closed_ = true;
   if (broken_.ok()) broken_ = Status::Aborted("rank " + std::to_string(rank_) + "'s transport is closed");
   for (Peer& p : peers_) {
-    if (p.fd < 0) continue;
-    // Read what is pending so close() sends FIN after our last frame, not a
-    // reset that could discard it (bounded: a streaming peer cannot hold us).
-    char sink[64 * 1024];
-    for (int i = 0; i < 64 && ::recv(p.fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+    for (int c = 0; c < p.nconn; ++c) {
+      int& fd = p.conn[c].fd;
+      if (fd < 0) continue;
+      // Read what is pending so close() sends FIN after our last frame, not a
+      // reset that could discard it (bounded: a streaming peer cannot hold us).
+      char sink[64 * 1024];
+      for (int i = 0; i < 64 && ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+      }
+      ::shutdown(fd, SHUT_RDWR);  // also when a forked child shares the fd
+      net::CloseFd(&fd);
     }
-    ::shutdown(p.fd, SHUT_RDWR);  // also when a forked child shares the fd
-    net::CloseFd(&p.fd);
+  }
+  if (connector_ != nullptr) connector_->Stop();
+}
+
+std::vector<int> RingNeighbours(int rank, int size) {
+  std::vector<int> out;
+  if (size < 2) return out;
+  out.push_back((rank + 1) % size);
+  if (size > 2) out.push_back((rank + size - 1) % size);
+  return out;
+}
+
+// Connects to every eager peer above this rank, then waits for those below
+// to connect here: one socket per eager pair, opened in a fixed direction, and
+// a job whose ranks cannot reach each other fails here, at once.
+Status TcpTransport::AwaitPeers(const std::vector<int>& peers, const Deadline& deadline) {
+  for (int q : peers) {
+    if (q <= rank_ || peers_[q].send >= 0) continue;
+    int fd = -1;
+    HVD_RETURN_IF_ERROR(connector_->Connect(q, deadline, &fd));
+    AddConn(q, fd);
+  }
+  std::vector<pollfd> pfd(1);
+  for (;;) {
+    AdoptAccepted();
+    std::vector<int> missing;
+    for (int q : peers) {
+      if (q < rank_ && peers_[q].nconn == 0) missing.push_back(q);
+    }
+    if (missing.empty()) return Status::OK();
+    if (deadline.expired()) {
+      std::ostringstream os;
+      os << "rank " << rank_ << " timed out waiting for ranks [";
+      for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+      os << "] to connect (did they start? is this host reachable from theirs? same job secret?)";
+      return Status::Timeout(os.str());
+    }
+    pfd[0] = pollfd{connector_->wake_fd(), POLLIN, 0};
+    if (::poll(pfd.data(), 1, std::max(1, deadline.RemainingMs())) < 0 && errno != EINTR) {
+      return Status::Internal("poll failed: " + net::ErrnoString(errno));
+    }
   }
 }
 
 Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size,
                        const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
-                       double io_timeout_s, std::unique_ptr<TcpTransport>* out) {
+                       double io_timeout_s, int liveness_s, const std::vector<int>& eager,
+                       const std::vector<std::string>& hosts, std::unique_ptr<TcpTransport>* out) {
   if (size < 1 || rank < 0 || rank >= size) {
     return Status::InvalidArgument("CreateTcpTransport: rank " + std::to_string(rank) + " is outside size " +
                                    std::to_string(size));
@@ -271,23 +345,30 @@ Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int si
   if (io_timeout_s <= 0 || connect_timeout_s <= 0) {
     return Status::InvalidArgument("CreateTcpTransport: timeouts must be positive");
   }
-  // One socket per peer: a job larger than the open-file limit fails here, at once.
+  // Sockets to the eager peers now, more on demand (kSpareOpenFiles covers a few dozen).
   HVD_RETURN_IF_ERROR(EnsureOpenFiles(
-      static_cast<uint64_t>(size),
-      "rank " + std::to_string(rank) + "'s TCP transport to " + std::to_string(size - 1) + " peers"));
-  std::vector<int> fds;
-  HVD_RETURN_IF_ERROR(
-      BuildTcpMesh(store, prefix, rank, size, advertise_host, secret, connect_timeout_s, &fds));
-  out->reset(new TcpTransport(rank, size, std::move(fds), io_timeout_s));
-  return Status::OK();
+      static_cast<uint64_t>(eager.size()) + 1,
+      "rank " + std::to_string(rank) + "'s TCP transport to " + std::to_string(eager.size()) + " peers"));
+  std::unique_ptr<PeerConnector> connector;
+  if (size > 1) {
+    connector.reset(new PeerConnector(store, prefix, rank, size, secret, liveness_s));
+    HVD_RETURN_IF_ERROR(connector->Start(advertise_host));
+  }
+  out->reset(new TcpTransport(rank, size, std::move(connector), std::vector<int>(size, -1), hosts,
+                              connect_timeout_s, io_timeout_s));
+  if (size == 1) return Status::OK();
+  Status st = (*out)->AwaitPeers(eager, Deadline::After(connect_timeout_s));
+  if (!st.ok()) out->reset();
+  return st;
 }
 
 Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int size,
                           const std::string& advertise_host, const std::string& secret,
-                          double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out) {
+                          double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out,
+                          int liveness_s) {
   std::unique_ptr<TcpTransport> tcp;
   HVD_RETURN_IF_ERROR(NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s,
-                                      io_timeout_s, &tcp));
+                                      io_timeout_s, liveness_s, RingNeighbours(rank, size), {}, &tcp));
   *out = std::move(tcp);
   return Status::OK();
 }

@@ -1,11 +1,31 @@
-// TcpTransport: the Transport over one TCP connection per pair of ranks.
+// TcpTransport: the Transport over TCP connections opened on demand.
 //
 // Private to csrc/transport (others use CreateTcpTransport in transport.h).
-// Frames are described in tcp_wire.h. Each peer keeps a small receive state
-// that survives between calls: a partially read frame header, a DATA header
-// already parsed (left for the Recv that names its tag), a CONTROL payload
-// being read, and the queue of complete control messages. The data path
-// allocates nothing and waits only in poll().
+// Frames are described in tcp_wire.h.
+//
+// Connections. At creation the transport connects to its "eager" peers (the
+// factory's list: ring neighbours, and the shared-memory partners whose
+// doorbell and liveness ride on TCP), lower rank to higher, and waits until
+// each of them is up; every other pair connects when this rank first sends to
+// that peer (PeerConnector, tcp_connect.h, accepts on its own thread, so the
+// peer's engine need not take part). A receive from a peer with no connection
+// waits for the peer to connect. When two ranks connect to each other at the
+// same moment, the pair keeps both sockets: each rank sends every frame on the
+// first socket it had for the pair (so each direction stays in order on one
+// socket) and reads both. So a pair holds at most two sockets, and a rank
+// holds sockets only to the peers its algorithms use.
+//
+// Each socket keeps a small receive state that survives between calls: a
+// partially read frame header, a DATA header already parsed (left for the
+// Recv that names its tag), a CONTROL payload being read. Each peer keeps the
+// queue of complete control messages. The data path allocates nothing and
+// waits only in poll().
+//
+// Liveness: every socket carries TCP keepalive and a user timeout
+// (SetLiveness), so a peer whose host goes silent fails its sockets within
+// liveness_s; the first failure aborts this transport, and the ABORT frame it
+// sends to every connected peer carries the reason on (so a failure spreads
+// over the connection graph, which the ring neighbours keep connected).
 #pragma once
 #include <poll.h>
 
@@ -16,6 +36,7 @@
 
 #include "common/deadline.h"
 #include "transport/stepped.h"
+#include "transport/tcp_connect.h"
 #include "transport/tcp_wire.h"
 #include "transport/transport.h"
 
@@ -23,8 +44,11 @@ namespace hvdlite {
 
 class TcpTransport : public SteppedTransport {
  public:
-  // Takes ownership of the connected sockets (fds[rank] == -1).
-  TcpTransport(int rank, int size, std::vector<int> fds, double io_timeout_s);
+  // Takes ownership of the connector (started) and of the connected sockets:
+  // fds[p] is a socket to p or -1 (fds[rank] == -1). hosts (size entries, or
+  // empty) name each rank's host in error messages.
+  TcpTransport(int rank, int size, std::unique_ptr<PeerConnector> connector, std::vector<int> fds,
+               std::vector<std::string> hosts, double connect_timeout_s, double io_timeout_s);
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -44,7 +68,14 @@ class TcpTransport : public SteppedTransport {
 
   void Depart() override;
   bool PeerDeparted(int peer) const override;
+  bool Connected(int peer) const override;
   void Close() override;
+  int open_sockets() const override;
+
+  // Connects to every rank in `peers` above this one and waits until those
+  // below have connected here (the eager set, see "Connections"); bounded by
+  // `deadline`, whose expiry names the ranks that never connected.
+  Status AwaitPeers(const std::vector<int>& peers, const Deadline& deadline);
 
   // ---- SteppedTransport (stepped.h): used by the shared-memory transport,
   // which keeps this transport as its liveness channel and for peers on other
@@ -60,7 +91,8 @@ class TcpTransport : public SteppedTransport {
   const Status& broken() const override { return broken_; }
 
  private:
-  struct Peer {
+  // One socket to a peer and the frame being read from it.
+  struct Conn {
     int fd = -1;
     tcp_wire::FrameHeader hdr{};  // the frame being received
     size_t hdr_got = 0;           // bytes of hdr read so far
@@ -68,9 +100,15 @@ class TcpTransport : public SteppedTransport {
     bool in_payload = false;      // reading a CONTROL/ABORT payload into `payload`
     std::string payload;
     size_t payload_got = 0;
+    bool eof = false;  // the departed peer closed this socket
+  };
+  struct Peer {
+    Conn conn[2];  // at most two: see "Connections" above
+    int nconn = 0;
+    int send = -1;                    // index of the conn this rank sends on (-1: none yet)
     std::deque<std::string> control;  // complete control messages, oldest first
     bool departed = false;            // the peer sent DEPART
-    bool closed = false;              // a departed peer's connection reached EOF
+    bool closed = false;              // departed, and every socket reached EOF
     bool send_mid_frame = false;      // a frame to this peer is partially written
   };
 
@@ -84,26 +122,40 @@ class TcpTransport : public SteppedTransport {
   Status RunOps(SendOp* s, RecvOp* r);
   Status ProgressSend(SendOp* s, bool* progressed);
   Status ProgressRecv(RecvOp* r, bool* progressed);
-  Status ReceiveReducing(RecvOp* r, bool* progressed);
+  Status ReceiveReducing(RecvOp* r, Conn* c, bool* progressed);
   Status RecvStalled(int peer, ssize_t n) const;
-  Status FinishReceive(RecvOp* r);
+  Status FinishReceive(RecvOp* r, Conn* c);
   Status WaitImpl(int wake_fd, int timeout_ms, int writable_peer, int readable_peer, bool any_progress,
                   std::vector<ControlMessage>* out, bool* woken);
 
-  // Reads frames from `peer` without blocking until EAGAIN, until a DATA
-  // header is parsed, or until EOF of a departed peer. Control messages go to
-  // the peer's queue. *progressed is set when a byte was read.
+  // Reads frames from each socket of `peer` without blocking until EAGAIN,
+  // until a DATA header is parsed, or until EOF of a departed peer. Control
+  // messages go to the peer's queue. *progressed is set when a byte was read.
   Status Pump(int peer, bool* progressed);
-  Status OnHeader(int peer);
-  Status OnPayload(int peer);
+  Status PumpConn(int peer, Conn* c, bool* progressed);
+  Status OnHeader(int peer, Conn* c);
+  Status OnPayload(int peer, Conn* c);
   Status PeerLost(int peer, int err) const;
+  // The socket of `peer` whose DATA header waits for a Recv (nullptr: none).
+  Conn* DataConn(int peer);
+  // Connects to `peer` unless this rank already has a socket to send on
+  // (bounded by connect_timeout_s); the socket becomes the pair's send socket.
+  Status EnsureSendConn(int peer);
+  // Takes the connector's authenticated incoming sockets into peers_.
+  void AdoptAccepted();
+  void AddConn(int peer, int fd);
+  std::string Who(int peer) const;
 
   // Records the first error, tells the peers (ABORT) and returns it.
   Status Fail(const Status& st);
   void BroadcastAbort(const std::string& reason);
 
   int rank_, size_;
+  std::unique_ptr<PeerConnector> connector_;
+  std::vector<std::string> hosts_;
+  double connect_timeout_s_;
   double io_timeout_s_;
+  std::vector<std::pair<int, int>> adopted_;  // AdoptAccepted scratch
   std::vector<Peer> peers_;
   Status broken_;
   bool closed_ = false;
@@ -116,8 +168,15 @@ class TcpTransport : public SteppedTransport {
 
 // CreateTcpTransport's work, returning the concrete type (for the factory of
 // the shared-memory transport, which keeps it as a SteppedTransport).
+// `eager` lists the peers connected before this returns (see "Connections");
+// `hosts` (size entries, or empty) names hosts in errors.
 Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size,
                        const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
-                       double io_timeout_s, std::unique_ptr<TcpTransport>* out);
+                       double io_timeout_s, int liveness_s, const std::vector<int>& eager,
+                       const std::vector<std::string>& hosts, std::unique_ptr<TcpTransport>* out);
+
+// The peers every rank connects at creation: its ring neighbours (rank +- 1),
+// which keep the connection graph connected so a failure reaches every rank.
+std::vector<int> RingNeighbours(int rank, int size);
 
 }  // namespace hvdlite

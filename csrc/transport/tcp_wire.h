@@ -1,6 +1,6 @@
 // Wire format of the TCP transport (private to csrc/transport).
 //
-// After the handshake (tcp_mesh.cc) a connection carries frames:
+// After the handshake (tcp_connect.cc) a connection carries frames:
 //   [u32 kind][u32 tag][u64 length] payload
 // in host byte order (every supported platform is little-endian).
 //   DATA     tag = the data tag, payload = the message (read straight into the

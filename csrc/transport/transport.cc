@@ -3,6 +3,7 @@
 // place that knows both: shm_* sees the TCP transport as a SteppedTransport).
 #include "transport/transport.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "transport/shm_transport.h"
@@ -44,10 +45,22 @@ Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int
                           const std::string& advertise_host, const std::string& secret,
                           double connect_timeout_s, double io_timeout_s,
                           const std::vector<std::string>& hosts, const ShmOptions& opts,
-                          std::unique_ptr<Transport>* out) {
+                          std::unique_ptr<Transport>* out, int liveness_s) {
+  if (static_cast<int>(hosts.size()) != size) {
+    return Status::InvalidArgument("CreateShmTransport: " + std::to_string(hosts.size()) +
+                                   " host names for " + std::to_string(size) + " ranks");
+  }
+  // Connected before the segment exchange: the ring (failures reach every
+  // rank) and the shared-memory partners (their doorbell and liveness are TCP).
+  std::vector<int> eager = RingNeighbours(rank, size);
+  if (!opts.disable) {
+    for (int q : ShmPartnerRanks(hosts, rank)) eager.push_back(q);
+  }
+  std::sort(eager.begin(), eager.end());
+  eager.erase(std::unique(eager.begin(), eager.end()), eager.end());
   std::unique_ptr<TcpTransport> tcp;
   HVD_RETURN_IF_ERROR(NewTcpTransport(store, prefix, rank, size, advertise_host, secret, connect_timeout_s,
-                                      io_timeout_s, &tcp));
+                                      io_timeout_s, liveness_s, eager, hosts, &tcp));
   return AddSharedMemory(std::move(tcp), store, prefix, secret, connect_timeout_s, io_timeout_s, hosts, opts,
                          out);
 }

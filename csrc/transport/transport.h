@@ -106,33 +106,48 @@ class Transport {
   virtual void Depart() = 0;
   // True once `peer` has sent Depart().
   virtual bool PeerDeparted(int peer) const = 0;
+  // True while this rank holds a connection to `peer` (connections open on
+  // demand: a peer this rank never exchanged with has none, and has nothing to
+  // say when it departs).
+  virtual bool Connected(int peer) const = 0;
+  // Sockets this rank holds for the transport (tests and scale reports).
+  virtual int open_sockets() const = 0;
   // Closes every connection; later calls fail with Aborted.
   virtual void Close() = 0;
 };
 
-// Builds the full mesh: listens on an ephemeral port of `advertise_host`,
-// publishes "<prefix>addr/<rank>" in the store, then connects to every lower
-// rank and accepts every higher one. Each connection is authenticated both ways
-// with an HMAC-SHA256 challenge over the raw `secret`; a stranger on the port
-// (garbage, HTTP, a wrong proof, silence) is dropped without disturbing the
-// rendezvous. The listener is closed once the mesh is complete.
+// How long a silent peer's socket lives before it fails (HVDLITE_LIVENESS_SECONDS).
+constexpr int kDefaultLivenessS = 4;
+
+// The TCP transport: listens on an ephemeral port of `advertise_host` for the
+// transport's whole life, publishes "<prefix>addr/<rank>" in the store, and
+// connects to its ring neighbours before returning; every other pair connects
+// on first use (tcp_transport.h, "Connections"). Each connection is
+// authenticated both ways with an HMAC-SHA256 challenge over the raw
+// `secret`; a stranger on the port (garbage, HTTP, a wrong proof, silence) is
+// dropped without disturbing anything. `store` must outlive the transport (it
+// gives later connections their peer's address). A rank therefore holds
+// sockets to the peers it exchanges with, not to every rank.
 Status CreateTcpTransport(Store* store, const std::string& prefix, int rank, int size,
                           const std::string& advertise_host, const std::string& secret,
-                          double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out);
+                          double connect_timeout_s, double io_timeout_s, std::unique_ptr<Transport>* out,
+                          int liveness_s = kDefaultLivenessS);
 
 // Options of the shared-memory transport (HVDLITE_SHM_* settings).
 struct ShmOptions {
   bool disable = false;            // TCP only
-  size_t channel_bytes = 1 << 20;  // data ring per ordered pair of ranks on a host
+  size_t channel_bytes = 1 << 20;  // data ring per ordered pair of partners (at most; shm_setup.cc)
   double spin_us = 50;             // a wait busy-polls this long before it sleeps
 };
 
 // CreateTcpTransport, plus shared memory between the ranks that share a host
-// (equal hosts[r]): data and control to those peers move through
-// single-producer/single-consumer rings in segments the ranks map from each
-// other; the TCP connections stay open as the liveness channel (a peer's death
-// is its socket closing, and a sleeping waiter is woken by a small TCP frame)
-// and carry everything to ranks on other hosts. Segments are named from the
+// (equal hosts[r]) and are partners (shm_setup.cc: the pairs the algorithms
+// use, so a host's shared memory grows with its ranks, not with its pairs):
+// data and control between partners move through single-producer/single-
+// consumer rings in segments the ranks map from each other; their TCP
+// connections, opened at creation, stay as the liveness channel (a peer's
+// death is its socket closing, and a sleeping waiter is woken by a small TCP
+// frame). Everything else goes over TCP. Segments are named from the
 // secret and prefix, created 0600 and unlinked as soon as every peer has mapped
 // them (or given up), so nothing is left in /dev/shm once this returns. A pair
 // of ranks that cannot both map each other's segment falls back to TCP; with
@@ -141,6 +156,6 @@ Status CreateShmTransport(Store* store, const std::string& prefix, int rank, int
                           const std::string& advertise_host, const std::string& secret,
                           double connect_timeout_s, double io_timeout_s,
                           const std::vector<std::string>& hosts, const ShmOptions& opts,
-                          std::unique_ptr<Transport>* out);
+                          std::unique_ptr<Transport>* out, int liveness_s = kDefaultLivenessS);
 
 }  // namespace hvdlite

@@ -151,7 +151,8 @@ def runtime_stats():
     ``scheduled_responses`` (responses of any kind run from the steady-state schedule,
     without the round trip to the coordinator: HVDLITE_STEADY_STATE), ``voted_responses``
     (of those, the small allreduces reduced from the inputs the ranks' votes carried,
-    without a collective of their own), and on rank 0
+    without a collective of their own), ``alltoall_bytes_sent`` (bytes this rank's alltoalls
+    sent to other members: what sharded embedding tables exchange), and on rank 0
     ``cache_entries`` and ``cache_evictions`` of the response cache (0 elsewhere).
     An hvdlite extension (Horovod has no such call); raises when not initialized."""
     code, message, stats = _core.stats()

@@ -17,6 +17,20 @@ NAMES = {
     INT16: "int16",
 }
 CODE_BY_NAME = {v: k for k, v in NAMES.items()}
+# Bytes per element of each code (the core's DataTypeSize).
+ITEM_BYTES = {
+    UINT8: 1,
+    INT8: 1,
+    INT32: 4,
+    INT64: 8,
+    FLOAT16: 2,
+    BFLOAT16: 2,
+    FLOAT32: 4,
+    FLOAT64: 8,
+    BOOL: 1,
+    UINT16: 2,
+    INT16: 2,
+}
 
 
 class ReduceOp(int):

@@ -117,6 +117,21 @@ SETTINGS = (
         "seconds a transfer may make no progress before it fails (a hung peer)",
     ),
     Setting(
+        "LIVENESS_SECONDS",
+        "int",
+        4,
+        "seconds a peer's host may stay silent (no reply to TCP keepalive probes, unacknowledged data)"
+        " before its connection fails and every rank is told; the kernel answers the probes, so a rank"
+        " that computes for hours without a collective is never declared dead",
+    ),
+    Setting(
+        "P2P_UNEXPECTED_BYTES",
+        "int",
+        1 << 30,
+        "bytes of point-to-point messages a rank keeps while no recv has matched them (sent before"
+        " the receiver posted); a message past this fails the job with an error naming sender and tag",
+    ),
+    Setting(
         "HIERARCHICAL_ALLREDUCE",
         "int",
         -1,
@@ -138,7 +153,8 @@ SETTINGS = (
         "SHM_CHANNEL_BYTES",
         "int",
         1 << 20,
-        "bytes of the shared-memory data ring per ordered pair of ranks on a host",
+        "most bytes of the shared-memory data ring per ordered pair of partner ranks on a host (a"
+        " rank's rings share 3 MiB, so with many ranks on a host each ring is smaller)",
     ),
     Setting(
         "PIN_CORES",

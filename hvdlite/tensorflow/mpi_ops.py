@@ -99,11 +99,22 @@ def _check_sparse(op, prescale, postscale):
         raise exceptions.NotSupportedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
 
 
+def _sum_duplicate_slices(tensor):
+    """(values, indices) of `tensor` with the rows of each repeated index summed into one,
+    indices in order of first occurrence (an input without repeats comes back as it was)."""
+    indices, position = tf.unique(tensor.indices)
+    values = tf.math.unsorted_segment_sum(tensor.values, position, tf.shape(indices)[0])
+    return values, indices
+
+
 def _sparse_allreduce(tensor, name, op, process_set):
-    """IndexedSlices: values and indices are allgathered (Horovod's way);
-    Average divides the values by the number of members."""
-    values = allgather(tensor.values, name=name + ".values", process_set=process_set)
-    indices = allgather(tensor.indices, name=name + ".indices", process_set=process_set)
+    """IndexedSlices: each member first sums the rows of its repeated indices (an embedding
+    lookup repeats ids; horovod#3328), then values and indices are allgathered (Horovod's way),
+    so each row crosses the wire once per member. Average divides the values by the number
+    of members. The dense value of the result is the same as without the local sum."""
+    local_values, local_indices = _sum_duplicate_slices(tensor)
+    values = allgather(local_values, name=name + ".values", process_set=process_set)
+    indices = allgather(local_indices, name=name + ".indices", process_set=process_set)
     if op == dtypes.Average:
         values = values / tf.cast(process_set.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)

@@ -89,6 +89,7 @@ from hvdlite.torch.mpi_ops import (
     synchronize,
 )
 from hvdlite.torch.optimizer import DistributedOptimizer
+from hvdlite.torch.p2p_ops import P2POp, batch_isend_irecv, recv, recv_async, send, send_async
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 
 # The add-on layer (hvdlite/torch/parallel/, hvdlite/parallel/) is built on this adapter, so the

@@ -11,6 +11,7 @@
 #include "net_test_util.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
+#include "transport/tcp_wire.h"
 
 using namespace hvdlite;
 using namespace nettest;
@@ -358,8 +359,8 @@ void TestMeshStrangers(Store* store) {
     CheckOk(st, "mesh with strangers, rank " + std::to_string(r));
   });
   int dropped = 0;
-  for (int fd : strangers) {
-    dropped += ClosedByPeer(fd, 1.0) ? 1 : 0;
+  for (int fd : strangers) {  // the silent one is dropped after the handshake timeout
+    dropped += ClosedByPeer(fd, tcp_wire::kHandshakeTimeoutS + 2.0) ? 1 : 0;
     ::close(fd);
   }
   Check(strangers.size() == 5 && dropped == 5, "strangers dropped: " + std::to_string(dropped));
@@ -389,6 +390,50 @@ void TestWrongSecretAndSizeOne(Store* store) {
   std::vector<ControlMessage> msgs;
   CheckOk(solo->WaitControl(-1, 10, &msgs), "size-1 wait control");
   Check(solo->Send(1, 0, &a, 4).code() == StatusCode::kInvalidArgument, "invalid peer rejected");
+}
+
+// Connections open on demand: after creation a rank holds its two ring
+// neighbours only; a control message, a simultaneous exchange (both ranks
+// connect at once) and a receive posted before the sender connects all work,
+// and each leaves one or two sockets per pair that talked.
+void TestOnDemand(Store* store) {
+  const int n = 6;
+  Mesh mesh = BuildMesh(store, "ondemand/", n);
+  if (mesh.empty()) return;
+  for (int r = 0; r < n; ++r) {
+    Check(mesh[r]->open_sockets() == 2, "ring-only sockets after creation on rank " + std::to_string(r) + ": " +
+                                            std::to_string(mesh[r]->open_sockets()));
+  }
+  Check(!mesh[0]->Connected(3) && mesh[0]->Connected(1) && mesh[0]->Connected(5), "rank 0's connections");
+  OnRanks(mesh, [&](int r, Transport* t) {
+    if (r == 0) CheckOk(t->SendControl(3, "hello 3"), "control to an unconnected peer");
+    if (r == 3) {
+      std::vector<ControlMessage> msgs;
+      for (int i = 0; i < 100 && msgs.empty(); ++i) CheckOk(t->WaitControl(-1, 100, &msgs), "wait control");
+      Check(msgs.size() == 1 && msgs[0].peer == 0 && msgs[0].payload == "hello 3", "control from rank 0");
+    }
+    if (r == 1 || r == 4) {  // both connect at the same moment
+      const int other = 5 - r;
+      std::vector<int> out(1000, r), in(1000, -1);
+      CheckOk(t->SendRecv(other, 7, out.data(), 4000, other, 7, in.data(), 4000), "simultaneous exchange");
+      Check(in[0] == other && in[999] == other, "simultaneous exchange content");
+      CheckOk(t->SendRecv(other, 8, out.data(), 4000, other, 8, in.data(), 4000), "second exchange");
+      Check(in[500] == other, "second exchange content");
+    }
+    if (r == 2) {
+      SleepMs(200);
+      int v = 42;
+      CheckOk(t->Send(5, 3, &v, sizeof(v)), "late sender");
+    }
+    if (r == 5) {
+      int v = 0;
+      CheckOk(t->Recv(2, 3, &v, sizeof(v)), "receive posted before the sender connected");
+      Check(v == 42, "late sender content");
+    }
+  });
+  Check(mesh[1]->Connected(4) && mesh[4]->Connected(1), "pair 1-4 connected");
+  Check(mesh[1]->open_sockets() <= 4, "at most two sockets for a pair that raced");
+  Check(mesh[0]->open_sockets() == 3, "rank 0: ring plus rank 3");
 }
 
 void BenchRing(Store* store) {
@@ -424,6 +469,7 @@ int main() {
   TestCloseWithoutDepart(store.get());
   TestDepart(store.get());
   TestMeshStrangers(store.get());
+  TestOnDemand(store.get());
   TestWrongSecretAndSizeOne(store.get());
   BenchRing(store.get());
   std::printf("%d passed, %d failed\n", g_passed.load(), g_failed.load());

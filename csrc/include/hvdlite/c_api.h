@@ -78,6 +78,14 @@ void hvdlite_wait_end(int64_t token);
  * set; the caller goes on with hvdlite_wait, then wait_end and release. */
 int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, int64_t* token, char* err,
                         size_t err_len);
+/* Point-to-point (csrc/runtime/p2p.h): kind 0 sends, kind 1 receives `nbytes`
+ * bytes at `data` to / from rank `peer` of `process_set` (a rank of the set, not
+ * of the job), matched with the other side by (process set, source, tag >= 0).
+ * No coordinator and no other rank takes part; `data` must stay valid until
+ * the handle completes (a send: once its buffer may be reused, not when the
+ * receiver has it). Host memory only (device -1). Wait with hvdlite_wait. */
+int hvdlite_p2p(int32_t kind, const char* name, void* data, int64_t nbytes, int32_t peer, int32_t tag,
+                int32_t process_set, int32_t device, int64_t* handle, char* err, size_t err_len);
 /* Moves a completed op's output out and forgets the handle. */
 int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len);
 void hvdlite_release(int64_t handle);
@@ -121,6 +129,7 @@ typedef struct hvdlite_stats {
   int64_t cache_evictions;     /* rank 0: response cache evictions so far; 0 elsewhere */
   int64_t scheduled_responses; /* responses run from the steady-state schedule (no coordinator) */
   int64_t voted_responses;     /* of those, allreduces reduced from the inputs their votes carried */
+  int64_t alltoall_bytes_sent; /* bytes this rank's alltoalls sent to other members */
 } hvdlite_stats;
 /* Fills *out; a Precondition status (and zeros) when not initialized. */
 int hvdlite_get_stats(hvdlite_stats* out, char* err, size_t err_len);

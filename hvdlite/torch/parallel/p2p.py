@@ -1,22 +1,20 @@
-"""Stage-to-stage transfer of a list of tensors between two ranks, built on the public
-collectives: an allgather on the pair's two-rank process set (registered by hvd.Mesh) where
-the sender contributes one packed byte buffer and the receiver contributes nothing. The
-packed buffer starts with a header (count, and per tensor dtype, requires_grad, shape), so
-any dtypes and shapes travel without a separate negotiation, and every microbatch may have
-its own shape.
+"""Stage-to-stage transfer of a list of tensors between two ranks of a pipeline's process
+set, on the core's point-to-point send/recv (hvdlite.torch.send_async / recv_async): no
+coordinator round trip, no other rank involved. The tensors travel as one packed byte buffer
+whose header (count, and per tensor dtype, requires_grad, shape) lets any dtypes and shapes
+pass without a separate negotiation, so every microbatch may have its own shape. Because the
+receiver cannot know the packed size in advance, a transfer is two messages: the size
+(tag 2t), then the buffer (tag 2t + 1), where t identifies the transfer.
 
-Blocking and matched: ``send`` returns once the receiver's matching ``recv`` (same name, same
-pair) has run; both ranks of a pair must issue their transfers in the same order (the
-pipeline schedules guarantee it, hvdlite.parallel.schedules.check verifies it). Errors and
-timeouts are the collectives' own. The core has no point-to-point primitive yet; a true
-send/recv would save the coordinator round trip and the receiver's empty contribution.
+``send`` posts both messages and returns at once (the core sends while the caller computes);
+the caller keeps the returned ``Outgoing`` and waits for it later (``Outgoing.wait``).
+``recv`` blocks until the message is here. Peers are ranks of the process set.
 """
 
 import torch
 
 from hvdlite.common import exceptions
-from hvdlite.parallel.mesh import pair_process_set
-from hvdlite.torch import mpi_ops
+from hvdlite.torch import mpi_ops, p2p_ops
 
 _DTYPES = [
     torch.float32,
@@ -75,24 +73,37 @@ def unpack(buf, device=None):
     return out
 
 
-def send(tensors, me, peer, name):
-    """Sends `tensors` from global rank `me` to `peer`; blocks until `peer` received them."""
-    ps = pair_process_set(me, peer)
-    mpi_ops.synchronize(mpi_ops.allgather_async(pack(tensors), name=name, process_set=ps))
+class Outgoing:
+    """The handles and buffers of one posted transfer; wait() returns once the buffers may be
+    freed (the core has them), never waiting for the receiver."""
+
+    __slots__ = ("buffers", "handles")
+
+    def __init__(self, handles, buffers):
+        self.handles, self.buffers = handles, buffers
+
+    def wait(self):
+        for h in self.handles:
+            mpi_ops.synchronize(h)
 
 
-def recv(me, peer, name, device=None):
-    """Receives the tensors `peer` sends under `name`; blocks until they are here."""
-    ps = pair_process_set(me, peer)
-    empty = torch.empty(0, dtype=torch.uint8)
-    return unpack(mpi_ops.synchronize(mpi_ops.allgather_async(empty, name=name, process_set=ps)), device)
+def send(tensors, peer, tag, process_set):
+    """Posts `tensors` to rank `peer` of `process_set` under transfer id `tag`; returns an
+    Outgoing at once."""
+    buf = pack(tensors)
+    size = torch.tensor([buf.numel()], dtype=torch.int64)
+    handles = [
+        p2p_ops.send_async(size, peer, 2 * tag, process_set, name="pp.size"),
+        p2p_ops.send_async(buf, peer, 2 * tag + 1, process_set, name="pp.data"),
+    ]
+    return Outgoing(handles, (size, buf))
 
 
-def exchange(tensors, me, peer, name):
-    """Sends `tensors` to `peer` and returns what `peer` sends in the same exchange (one
-    allgather on the pair's set, both contributing); both call it under the same name."""
-    ps = pair_process_set(me, peer)
-    mine = pack(tensors)
-    both = mpi_ops.synchronize(mpi_ops.allgather_async(mine, name=name, process_set=ps))
-    n = mine.numel()
-    return unpack(both[n:] if me < peer else both[: both.numel() - n])
+def recv(peer, tag, process_set, device=None):
+    """Receives the tensors rank `peer` of `process_set` sends under transfer id `tag`;
+    blocks until they are here."""
+    size = torch.zeros(1, dtype=torch.int64)
+    p2p_ops.recv(size, peer, 2 * tag, process_set, name="pp.size")
+    buf = torch.empty(int(size[0]), dtype=torch.uint8)
+    p2p_ops.recv(buf, peer, 2 * tag + 1, process_set, name="pp.data")
+    return unpack(buf, device)

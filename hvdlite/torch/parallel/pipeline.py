@@ -27,7 +27,6 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.parallel import schedules
-from hvdlite.parallel.mesh import pair_process_set
 from hvdlite.torch.parallel import p2p
 
 
@@ -104,11 +103,7 @@ class _PipelineScheduleBase:
         self._n_microbatches, self._loss_fn = n_microbatches, loss_fn
         self.schedule = schedules.build(self._kind, p, len(stages), n_microbatches)
         self._actions = self.schedule.actions[ps.rank()]
-        self._me, self._pp_ranks = ps.ranks[ps.rank()], list(ps.ranks)
-        for offset in (-1, 1):  # fail here, not at the first transfer, when a channel is missing
-            peer = ps.ranks[(ps.rank() + offset) % p]
-            if peer != self._me:
-                pair_process_set(self._me, peer)
+        self._ps = ps
         self.last_timeline: list[tuple[schedules.Action, float, float]] = []
 
     # ---- one step --------------------------------------------------------------------
@@ -118,6 +113,7 @@ class _PipelineScheduleBase:
         Returns the last stage's outputs concatenated along dim 0 on the rank that holds it,
         None elsewhere."""
         self._prepare(args, target, kwargs)
+        self._outgoing: list[p2p.Outgoing] = []  # posted sends: the core moves them while this rank computes
         timeline = []
         i = 0
         while i < len(self._actions):
@@ -130,6 +126,9 @@ class _PipelineScheduleBase:
                 getattr(self, "_do_" + action.kind)(action)
             timeline.append((action, start, time.perf_counter()))
             i += 1
+        for out in self._outgoing:  # returns once the core has every buffer (not the receivers)
+            out.wait()
+        self._outgoing = []
         self.last_timeline = timeline
         if losses is not None:
             losses.extend(self._losses[k] for k in sorted(self._losses))
@@ -162,29 +161,31 @@ class _PipelineScheduleBase:
         self._results: dict[int, torch.Tensor] = {}
         self._losses: dict[int, torch.Tensor] = {}
 
-    def _name(self, action, direction):
-        return "pp.%s.s%d.mb%d" % (direction, action.stage, action.mb)
+    def _tag(self, sender_stage, mb, direction):
+        """The transfer id both ends give the transfer of microbatch mb from sender_stage
+        in `direction` ("F" or "B"): unique within a step, so matching never depends on order."""
+        return (sender_stage * self._n_microbatches + mb) * 2 + (direction == "B")
 
-    def _transfer_name(self, a):
-        """The name both ends give transfer action a (named by the sending stage)."""
+    def _transfer_tag(self, a):
+        """The transfer id of transfer action a (named by the sending stage)."""
         sender = {"SEND_F": a.stage, "SEND_B": a.stage, "RECV_F": a.stage - 1, "RECV_B": a.stage + 1}[a.kind]
-        return self._name(a._replace(stage=sender), a.kind[-1])
+        return self._tag(sender, a.mb, a.kind[-1])
+
+    def _post_send(self, a, payload, to_stage):
+        peer = self._ps.ranks.index(self._stages[a.stage].rank_of(to_stage))
+        self._outgoing.append(p2p.send(list(payload), peer, self._transfer_tag(a), self._ps))
+
+    def _receive(self, a, from_stage):
+        stage = self._stages[a.stage]
+        peer = self._ps.ranks.index(stage.rank_of(from_stage))
+        return p2p.recv(peer, self._transfer_tag(a), self._ps, stage.device)
 
     def _exchange(self, a, b):
-        """Transfers a and b (one SEND, one RECV, same peer) as one exchange."""
+        """Transfers a and b (one SEND, one RECV, same peer): the send is posted first, so
+        the two ranks' transfers cross without waiting for each other."""
         send, recv = (a, b) if a.kind.startswith("SEND") else (b, a)
-        name = "+".join(sorted((self._transfer_name(send), self._transfer_name(recv))))
-        if send.kind == "SEND_F":
-            payload = list(self._outputs[(send.stage, send.mb)])
-        else:
-            payload = self._grad_in.pop((send.stage, send.mb))
-        got = p2p.exchange(payload, self._me, self._pp_ranks[send.peer], name)
-        stage = self._stages[recv.stage]
-        got = [t.to(stage.device) for t in got] if stage.device is not None else got
-        if recv.kind == "RECV_F":
-            self._inputs[(recv.stage, recv.mb)] = tuple(got)
-        else:
-            self._grad_out[(recv.stage, recv.mb)] = got
+        getattr(self, "_do_" + send.kind)(send)
+        getattr(self, "_do_" + recv.kind)(recv)
 
     def _do_F(self, a):
         stage = self._stages[a.stage]
@@ -202,15 +203,10 @@ class _PipelineScheduleBase:
             self._inputs[(a.stage + 1, a.mb)] = tuple(_handoff(t) for t in outs)
 
     def _do_SEND_F(self, a):
-        outs = self._outputs[(a.stage, a.mb)]
-        p2p.send(list(outs), self._me, self._stages[a.stage].rank_of(a.stage + 1), self._name(a, "F"))
+        self._post_send(a, self._outputs[(a.stage, a.mb)], a.stage + 1)
 
     def _do_RECV_F(self, a):
-        stage = self._stages[a.stage]
-        got = p2p.recv(
-            self._me, stage.rank_of(a.stage - 1), self._name(a._replace(stage=a.stage - 1), "F"), stage.device
-        )
-        self._inputs[(a.stage, a.mb)] = tuple(got)
+        self._inputs[(a.stage, a.mb)] = tuple(self._receive(a, a.stage - 1))
 
     def _roots_of(self, a):
         """(tensors to differentiate, their upstream gradients) of stage a.stage, microbatch a.mb."""
@@ -260,13 +256,10 @@ class _PipelineScheduleBase:
         self._inputs.pop((a.stage, a.mb), None)
 
     def _do_SEND_B(self, a):
-        grads = self._grad_in.pop((a.stage, a.mb))
-        p2p.send(grads, self._me, self._stages[a.stage].rank_of(a.stage - 1), self._name(a, "B"))
+        self._post_send(a, self._grad_in.pop((a.stage, a.mb)), a.stage - 1)
 
     def _do_RECV_B(self, a):
-        stage = self._stages[a.stage]
-        name = self._name(a._replace(stage=a.stage + 1), "B")
-        self._grad_out[(a.stage, a.mb)] = p2p.recv(self._me, stage.rank_of(a.stage + 1), name, stage.device)
+        self._grad_out[(a.stage, a.mb)] = self._receive(a, a.stage + 1)
 
     def idle_fraction(self):
         """Share of the last step's wall time this rank spent outside forward/backward compute

@@ -28,8 +28,10 @@ from hvdlite.torch.parallel.zero_shard import describe
 FORMAT = "hvdlite-zero-1"
 
 
-def _shard_file(path, member, count):
-    return os.path.join(path, "shard-%05d-of-%05d.pt" % (member, count))
+def shard_file(path, member, count, prefix="shard"):
+    """The file of member `member` of `count` in checkpoint directory `path` (also the sharded
+    embedding tables' checkpoints, hvdlite/torch/parallel/sparse_checkpoint.py)."""
+    return os.path.join(path, "%s-%05d-of-%05d.pt" % (prefix, member, count))
 
 
 def _managed_ids(z):
@@ -69,7 +71,7 @@ def save_checkpoint(path, model, opt=None):
             "master": [m.detach() for m in z.master],
             "state": [dict(z._inner.state.get(m, {})) for m in z.master],
         }
-        torch.save(payload, _shard_file(path, g.member, g.shard_count))
+        torch.save(payload, shard_file(path, g.member, g.shard_count))
     if global_rank() == z.process_set.ranks[0]:
         rest, keys = _rest_and_keys(model, z)
         torch.save(rest, os.path.join(path, "rest.pt"))
@@ -107,7 +109,7 @@ class _Reader:
 
     def _file(self, j):
         if j not in self._files:
-            self._files[j] = torch.load(_shard_file(self.path, j, self.count), mmap=True, weights_only=True)
+            self._files[j] = torch.load(shard_file(self.path, j, self.count), mmap=True, weights_only=True)
         return self._files[j]
 
     def read(self, name, a, c, key=None):

@@ -1,0 +1,108 @@
+"""One rank of sparse_embeddings.py: SGD training steps of examples/dlrm_sparse.py's DLRM
+(26 tables, power-law ids, one id per feature), timed, with the bytes this rank sends per step.
+
+    python _sparse_worker.py --lib hvdlite --out DIR --mode MODE --steps S --idle-wait W
+        [--batch B --dim D --min-rows R --max-rows R]
+
+MODE: sharded (hvd.parallel.ShardedEmbeddingCollection, planner, fused SGD), sharded-row (every
+table row-sharded), allgather (Horovod's sparse path: every rank holds every table as
+nn.EmbeddingBag(sparse=True); DistributedOptimizer allgathers each table's coalesced sparse
+gradient), dense (the same with sparse_as_dense=True: every table allreduced whole each step).
+The dense part is DistributedOptimizer(SGD) in every mode. Bytes sent per step per rank:
+sharded modes from the collection's counters (ids, rows and gradients handed to other ranks);
+allgather computed from the unique ids of the step, (n-1) x unique x (dim x 4 + 8) per table;
+dense the ring allreduce's 2 (n-1)/n x table bytes. Writes DIR/rank<r>.json.
+"""
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+from _machine import timed_steps  # noqa: E402
+from _worker import add_step_args, run, step_doc  # noqa: E402
+from dlrm_sparse import DLRM, make_batch, table_rows  # noqa: E402
+
+LR = 0.05
+
+
+class ReplicatedTables(torch.nn.Module):
+    """Every table whole on every rank, as sparse-gradient nn.EmbeddingBag modules."""
+
+    def __init__(self, rows, dim):
+        super().__init__()
+        self.tables = torch.nn.ModuleDict(
+            {"f%d" % i: torch.nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for i, n in enumerate(rows)}
+        )
+
+    def forward(self, ids):
+        return {k: self.tables[k](v) for k, v in ids.items()}
+
+
+def _add(p):
+    add_step_args(p)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--min-rows", type=int, default=10_000)
+    p.add_argument("--max-rows", type=int, default=100_000)
+
+
+def _model(hvd, mode, rows, dim):
+    torch.manual_seed(0)
+    if mode.startswith("sharded"):
+        sharding = "row" if mode == "sharded-row" else "auto"
+        specs = {"f%d" % i: (n, dim, "sum") for i, n in enumerate(rows)}
+        tables = hvd.parallel.ShardedEmbeddingCollection(specs, sharding=sharding, optimizer="sgd", lr=LR)
+    else:
+        tables = ReplicatedTables(rows, dim)
+    model = DLRM(tables, dim)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR),
+        named_parameters=model.named_parameters(),
+        sparse_as_dense=(mode == "dense"),
+    )
+    return model, opt
+
+
+def _bytes_per_step(mode, model, ids, n, rows, dim):
+    if mode.startswith("sharded"):
+        t = model.embeddings.traffic()
+        return (t["id_bytes"] + t["row_bytes"] + t["other_bytes"]) / t["steps"]
+    if mode == "allgather":
+        return sum((n - 1) * torch.unique(v).numel() * (dim * 4 + 8) for v in ids.values())
+    return 2 * (n - 1) / n * sum(rows) * dim * 4
+
+
+def measure(comm, gate, args):
+    import hvdlite.torch as hvd
+
+    rows = table_rows(args.min_rows, args.max_rows)
+    model, opt = _model(hvd, args.mode, rows, args.dim)
+    gen = torch.Generator().manual_seed(comm.rank)
+    batches = [make_batch(gen, rows, args.batch) for _ in range(4)]
+    state = {"i": 0}
+
+    def step():
+        dense, ids, labels = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        opt.zero_grad()
+        F.binary_cross_entropy_with_logits(model(dense, ids), labels).backward()
+        opt.step()
+
+    times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=2)
+    sent = _bytes_per_step(args.mode, model, batches[0][1], comm.size, rows, args.dim)
+    table_bytes = sum(b.numel() * 4 for b in model.embeddings.buffers()) + sum(
+        p.numel() * 4 for n, p in model.embeddings.named_parameters()
+    )
+    return step_doc(comm, times, load, sent=sent, table_bytes=table_bytes)
+
+
+def main():
+    run(measure, add=_add, setup=lambda: torch.set_num_threads(1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Step time and bytes sent of a DLRM with 26 embedding tables, 2 ranks, one compute thread each:
+hvdlite's sharded tables (planner, and every table row-sharded) against Horovod's sparse path
+(replicated tables, sparse gradients allgathered) and sparse_as_dense (tables allreduced whole).
+
+    python benchmarks/sparse_embeddings.py [--steps 20] [--batch 512] [--max-rows 100000] [--ranks 2] [--quick]
+
+Model and data: examples/dlrm_sparse.py (13 dense features, 26 power-law categorical features,
+tables log-spaced from --min-rows to --max-rows rows x --dim), SGD everywhere, fwd + bwd + update.
+All rows run here, one after the other, in one invocation; each row is a fresh 2-rank job of
+benchmarks/_sparse_worker.py (its docstring says how bytes are counted). Per step the max over
+ranks; the table shows the median and min over --steps steps, and each row's median relative to
+the sharded row. Horovod's sparse path is hvdlite's DistributedOptimizer path for sparse
+gradients (coalesce, allgather indices and values), the algorithm Horovod 0.28.1 runs; Horovod
+itself is not built here. TorchRec 1.9.2 cannot run on this machine: fbgemm-gpu-cpu 1.9.0's
+operator libraries fail to load under torch 2.13 (undefined torch::autograd symbols: they are
+built for an older torch), so it has no row.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import HERE, add_driver_args, host_line, run_job, unavailable
+from _report import fmt_others, write_outputs
+
+WORKER = os.path.join(HERE, "_sparse_worker.py")
+MODES = ("sharded", "sharded-row", "allgather", "dense")
+
+
+def run_row(mode, args):
+    extra = ["--mode", mode, "--steps", str(args.steps), "--idle-wait", str(args.idle_wait)]
+    extra += ["--batch", str(args.batch), "--dim", str(args.dim)]
+    extra += ["--min-rows", str(args.min_rows), "--max-rows", str(args.max_rows)]
+    docs, error = run_job("hvdlite", args.ranks, WORKER, extra, timeout_s=1200)
+    if error or len(docs) != args.ranks:
+        return {"mode": mode, "error": error or "%d of %d ranks wrote results" % (len(docs), args.ranks)}
+    per_step = sorted(max(d["times"][i] for d in docs) for i in range(args.steps))
+    return {
+        "mode": mode,
+        "median_s": per_step[len(per_step) // 2],
+        "min_s": per_step[0],
+        "max_s": per_step[-1],
+        "sent": max(d["sent"] for d in docs),
+        "table_bytes": max(d["table_bytes"] for d in docs),
+        "others": docs[0]["load"]["others"] if docs[0].get("load") else None,
+    }
+
+
+def table(results):
+    base = next((r["median_s"] for r in results if r["mode"] == "sharded" and "median_s" in r), None)
+    lines = [
+        "| mode | median step | min / max step | vs sharded | sent / rank / step | tables / rank | others |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "median_s" not in r:
+            lines.append("| %s | error: %s | | | | | |" % (r["mode"], r["error"].replace("|", "/")))
+            continue
+        lines.append(
+            "| %s | %.1f ms | %.1f / %.1f ms | %s | %.2f MB | %.1f MB | %s |"
+            % (
+                r["mode"],
+                r["median_s"] * 1e3,
+                r["min_s"] * 1e3,
+                r["max_s"] * 1e3,
+                "%.2fx" % (r["median_s"] / base) if base else "",
+                r["sent"] / 1e6,
+                r["table_bytes"] / 1e6,
+                fmt_others(r["others"]) if r["others"] is not None else "",
+            )
+        )
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--ranks", type=int, default=2, help="more than the cores: bytes only, times mean little")
+    p.add_argument("--batch", type=int, default=512, help="examples per rank per step")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--min-rows", type=int, default=10_000)
+    p.add_argument("--max-rows", type=int, default=100_000)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    add_driver_args(p, idle_wait=10.0, quick="3 steps, small tables, no idle wait")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.max_rows, args.idle_wait = 3, 20_000, 0.0
+    reason = unavailable("hvdlite")
+    if reason:
+        sys.exit("hvdlite cannot run here: " + reason)
+    results = [run_row(mode, args) for mode in args.modes]
+    text = "\n".join(
+        [
+            "# Sparse embeddings: DLRM, 26 tables of %d-%d rows x %d, batch %d per rank, %d ranks, SGD"
+            % (args.min_rows, args.max_rows, args.dim, args.batch, args.ranks),
+            "",
+            host_line(),
+            "- one compute thread per rank; median, min and max over %d steps of the max over ranks"
+            % args.steps,
+            "- TorchRec: no row (fbgemm-gpu-cpu 1.9.0 does not load under torch 2.13); Horovod: its"
+            " algorithm through hvdlite (allgather row), Horovod itself not built",
+            "",
+        ]
+        + table(results)
+    )
+    write_outputs(args.out_dir, "sparse_embeddings", text, data=results)
+
+
+if __name__ == "__main__":
+    main()

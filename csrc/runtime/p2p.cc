@@ -1,0 +1,346 @@
+#include "runtime/p2p.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+
+#include "coordinator/messages.h"
+
+namespace hvdlite {
+namespace {
+
+// Chunk frame: kind u8, process set i32, tag i32, total u64, offset u64, then
+// the chunk's bytes. Acknowledgement: kind u8, bytes u64. Little-endian hosts
+// only, as the rest of the wire (messages.cc).
+constexpr size_t kChunkHeaderBytes = 1 + 4 + 4 + 8 + 8;
+constexpr size_t kAckBytes = 1 + 8;
+
+std::string AckFrame(uint64_t bytes) {
+  std::string f(kAckBytes, '\0');
+  f[0] = static_cast<char>(ControlKind::kP2pAck);
+  std::memcpy(&f[1], &bytes, 8);
+  return f;
+}
+
+}  // namespace
+
+P2pEngine::P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles,
+                     double timeout_s, int64_t unexpected_limit)
+    : rank_(rank),
+      transport_(transport),
+      sets_(sets),
+      handles_(handles),
+      timeout_s_(timeout_s),
+      unexpected_limit_(unexpected_limit),
+      outboxes_(static_cast<size_t>(transport->size())),
+      incoming_(static_cast<size_t>(transport->size())) {}
+
+bool P2pEngine::Owns(const std::string& payload) {
+  const ControlKind k = PeekControlKind(payload);
+  return k == ControlKind::kP2pChunk || k == ControlKind::kP2pAck;
+}
+
+Status P2pEngine::Post(Op op, int64_t* handle) {
+  const char* what = op.send ? "send" : "recv";
+  const std::string subject = std::string(what) + " of tensor '" + op.name + "'";
+  const std::vector<int> members = sets_->Ranks(op.process_set);
+  if (members.empty()) {
+    return Status::InvalidArgument(subject + ": process set " + std::to_string(op.process_set) +
+                                   " does not exist (was it removed?)");
+  }
+  if (sets_->MemberIndex(op.process_set, rank_) < 0) {
+    return Status::InvalidArgument(subject + ": rank " + std::to_string(rank_) +
+                                   " is not a member of process set " + std::to_string(op.process_set) +
+                                   "; only members may send and receive in it");
+  }
+  if (op.peer < 0 || op.peer >= static_cast<int32_t>(members.size())) {
+    return Status::InvalidArgument(subject + ": " + (op.send ? "dst " : "src ") + std::to_string(op.peer) +
+                                   " is not a rank of process set " + std::to_string(op.process_set) +
+                                   " (its ranks are 0.." + std::to_string(members.size() - 1) +
+                                   "; ranks of a process set count its members, not the job)");
+  }
+  if (op.tag < 0) {
+    return Status::InvalidArgument(subject + ": tag " + std::to_string(op.tag) +
+                                   " is negative; use a tag >= 0");
+  }
+  Pending p;
+  p.peer = members[static_cast<size_t>(op.peer)];
+  p.op = std::move(op);
+  p.handle = handles_->Create();
+  *handle = p.handle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(new Pending(std::move(p)));
+  }
+  posted_.fetch_add(1, std::memory_order_seq_cst);
+  return Status::OK();
+}
+
+void P2pEngine::TakePosted() {
+  std::vector<Pending*> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(inbox_);
+    taken_ = posted_.load(std::memory_order_relaxed);
+  }
+  for (Pending* raw : fresh) {
+    ops_.push_back(std::move(*raw));
+    delete raw;
+    Pending* p = &ops_.back();
+    p->self = std::prev(ops_.end());
+    p->since = Clock::now();
+    if (p->op.send) {
+      outboxes_[static_cast<size_t>(p->peer)].sends.push_back(p);
+    } else {
+      PostRecv(p);
+    }
+  }
+}
+
+// A new receive takes the oldest unexpected message of its (set, peer, tag),
+// complete or still arriving; otherwise it waits in posted_recvs_.
+void P2pEngine::PostRecv(Pending* r) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    Unexpected& u = *it;
+    if (u.recv != nullptr || u.discard || u.peer != r->peer || u.process_set != r->op.process_set ||
+        u.tag != r->op.tag)
+      continue;
+    if (u.total != r->op.bytes) {
+      Finish(r, SizeMismatch(*r, u.total));
+      u.discard = true;  // the failed receive consumed it
+    } else {
+      u.recv = r;
+    }
+    if (u.got == u.total) ReleaseUnexpected(it);
+    return;
+  }
+  posted_recvs_.push_back(r);
+}
+
+// A complete unexpected message: copied into the receive that matched it (if
+// any), then forgotten.
+void P2pEngine::ReleaseUnexpected(std::list<Unexpected>::iterator it) {
+  Unexpected& u = *it;
+  if (u.recv != nullptr) {
+    if (u.total > 0) std::memcpy(u.recv->op.data, u.bytes.get(), u.total);
+    Finish(u.recv, Status::OK());
+  }
+  unexpected_bytes_ -= static_cast<int64_t>(u.total);
+  unexpected_.erase(it);
+}
+
+Status P2pEngine::Progress() {
+  if (HasNew()) TakePosted();
+  for (size_t peer = 0; peer < outboxes_.size(); ++peer) {
+    if (!outboxes_[peer].sends.empty())
+      HVD_RETURN_IF_ERROR(SendSome(static_cast<int>(peer), &outboxes_[peer]));
+  }
+  if (!posted_recvs_.empty()) CheckRecvDeadlines();
+  return Status::OK();
+}
+
+// Sends the peer's queued messages, in order, chunk by chunk while its window
+// allows. A message to this rank itself is delivered whole, at once.
+Status P2pEngine::SendSome(int peer, Outbox* box) {
+  while (!box->sends.empty()) {
+    Pending* s = box->sends.front();
+    if (peer != rank_ && transport_->PeerDeparted(peer)) {  // it shut down: nobody will read this
+      box->sends.pop_front();
+      Finish(s, Status::Aborted(Describe(*s) + ": rank " + std::to_string(peer) + " has shut down"));
+      continue;
+    }
+    ChunkHeader h{s->op.process_set, s->op.tag, s->op.bytes, s->done};
+    if (peer == rank_) {
+      HVD_RETURN_IF_ERROR(Deliver(peer, h, s->op.data, s->op.bytes));
+      box->sends.pop_front();
+      Finish(s, Status::OK());
+      continue;
+    }
+    const size_t n = std::min(kChunkBytes, s->op.bytes - s->done);
+    if (box->unacked > 0 && box->unacked + n > kWindowBytes) {
+      const Clock::time_point now = Clock::now();
+      if (box->waiting_since == Clock::time_point{}) box->waiting_since = now;
+      if (std::chrono::duration<double>(now - box->waiting_since).count() >= timeout_s_) {
+        return Status::Timeout(Describe(*s) + ": rank " + std::to_string(peer) +
+                               " has taken in no data for " + std::to_string(static_cast<int>(timeout_s_)) +
+                               " s (HVDLITE_TIMEOUT_SECONDS); is it hung?");
+      }
+      return Status::OK();
+    }
+    std::string frame(kChunkHeaderBytes + n, '\0');
+    frame[0] = static_cast<char>(ControlKind::kP2pChunk);
+    std::memcpy(&frame[1], &h.process_set, 4);
+    std::memcpy(&frame[5], &h.tag, 4);
+    std::memcpy(&frame[9], &h.total, 8);
+    std::memcpy(&frame[17], &h.offset, 8);
+    if (n > 0) std::memcpy(&frame[kChunkHeaderBytes], s->op.data + s->done, n);
+    HVD_RETURN_IF_ERROR(transport_->SendControl(peer, frame));
+    box->unacked += n;
+    s->done += n;
+    if (s->done == s->op.bytes) {
+      box->sends.pop_front();
+      Finish(s, Status::OK());
+    }
+  }
+  return Status::OK();
+}
+
+Status P2pEngine::OnControl(int peer, const std::string& payload) {
+  Outbox& box = outboxes_[static_cast<size_t>(peer)];
+  if (PeekControlKind(payload) == ControlKind::kP2pAck) {
+    uint64_t bytes = 0;
+    if (payload.size() != kAckBytes) return Status::Internal("corrupt point-to-point acknowledgement");
+    std::memcpy(&bytes, &payload[1], 8);
+    box.unacked -= std::min<size_t>(box.unacked, bytes);
+    box.waiting_since = Clock::time_point{};
+    return Status::OK();
+  }
+  if (payload.size() < kChunkHeaderBytes) return Status::Internal("corrupt point-to-point chunk");
+  ChunkHeader h;
+  std::memcpy(&h.process_set, &payload[1], 4);
+  std::memcpy(&h.tag, &payload[5], 4);
+  std::memcpy(&h.total, &payload[9], 8);
+  std::memcpy(&h.offset, &payload[17], 8);
+  const size_t len = payload.size() - kChunkHeaderBytes;
+  HVD_RETURN_IF_ERROR(Deliver(peer, h, payload.data() + kChunkHeaderBytes, len));
+  if (transport_->PeerDeparted(peer)) return Status::OK();  // it sent everything and left: no ack
+  return transport_->SendControl(peer, AckFrame(len));
+}
+
+// One chunk from `peer` (offsets follow each other within a message).
+Status P2pEngine::Deliver(int peer, const ChunkHeader& h, const char* payload, size_t len) {
+  Incoming& in = incoming_[static_cast<size_t>(peer)];
+  if (h.offset == 0) {
+    HVD_RETURN_IF_ERROR(StartMessage(peer, h, &in));
+  } else if (!in.active || h.offset != in.got || h.total != in.header.total) {
+    return Status::Internal("point-to-point stream from rank " + std::to_string(peer) + " is out of order");
+  }
+  if (len > h.total - in.got) {
+    return Status::Internal("point-to-point chunk from rank " + std::to_string(peer) +
+                            " overruns its message");
+  }
+  if (in.recv != nullptr && len > 0) {
+    std::memcpy(in.recv->op.data + in.got, payload, len);
+  } else if (in.has_unexpected && len > 0) {
+    std::memcpy(in.unexpected->bytes.get() + in.got, payload, len);
+  }
+  in.got += len;
+  if (in.has_unexpected) in.unexpected->got = in.got;
+  if (in.got < h.total) return Status::OK();
+  in.active = false;
+  if (in.recv != nullptr) Finish(in.recv, Status::OK());
+  if (in.has_unexpected && (in.unexpected->recv != nullptr || in.unexpected->discard)) {
+    ReleaseUnexpected(in.unexpected);
+  }
+  in.recv = nullptr;
+  in.has_unexpected = false;
+  return Status::OK();
+}
+
+// The first chunk of a message: match it with the oldest posted receive of
+// its (set, peer, tag), or keep it as unexpected.
+Status P2pEngine::StartMessage(int peer, const ChunkHeader& h, Incoming* in) {
+  if (in->active) {
+    return Status::Internal("point-to-point message from rank " + std::to_string(peer) +
+                            " started before the previous one ended");
+  }
+  in->active = true;
+  in->header = h;
+  in->got = 0;
+  in->recv = nullptr;
+  in->has_unexpected = false;
+  for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
+    Pending* r = *it;
+    if (r->peer != peer || r->op.process_set != h.process_set || r->op.tag != h.tag) continue;
+    posted_recvs_.erase(it);
+    if (r->op.bytes != h.total) {
+      Finish(r, SizeMismatch(*r, h.total));
+      return Status::OK();  // the failed receive consumed it: its chunks are dropped
+    }
+    in->recv = r;
+    return Status::OK();
+  }
+  if (unexpected_bytes_ + static_cast<int64_t>(h.total) > unexpected_limit_) {
+    return Status::Precondition(
+        "rank " + std::to_string(rank_) + " holds " + std::to_string(unexpected_bytes_) +
+        " bytes of point-to-point messages no receive has matched yet; the next one, from rank " +
+        std::to_string(peer) + " with tag " + std::to_string(h.tag) + " (process set " +
+        std::to_string(h.process_set) + ", " + std::to_string(h.total) +
+        " bytes), would pass HVDLITE_P2P_UNEXPECTED_BYTES (" + std::to_string(unexpected_limit_) +
+        "): post the matching recv sooner, or raise the limit");
+  }
+  Unexpected u;
+  u.peer = peer;
+  u.process_set = h.process_set;
+  u.tag = h.tag;
+  u.total = h.total;
+  u.bytes.reset(new char[std::max<uint64_t>(h.total, 1)]);
+  unexpected_bytes_ += static_cast<int64_t>(h.total);
+  unexpected_.push_back(std::move(u));
+  in->unexpected = std::prev(unexpected_.end());
+  in->has_unexpected = true;
+  return Status::OK();
+}
+
+void P2pEngine::Finish(Pending* p, Status st) {
+  HandleResult r;
+  r.status = std::move(st);
+  handles_->Complete(p->handle, std::move(r));
+  ops_.erase(p->self);
+}
+
+Status P2pEngine::SizeMismatch(const Pending& r, uint64_t total) const {
+  return Status::Mismatch(Describe(r) + ": the message sent has " + std::to_string(total) +
+                          " bytes, the receiving tensor " + std::to_string(r.op.bytes) +
+                          "; make both tensors the same shape and dtype");
+}
+
+std::string P2pEngine::Describe(const Pending& p) const {
+  std::string peer = "rank " + std::to_string(p.peer);
+  if (p.op.process_set != 0) {
+    peer +=
+        " (rank " + std::to_string(p.op.peer) + " of process set " + std::to_string(p.op.process_set) + ")";
+  }
+  std::string s =
+      p.op.send ? "send of tensor '" + p.op.name + "' from rank " + std::to_string(rank_) + " to " + peer
+                : "recv of tensor '" + p.op.name + "' on rank " + std::to_string(rank_) + " from " + peer;
+  return s + " with tag " + std::to_string(p.op.tag);
+}
+
+std::string P2pEngine::UnreceivedTags(int peer, int32_t process_set) const {
+  std::string tags;
+  for (const Unexpected& u : unexpected_) {
+    if (u.peer != peer || u.process_set != process_set || u.recv != nullptr || u.discard) continue;
+    tags += (tags.empty() ? "" : ", ") + std::to_string(u.tag);
+  }
+  return tags.empty() ? "none" : tags;
+}
+
+// Receives whose sender shut down, or that waited HVDLITE_TIMEOUT_SECONDS for
+// a message, fail (the rest of the job goes on).
+void P2pEngine::CheckRecvDeadlines() {
+  const Clock::time_point now = Clock::now();
+  for (auto it = posted_recvs_.begin(); it != posted_recvs_.end();) {
+    Pending* r = *it;
+    Status st;
+    if (r->peer != rank_ && transport_->PeerDeparted(r->peer)) {
+      st = Status::Aborted(Describe(*r) + ": rank " + std::to_string(r->peer) +
+                           " has shut down without sending a matching message");
+    } else if (std::chrono::duration<double>(now - r->since).count() >= timeout_s_) {
+      st =
+          Status::Timeout(Describe(*r) + ": unmatched after " + std::to_string(static_cast<int>(timeout_s_)) +
+                          " s (HVDLITE_TIMEOUT_SECONDS): rank " + std::to_string(r->peer) +
+                          " sent no message with this tag; tags received from it and not matched: " +
+                          UnreceivedTags(r->peer, r->op.process_set) + ". Check that the sender calls " +
+                          "send with the same tag and process set");
+    }
+    if (st.ok()) {
+      ++it;
+      continue;
+    }
+    it = posted_recvs_.erase(it);
+    Finish(r, st);
+  }
+}
+
+}  // namespace hvdlite

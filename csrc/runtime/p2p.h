@@ -1,0 +1,167 @@
+// P2pEngine: point-to-point send/recv between two ranks of a process set,
+// matched by (process set, source, tag), with no coordinator round trip and
+// no other rank involved.
+//
+// Route. Messages travel on the transport's control plane as P2P chunk frames
+// (ControlKind::kP2pChunk): every transport already reads control messages as
+// they arrive and queues them (WaitControl, and during data transfers), so a
+// message nobody has asked for yet never blocks the engine, a collective or
+// the data plane's tag order. A message is cut into chunks of at most
+// kChunkBytes; the receiver's engine acknowledges each chunk it has taken in
+// (kP2pAck), and a sender keeps at most kWindowBytes unacknowledged per peer.
+// The window keeps what a pair has in flight under the TCP socket buffers
+// (kSocketBufferBytes), so two ranks sending large messages to each other at
+// once never both block in SendControl (TCP does not read while it sends a
+// control message; shared memory does).
+//
+// Matching. Chunks of one message are contiguous per pair (a sender sends its
+// messages to one peer in the order posted, one at a time), and messages
+// between a pair with equal (set, tag) are received in the order sent (MPI's
+// non-overtaking rule). A message whose receive is not posted yet is kept
+// ("unexpected") until one matches it; their total size is bounded by
+// HVDLITE_P2P_UNEXPECTED_BYTES, past which the job fails with an error naming
+// the pair and tag (the sender never waits for the receiver to post).
+//
+// Completion. A send's handle completes once its last chunk was handed to the
+// transport (its buffer may then be reused); a receive's once its buffer holds
+// the message. A receive whose message does not come within
+// HVDLITE_TIMEOUT_SECONDS fails with Timeout naming the (rank, tag) pair and
+// the tags that did arrive from that rank; one from a rank that shut down
+// fails at once. A message of another size than the receive's buffer fails
+// that receive, naming tensor, pair and both sizes.
+//
+// A send to a rank that has shut down fails (Aborted, naming it).
+//
+// Threading: Post() from any thread; everything else is the engine's (the
+// holder of the runtime's engine_mu_).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/process_sets.h"
+#include "runtime/handles.h"
+#include "transport/transport.h"
+
+namespace hvdlite {
+
+class P2pEngine {
+ public:
+  static constexpr size_t kChunkBytes = 256 << 10;
+  static constexpr size_t kWindowBytes = 1 << 20;
+
+  // What a caller posts: a send of `bytes` bytes at `data` to member `peer`
+  // of `process_set`, or a receive into it from that member.
+  struct Op {
+    bool send = false;
+    std::string name;  // the tensor's name, for errors
+    char* data = nullptr;
+    size_t bytes = 0;
+    int32_t peer = -1;  // rank in process_set
+    int32_t tag = 0;
+    int32_t process_set = 0;
+  };
+
+  // The runtime wakes a sleeping engine after a Post (HasNew); timeout_s is
+  // HVDLITE_TIMEOUT_SECONDS, unexpected_limit HVDLITE_P2P_UNEXPECTED_BYTES.
+  P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles, double timeout_s,
+            int64_t unexpected_limit);
+
+  // Any thread: checks `op` (process set, ranks, tag) and queues it for the
+  // engine; *handle completes as described above. Errors return at once.
+  Status Post(Op op, int64_t* handle);
+  // Engine: posts arrived that the engine has not taken yet (Post's count is
+  // seq_cst, so a check after TensorQueue::SetSleeping(true) cannot miss one).
+  bool HasNew() const { return posted_.load(std::memory_order_seq_cst) != taken_; }
+
+  // Engine: true for the control payloads this engine owns.
+  static bool Owns(const std::string& payload);
+  // Engine: a chunk or acknowledgement from global rank `peer`. An error is
+  // fatal (unexpected messages over their bound, a corrupt stream).
+  Status OnControl(int peer, const std::string& payload);
+  // Engine: takes new posts, sends what the windows allow, fails receives
+  // that waited too long or whose sender left. An error is fatal (a peer
+  // that takes no data for HVDLITE_TIMEOUT_SECONDS, a transport failure).
+  Status Progress();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {  // a posted operation, in the engine
+    Op op;
+    int64_t handle = 0;
+    int peer = -1;  // global rank
+    size_t done = 0;
+    Clock::time_point since;
+    std::list<Pending>::iterator self;  // where ops_ holds it
+  };
+  struct ChunkHeader {
+    int32_t process_set = 0;
+    int32_t tag = 0;
+    uint64_t total = 0;
+    uint64_t offset = 0;
+  };
+  struct Unexpected {  // a message no receive has matched yet
+    int peer = -1;
+    int32_t process_set = 0;
+    int32_t tag = 0;
+    uint64_t total = 0;
+    std::unique_ptr<char[]> bytes;  // total bytes (at least 1)
+    uint64_t got = 0;
+    Pending* recv = nullptr;  // the receive that matched it
+    bool discard = false;     // a receive of another size matched it and failed
+  };
+  struct Incoming {  // the message a peer is sending now
+    bool active = false;
+    ChunkHeader header;
+    uint64_t got = 0;
+    Pending* recv = nullptr;                     // the matched receive, or
+    bool has_unexpected = false;                 // where it is kept until one matches;
+    std::list<Unexpected>::iterator unexpected;  // neither: dropped (a size mismatch)
+  };
+  struct Outbox {
+    std::deque<Pending*> sends;
+    size_t unacked = 0;
+    Clock::time_point waiting_since;  // for an acknowledgement, while the window is full
+  };
+
+  void TakePosted();
+  void PostRecv(Pending* r);
+  Status SendSome(int peer, Outbox* box);
+  Status Deliver(int peer, const ChunkHeader& h, const char* payload, size_t len);
+  Status StartMessage(int peer, const ChunkHeader& h, Incoming* in);
+  void ReleaseUnexpected(std::list<Unexpected>::iterator it);
+  void Finish(Pending* p, Status st);
+  Status SizeMismatch(const Pending& r, uint64_t total) const;
+  std::string Describe(const Pending& p) const;
+  std::string UnreceivedTags(int peer, int32_t process_set) const;
+  void CheckRecvDeadlines();
+
+  const int rank_;
+  Transport* transport_;
+  ProcessSetTable* sets_;
+  HandleTable* handles_;
+  const double timeout_s_;
+  const int64_t unexpected_limit_;
+
+  std::mutex mu_;  // guards inbox_
+  std::vector<Pending*> inbox_;
+  std::atomic<uint64_t> posted_{0};
+  uint64_t taken_ = 0;  // posted_ as of the last TakePosted (engine)
+
+  // Engine state. Pending objects are owned here (std::list: stable addresses).
+  std::list<Pending> ops_;
+  std::vector<Outbox> outboxes_;      // by global rank
+  std::vector<Incoming> incoming_;    // by global rank
+  std::list<Pending*> posted_recvs_;  // unmatched receives, in posting order
+  std::list<Unexpected> unexpected_;  // unmatched messages, in arrival order
+  int64_t unexpected_bytes_ = 0;
+};
+
+}  // namespace hvdlite

@@ -1,0 +1,302 @@
+"""The lookup and gradient exchange of sharded embedding tables (hvd.parallel.ShardedEmbedding*).
+
+One step, for all tables of a collection at once, on every member of the process set:
+  forward   each member deduplicates its ids per table (torch.unique), and sends each unique id
+            once to each member that holds part of its row (one alltoall of int64 keys, key =
+            table base + id). Each holder looks the rows up in its shard and sends them back
+            (one alltoall of fp32, flat, so tables of different widths and column slices share
+            it). The requester assembles a (unique ids x dim) matrix per table.
+  backward  the gradient of those matrices (autograd summed duplicate ids already) goes back
+            along the same path (one alltoall); each holder sums the rows every requester sent
+            for one id, divides by the set size (the average DistributedOptimizer takes), and
+            its RowOptimizer updates them in place. Row-wise Adagrad on a column-sharded table
+            adds one allreduce of one float per touched row (the row's mean square spans
+            members).
+So per step a member sends its unique ids (8 bytes each, times the holders of a column-sharded
+table) and unique ids x dim x 4 bytes twice (rows back, gradients out), and nothing else.
+
+The exchange runs on CPU tensors (the core's alltoall takes host memory); shards and their
+optimizer state may live on a CUDA device, and rows and gradients are copied across at the
+holder (lookup, update) and at the requester (the rows returned, the gradients sent).
+Every call is a collective over the set: every member must run forward and backward of the
+same collection in the same order (a member with no ids sends nothing but still takes part).
+Each exchange blocks until it completes; a missing member is found by the core's stall check.
+"""
+
+from collections import deque
+
+import torch
+
+from hvdlite.common import dtypes, exceptions
+from hvdlite.torch import mpi_ops
+from hvdlite.torch.parallel.moe_comm import exchange
+
+# one step's updates held back by the staleness bound: ([(table, rows, gradient rows)],
+# {table: mean square of each full row}, for row-wise Adagrad on column-sharded tables)
+Pending = tuple[list[tuple[int, torch.Tensor, torch.Tensor]], dict[int, torch.Tensor]]
+STOP = -2  # the key every member sends every member to end the step loop (Exchange.stop)
+
+
+class Traffic:
+    """Bytes this member handed to the exchanges for other members (its own part never leaves
+    it), counted from the splits of every alltoall/allreduce the collection ran."""
+
+    def __init__(self):
+        self.id_bytes = self.row_bytes = self.other_bytes = self.steps = 0
+
+    def as_dict(self):
+        return dict(vars(self))
+
+
+def _sent_elsewhere(splits, me, itemsize):
+    return (sum(splits) - splits[me]) * itemsize
+
+
+class Step:
+    """What a forward remembers for its backward: on the requester side, per (table, member),
+    which unique ids went where; on the holder side, the received keys' rows and positions."""
+
+    def __init__(self):
+        self.sent = []  # per member: [(table, index into that table's unique ids)]
+        self.row_splits = None  # flat fp32 elements this member received from each member
+        self.held = []  # per table: (local rows, flat positions of their elements) or None
+        self.served_splits = None  # flat fp32 elements this member sent each member
+        self.bad_id = None  # (table, id, rows) of an id outside its table on this member
+
+
+class Exchange:
+    """The exchange of one collection. `tables`: the tables' names; `layouts`: one TableLayout each; `shards`: this
+    member's shard of each (rows x columns, updated in place); `optimizers`: one RowOptimizer
+    per table; `ps`: the process set; `name`: the collectives' name prefix, the same on every
+    member and unique among the collections of the job; `average_over`: the number of members
+    whose gradients are averaged (default all; the workers in the parameter-server mode);
+    `staleness`: how many steps the holders hold received gradients before applying them (0:
+    a step's rows reflect every earlier step's gradients; k: all but the last k)."""
+
+    def __init__(self, tables, layouts, shards, optimizers, ps, name, average_over=None, staleness=0):
+        self.tables, self.layouts, self.shards, self.optimizers = tables, layouts, shards, optimizers
+        self.ps, self.name = ps, name
+        self.members, self.me = len(ps.ranks), ps.rank()
+        self.average_over = average_over or self.members
+        self.staleness = int(staleness)
+        self.in_flight = None  # (alltoall handle, Step) of gradients sent, not yet applied
+        # per table, per member: the rows and columns it holds, and who holds anything
+        self.rows = [[lay.row_range(m) for m in range(self.members)] for lay in layouts]
+        self.cols = [[lay.col_range(m) for m in range(self.members)] for lay in layouts]
+        self.serving = [lay.serving_members() for lay in layouts]
+        self.pending: deque[Pending] = deque()
+        bases, total = [], 0
+        for layout in layouts:
+            bases.append(total)
+            total += layout.rows
+        self.bases = torch.tensor(bases, dtype=torch.int64)
+        self.widths = torch.tensor([lay.col_range(self.me)[1] - lay.col_range(self.me)[0] for lay in layouts])
+        self.row_starts = torch.tensor([lay.row_range(self.me)[0] for lay in layouts], dtype=torch.int64)
+        self.traffic = Traffic()
+
+    # ---- forward -------------------------------------------------------------------------
+    def lookup(self, uniques, step):
+        """Rows of `uniques` (one sorted unique int64 id tensor per table): a list of
+        (len(ids) x dim) fp32 tensors; None when the members stop (stop()). Fills `step` for
+        apply_gradients()."""
+        self.settle()
+        keys, splits = self._requests(uniques, step)
+        got_keys, got = exchange(keys, splits, self.name + ".ids", self.ps)
+        self.traffic.id_bytes += _sent_elsewhere(splits, self.me, 8)
+        if got_keys.numel() and bool((got_keys == STOP).any()):
+            self.flush()
+            return None
+        self._check_ids(got_keys, got, step)
+        flat, step.served_splits = self._serve(got_keys, got, step)
+        rows_flat, step.row_splits = exchange(flat, step.served_splits, self.name + ".rows", self.ps)
+        self.traffic.row_bytes += _sent_elsewhere(step.served_splits, self.me, 4)
+        self.traffic.steps += 1
+        return self._assemble(uniques, rows_flat, step)
+
+    def stop(self):
+        """Ends the step loop of every member: the workers of the parameter-server mode call
+        it together, the servers' serve() loops see it and return. Applies what is pending."""
+        exchange(
+            torch.full((self.members,), STOP, dtype=torch.int64),
+            [1] * self.members,
+            self.name + ".ids",
+            self.ps,
+        )
+        self.flush()
+
+    def flush(self):
+        """Applies every gradient still in flight or held back by the staleness bound."""
+        self.settle()
+        while self.pending:
+            self._apply(*self.pending.popleft())
+
+    def _requests(self, uniques, step):
+        per_member: list[list[torch.Tensor]] = [[] for _ in range(self.members)]
+        step.sent = [[] for _ in range(self.members)]
+        for t, (layout, ids) in enumerate(zip(self.layouts, uniques)):
+            if ids.numel() and (ids[0] < 0 or ids[-1] >= layout.rows):  # sorted: ends suffice
+                step.bad_id = (t, int(ids[0] if ids[0] < 0 else ids[-1]), layout.rows)
+            for m in self.serving[t]:
+                if layout.sharding == "row":
+                    r0, r1 = self.rows[t][m]
+                    sel = torch.nonzero((ids >= r0) & (ids < r1)).reshape(-1)
+                else:
+                    sel = torch.arange(ids.numel())
+                if sel.numel():
+                    step.sent[m].append((t, sel))
+                    per_member[m].append(ids[sel] + int(self.bases[t]))
+        if step.bad_id is not None:  # one -1 to every member: all of them learn who, and raise
+            return torch.full((self.members,), -1, dtype=torch.int64), [1] * self.members
+        splits = [sum(int(k.numel()) for k in keys) for keys in per_member]
+        flat = [k for keys in per_member for k in keys]
+        keys = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.int64)
+        return keys, splits
+
+    def _check_ids(self, keys, got, step):
+        """Raises on every member when any member asked for an id outside its table."""
+        if keys.numel() == 0 or keys.min() >= 0:
+            return
+        segments = torch.split(keys, got)
+        bad = [self.ps.ranks[r] for r, seg in enumerate(segments) if seg.numel() and seg.min() < 0]
+        mine = ""
+        if step.bad_id is not None:
+            t, bad_id, rows = step.bad_id
+            mine = "; here: table %r has %d rows, got id %d" % (self.tables[t], rows, bad_id)
+        raise exceptions.InvalidArgumentError(
+            "%s: rank(s) %s looked up ids outside their table%s; ids must lie in [0, rows)"
+            % (self.name, bad, mine)
+        )
+
+    def _serve(self, keys, got, step):
+        """The flat rows for the received `keys` (grouped by requester, then by table), and
+        how many fp32 elements go back to each requester."""
+        table = torch.searchsorted(self.bases, keys, right=True) - 1
+        width = self.widths[table]
+        ends = torch.cumsum(width, 0)
+        starts = ends - width
+        flat = torch.empty(int(ends[-1]) if keys.numel() else 0, dtype=torch.float32)
+        step.held = []
+        for t, shard in enumerate(self.shards):
+            mine = torch.nonzero(table == t).reshape(-1)
+            if mine.numel() == 0:
+                step.held.append(None)
+                continue
+            local = keys[mine] - self.bases[t] - self.row_starts[t]
+            w = int(self.widths[t])
+            positions = (starts[mine].unsqueeze(1) + torch.arange(w)).reshape(-1)
+            flat[positions] = shard[local.to(shard.device)].reshape(-1).cpu()
+            step.held.append((local, positions))
+        bounds = torch.cumsum(torch.tensor([0] + got), 0)
+        served = [
+            int(ends[bounds[r + 1] - 1] - starts[bounds[r]]) if got[r] else 0 for r in range(self.members)
+        ]
+        return flat, served
+
+    def _assemble(self, uniques, rows_flat, step):
+        out = [
+            torch.empty(ids.numel(), lay.dim, dtype=torch.float32) for ids, lay in zip(uniques, self.layouts)
+        ]
+        offset = 0
+        for m in range(self.members):
+            for t, sel in step.sent[m]:
+                c0, c1 = self.cols[t][m]
+                n = sel.numel() * (c1 - c0)
+                out[t][sel, c0:c1] = rows_flat[offset : offset + n].view(sel.numel(), c1 - c0)
+                offset += n
+        return out
+
+    # ---- backward ------------------------------------------------------------------------
+    def apply_gradients(self, grads, step):
+        """Starts sending the gradient rows (one (unique ids x dim) tensor per table, as
+        lookup() returned the rows) to their holders and returns; settle() (called first
+        thing by the next lookup, by stop() and by the collection's full_weight and
+        checkpoints) waits for them, and the holders average and apply them. So the exchange
+        overlaps the rest of the backward and the dense optimizer's step. A graph holding
+        several lookups (two forwards, one backward) settles each one's gradients before the
+        next is sent: every backward of a lookup is one optimizer step of the tables."""
+        self.settle()
+        parts = []
+        for m in range(self.members):
+            for t, sel in step.sent[m]:
+                c0, c1 = self.cols[t][m]
+                parts.append(grads[t][sel, c0:c1].reshape(-1))
+        flat = torch.cat(parts).float() if parts else torch.zeros(0, dtype=torch.float32)
+        splits = torch.tensor(step.row_splits, dtype=torch.int32)
+        handle = mpi_ops.alltoall_async(flat, splits=splits, name=self.name + ".grads", process_set=self.ps)
+        self.traffic.row_bytes += _sent_elsewhere(step.row_splits, self.me, 4)
+        self.in_flight = (handle, step)
+
+    def settle(self):
+        """Waits for the gradients apply_gradients() sent and applies them (or holds them back
+        as the staleness bound says). Collective when gradients are in flight: every member
+        settles at the same point of its step sequence."""
+        if self.in_flight is None:
+            return
+        handle, step = self.in_flight
+        self.in_flight = None
+        got, _ = mpi_ops.synchronize(handle)
+        updates = []
+        for t, held in enumerate(step.held):
+            if held is None:
+                updates.append((t, torch.zeros(0, dtype=torch.int64), torch.zeros(0, int(self.widths[t]))))
+                continue
+            local, positions = held
+            g = got[positions].view(local.numel(), -1)
+            rows, inverse = torch.unique(local, return_inverse=True)
+            summed = torch.zeros(rows.numel(), g.shape[1]).index_add_(0, inverse, g)
+            updates.append((t, rows, summed.div_(self.average_over)))
+        self.pending.append((updates, self._row_square_means(updates)))
+        while len(self.pending) > self.staleness:
+            self._apply(*self.pending.popleft())
+
+    def _apply(self, updates, sq_means):
+        for t, rows, g in updates:
+            self.optimizers[t].update(rows, g, sq_means.get(t))
+
+    def _row_square_means(self, updates):
+        """mean(g**2) over full rows for column-sharded tables whose optimizer needs it: each
+        member holds the same touched rows of such a table (every requester sent each id to
+        every member), so one allreduce of the partial sums completes them."""
+        tables = [
+            u
+            for u in updates
+            if self.layouts[u[0]].sharding == "column" and self.optimizers[u[0]].needs_row_square_sums()
+        ]
+        if not tables or self.members == 1:
+            return {}
+        partial = torch.cat([g.pow(2).sum(dim=1) for _, _, g in tables])
+        total = _allreduce_sum(partial, self.name + ".sq", self.ps)
+        self.traffic.other_bytes += partial.numel() * 4 * 2 * (self.members - 1) // self.members
+        out, offset = {}, 0
+        for t, rows, _ in tables:
+            out[t] = total[offset : offset + rows.numel()] / self.layouts[t].dim
+            offset += rows.numel()
+        return out
+
+
+def _allreduce_sum(t, name, ps):
+    return mpi_ops.synchronize(mpi_ops.allreduce_async(t, name=name, op=dtypes.Sum, process_set=ps))
+
+
+class Lookup(torch.autograd.Function):
+    """Autograd node of one step: forward returns the unique rows per table; backward sends
+    their gradients to the holders, which update the tables (it returns no gradient: the
+    tables are not autograd leaves). `anchor` is a 0-element tensor requiring grad, so the
+    node is part of the graph whenever grad mode is on."""
+
+    @staticmethod
+    def forward(ctx, anchor, exchange_, uniques):
+        step = Step()
+        device = uniques[0].device if uniques else torch.device("cpu")
+        rows = exchange_.lookup([u.cpu() for u in uniques], step)
+        if rows is None:
+            raise exceptions.PreconditionError(
+                "%s: another worker stopped the servers while this rank still trains" % exchange_.name
+            )
+        ctx.exchange, ctx.step = exchange_, step
+        return tuple(r.to(device) for r in rows)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.exchange.apply_gradients([g.cpu().contiguous() for g in grads], ctx.step)
+        return None, None, None
