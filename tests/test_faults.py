@@ -4,6 +4,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 from helpers import run_ranks, spawn_ranks
 
 
@@ -140,11 +141,13 @@ def test_rank_exiting_without_shutdown_fails_the_others():
     _check_dead_rank_reported(spawn_ranks(_one_rank_dies, 3, args=("exit",), timeout=60))
 
 
-def _leaves_early():
+def _leaves_early(leaver=1, linger=0.0):
+    """`leaver` returns at once; the others fail their next allreduce, then (after `linger`
+    seconds, so that every rank's request reaches the coordinator first) shut down."""
     import hvdlite as hvd
 
     hvd.init()
-    if hvd.rank() == 1:
+    if hvd.rank() == leaver:
         return "left"  # returns without shutdown(): the atexit handler shuts down
     time.sleep(0.5)
     try:
@@ -153,6 +156,7 @@ def _leaves_early():
     except hvd.HvdliteInternalError as e:
         return str(e)
     finally:
+        time.sleep(linger)
         hvd.shutdown()
 
 
@@ -160,6 +164,19 @@ def test_rank_that_returns_early_is_reported_as_shut_down():
     results = run_ranks(_leaves_early, 2, timeout=60)
     assert results[1] == "left"
     assert results[0] is not None and "rank 1" in results[0], results[0]
+
+
+# 6 ranks: negotiation is relayed along the vote tree (0 -> 4 -> 5, 0 -> 2 -> 3). Whether
+# the rank that leaves is the coordinator or a relay (4, rank 5's way to rank 0), every
+# other rank gets an error naming it.
+@pytest.mark.slow
+@pytest.mark.parametrize("leaver", [0, 4])
+def test_coordinator_or_relay_that_returns_early_is_reported_to_every_rank(leaver):
+    results = run_ranks(_leaves_early, 6, args=(leaver, 1.0), timeout=120)
+    assert results[leaver] == "left"
+    for rank, error in enumerate(results):
+        if rank != leaver:
+            assert error is not None and "rank %d" % leaver in error, (rank, error)
 
 
 def _stall(log_path):

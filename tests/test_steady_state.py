@@ -60,7 +60,8 @@ def _assert_mostly_scheduled(stats, responses_per_step, steps=STEPS - LEARN_STEP
     assert stats["scheduled_responses"] >= responses_per_step * steps, stats
 
 
-@pytest.mark.parametrize("size", [2, 3])
+# 6 ranks: the vote tree has two levels below rank 0 (0 -> 4 -> 5, 0 -> 2 -> 3).
+@pytest.mark.parametrize("size", [2, 3, pytest.param(6, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("fused", [True, False])
 def test_loop_runs_scheduled(size, fused):
     for stats in run_pooled(_loop, size, args=(fused,), timeout=120):
@@ -116,7 +117,10 @@ def _voted(steps):
     return seen, stats
 
 
-@pytest.mark.parametrize("size,env", [(2, {}), (3, {}), (2, {"HVDLITE_SHM_DISABLE": "1"})])
+@pytest.mark.parametrize(
+    "size,env",
+    [(2, {}), (3, {}), (2, {"HVDLITE_SHM_DISABLE": "1"}), pytest.param(6, {}, marks=pytest.mark.slow)],
+)
 def test_small_allreduces_reduce_the_inputs_votes_carried(size, env):
     runs = run_pooled(_voted, size, args=(STEPS,), env=env, timeout=120)
     for seen, stats in runs:
@@ -310,7 +314,7 @@ def _stalled():
         _step(hvd, it)
     scheduled = runtime_stats()["scheduled_responses"]
     error = None
-    if hvd.rank() == 1:
+    if hvd.rank() == hvd.size() - 1:
         time.sleep(4)  # never submits the next step: rank 0's wait must end in the stall error
     else:
         try:
@@ -321,12 +325,15 @@ def _stalled():
     return error, scheduled
 
 
-def test_rank_that_never_votes_gets_the_stall_error():
+# With 6 ranks the idle rank (5) is a leaf two levels down the vote tree: its parent's
+# stall notice must wake it so that it votes exit and the job falls back to negotiation.
+@pytest.mark.parametrize("size", [2, pytest.param(6, marks=pytest.mark.slow)])
+def test_rank_that_never_votes_gets_the_stall_error(size):
     env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "2.5"}
-    on = run_pooled(_stalled, 2, env=env, timeout=120)
-    off = run_pooled(_stalled, 2, env=dict(env, HVDLITE_STEADY_STATE="0"), timeout=120)
+    on = run_pooled(_stalled, size, env=env, timeout=120)
+    off = run_pooled(_stalled, size, env=dict(env, HVDLITE_STEADY_STATE="0"), timeout=120)
     assert on[0][1] > 0 and off[0][1] == 0, (on, off)  # the stall began in schedule mode
-    assert on[0][0] is not None and "stalled" in on[0][0] and "ranks 1" in on[0][0], on
+    assert on[0][0] is not None and "stalled" in on[0][0] and "ranks %d" % (size - 1) in on[0][0], on
     assert on[0][0] == off[0][0], (on, off)
 
 

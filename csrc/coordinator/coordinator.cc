@@ -87,7 +87,9 @@ void Coordinator::Add(int rank, const RequestList& list) {
       waits_[rank] = list.waits;
     }
   }
-  if (!waits_.empty() && (list.has_waits || !list.requests.empty())) CheckDeadlock();
+  // Checked once per Drain, not per Add: a cycle brings up to one list per
+  // rank, and a check per list would cost O(ranks^2) per cycle.
+  deadlock_check_due_ |= !waits_.empty() && (list.has_waits || !list.requests.empty());
 }
 
 void Coordinator::CheckDeadlock() {
@@ -139,7 +141,8 @@ void Coordinator::AddOne(Request r) {
     OnJoin(r.rank);
     return;
   }
-  std::vector<int> ranks = sets_->Ranks(r.process_set);
+  const std::shared_ptr<const std::vector<int>> members = sets_->Members(r.process_set);
+  const std::vector<int>& ranks = *members;
   if (ranks.empty()) {
     DecideError(r, {r.rank},
                 Status::InvalidArgument(std::string(OpTypeName(r.type)) + " of tensor '" + r.name +
@@ -192,6 +195,9 @@ void Coordinator::AddOne(Request r) {
 }
 
 bool Coordinator::Ready(const Pending& p, const std::vector<int>& ranks) const {
+  // O(1) unless some rank has joined: this runs once per request.
+  if (p.count == static_cast<int>(ranks.size())) return p.count > 0;
+  if (joined_ranks_.empty()) return false;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (!p.have[i] && !joined_ranks_.count(ranks[i])) return false;
   }
@@ -351,6 +357,10 @@ void Coordinator::FuseInto(std::vector<Decided>* out) {
 }
 
 bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
+  if (deadlock_check_due_) {
+    deadlock_check_due_ = false;
+    if (!waits_.empty()) CheckDeadlock();
+  }
   bool announce = AllRanksShutDown() && !shutdown_announced_;
   if (decided_.empty() && !announce) return false;  // (every turn in the steady state: no allocation)
   if (!announce && cycle_time_ms_ > 0 && MsUntilDue() > 0) return false;  // hold for fusion

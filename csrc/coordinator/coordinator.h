@@ -48,7 +48,8 @@ class Coordinator {
   // the rank's blocked callers too (list.has_waits) and, when every tensor
   // some blocked ranks wait for can never complete, fails those tensors on
   // every member at once with a Mismatch error naming who waits for what
-  // (coordinator/deadlock.h); HVDLITE_DEADLOCK_CHECK_DISABLE turns that off.
+  // (coordinator/deadlock.h) in the next Drain; HVDLITE_DEADLOCK_CHECK_DISABLE
+  // turns that off.
   void Add(int rank, const RequestList& list);
   // Moves the decided responses into per-rank lists (index = global rank).
   // Returns false when there is nothing to send (*per_rank untouched). With
@@ -123,7 +124,8 @@ class Coordinator {
   Timeline* timeline_;
   int64_t fusion_threshold_;
   double cycle_time_ms_;
-  std::map<int, RankWaits> waits_;  // ranks that reported blocked callers: their latest report
+  std::map<int, RankWaits> waits_;   // ranks that reported blocked callers: their latest report
+  bool deadlock_check_due_ = false;  // waits or requests arrived since the last check (Drain runs it)
   std::set<int> shutdown_ranks_;
   std::set<int> joined_ranks_;  // ranks inside join(), until every rank has joined
   int last_joined_ = -1;

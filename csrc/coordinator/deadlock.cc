@@ -7,8 +7,9 @@
 namespace hvdlite {
 namespace {
 
+// `ranks` ascending (UndecidedTensor's contract): O(log n) at any scale.
 bool Has(const std::vector<int>& ranks, int rank) {
-  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+  return std::binary_search(ranks.begin(), ranks.end(), rank);
 }
 
 // The undecided tensor `rank` waits for as `key`, or null when the wait can

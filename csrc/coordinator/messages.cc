@@ -303,49 +303,45 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
   return Status::OK();
 }
 
-// Wire format (Writer's): kind, epoch, position, ready (0 exit, 1 ready, 2
-// barrier), input size (int32), input bytes. Written in place, with one
-// allocation: a vote goes out per operation in the steady state.
-constexpr size_t kVoteHeader = 1 + 8 + 8 + 1 + 4;
-
 void SerializeWithRoom(Vote* vote, size_t input_size) {
-  vote->wire.assign(kVoteHeader + input_size, '\0');
-  char* p = &vote->wire[0];
-  const int32_t size = static_cast<int32_t>(input_size);
-  p[0] = static_cast<char>(ControlKind::kVote);
-  std::memcpy(p + 1, &vote->epoch, 8);
-  std::memcpy(p + 9, &vote->position, 8);
-  p[17] = static_cast<char>(vote->ready ? 1 : vote->barrier ? 2 : 0);
-  std::memcpy(p + 18, &size, 4);
-  vote->input_offset = kVoteHeader;
+  vote->wire.assign(input_size, '\0');
+  vote->input_offset = 0;
   vote->input_size = input_size;
 }
 
-std::string Serialize(const Vote& vote) {
-  Vote copy;
-  copy.epoch = vote.epoch;
-  copy.position = vote.position;
-  copy.ready = vote.ready;
-  copy.barrier = vote.barrier;
-  SerializeWithRoom(&copy, vote.input_size);
-  if (vote.input_size) std::memcpy(&copy.wire[copy.input_offset], vote.input(), vote.input_size);
-  return std::move(copy.wire);
+// Wire format: kind, type, epoch, position, outcome, input size (uint32),
+// then the payload to the end. One allocation per message.
+constexpr size_t kVoteMessageHeader = 1 + 1 + 8 + 8 + 1 + 4;
+
+std::string Serialize(const VoteMessage& m) { return Serialize(m, m.payload.data(), m.payload.size()); }
+
+std::string Serialize(const VoteMessage& m, const char* payload, size_t size) {
+  std::string wire(kVoteMessageHeader + size, '\0');
+  char* p = &wire[0];
+  p[0] = static_cast<char>(ControlKind::kVote);
+  p[1] = static_cast<char>(m.type);
+  std::memcpy(p + 2, &m.epoch, 8);
+  std::memcpy(p + 10, &m.position, 8);
+  p[18] = static_cast<char>(m.outcome);
+  std::memcpy(p + 19, &m.input_size, 4);
+  if (size > 0) std::memcpy(p + kVoteMessageHeader, payload, size);
+  return wire;
 }
 
-Status Deserialize(std::string bytes, Vote* out) {
-  if (PeekControlKind(bytes) != ControlKind::kVote) return Status::Internal("not a vote");
-  Reader rd(bytes);
-  out->epoch = rd.I64();
-  out->position = rd.I64();
-  const uint8_t kind = rd.U8();
-  out->ready = kind == 1;
-  out->barrier = kind == 2;
-  const int32_t size = rd.I32();
-  if (!rd.ok() || kind > 2 || size < 0 || bytes.size() != kVoteHeader + static_cast<size_t>(size))
-    return Status::Internal("corrupt vote");
-  out->input_offset = kVoteHeader;
-  out->input_size = static_cast<size_t>(size);
-  out->wire = size > 0 ? std::move(bytes) : std::string();
+Status Deserialize(const std::string& bytes, VoteMessage* out) {
+  if (bytes.size() < kVoteMessageHeader || PeekControlKind(bytes) != ControlKind::kVote)
+    return Status::Internal("corrupt vote message");
+  const char* p = bytes.data();
+  const uint8_t type = static_cast<uint8_t>(p[1]);
+  out->type = static_cast<VoteMessage::Type>(type);
+  std::memcpy(&out->epoch, p + 2, 8);
+  std::memcpy(&out->position, p + 10, 8);
+  out->outcome = static_cast<uint8_t>(p[18]);
+  std::memcpy(&out->input_size, p + 19, 4);
+  out->payload.assign(p + kVoteMessageHeader, bytes.size() - kVoteMessageHeader);
+  if (type > 3 || out->outcome > VoteMessage::kFail ||
+      (out->input_size > 0 && out->payload.size() % out->input_size != 0))
+    return Status::Internal("corrupt vote message");
   return Status::OK();
 }
 

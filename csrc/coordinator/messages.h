@@ -109,9 +109,10 @@ struct ResponseList {
   std::vector<Response> schedule;
 };
 
-// A rank's vote at one position of a steady-state schedule (sent to every
-// other rank): ready (its caller submitted the position's group, unchanged)
-// or exit (it submitted something else: every rank falls back to negotiation).
+// This rank's own vote at one position of a steady-state schedule: ready (its
+// caller submitted the position's group, unchanged), barrier, or exit (it
+// submitted something else: every rank falls back to negotiation). It travels
+// the vote tree inside VoteMessages (steady_state.h).
 struct Vote {
   int64_t epoch = 0;
   int64_t position = 0;
@@ -119,13 +120,31 @@ struct Vote {
   bool barrier = false;  // (with ready false) a barrier vote, not an exit (steady_state.h)
   // A ready vote for a small CPU allreduce group may carry the voter's packed,
   // prescaled input (steady_state.h, "Votes that carry the data"): bytes
-  // [input_offset, input_offset + input_size) of `wire`, the serialized vote
-  // itself, so that a vote goes from the wire to the reduction (and from the
-  // packing to the wire) without copying its input. input_size 0: none.
+  // [input_offset, input_offset + input_size) of `wire`, a buffer the packing
+  // writes into (SerializeWithRoom). input_size 0: none.
   std::string wire;
   size_t input_offset = 0;
   size_t input_size = 0;
   const char* input() const { return wire.data() + input_offset; }
+};
+
+// What travels the binomial vote tree (steady_state.h, "The vote tree"):
+// kReport up (a whole subtree's outcome, or exit as soon as one is known),
+// kDecision down (rank 0's outcome for every rank), kStalled up (a subtree has
+// waited for votes past the stall delay; payload: its ranks known not to have
+// voted, int32 each) and kWake down (votes are being cast: idle ranks start
+// their patience).
+struct VoteMessage {
+  enum class Type : uint8_t { kReport = 0, kDecision = 1, kStalled = 2, kWake = 3 };
+  static constexpr uint8_t kExit = 0, kReady = 1, kBarrier = 2, kFail = 3;  // outcomes
+  Type type = Type::kReport;
+  int64_t epoch = 0;
+  int64_t position = 0;
+  uint8_t outcome = kExit;  // kFail only in a decision: rank 0 gave up waiting (payload: why)
+  // Ready with inputs: payload holds the inputs of consecutive ranks (the
+  // subtree's, or every rank's in a decision), input_size bytes each.
+  uint32_t input_size = 0;
+  std::string payload;
 };
 
 std::string Serialize(const RequestList& list);
@@ -133,16 +152,25 @@ std::string Serialize(const ResponseList& list);
 // Parse failures are Internal errors (a peer speaking another protocol version).
 Status Deserialize(const std::string& bytes, RequestList* out);
 Status Deserialize(const std::string& bytes, ResponseList* out);
-std::string Serialize(const Vote& vote);
-// Sets vote->wire to the serialized vote with room for an input of
-// `input_size` bytes at vote->input_offset, for the caller to write.
+// Sets vote->wire to a buffer with room for an input of `input_size` bytes
+// at vote->input_offset, for the caller to write.
 void SerializeWithRoom(Vote* vote, size_t input_size);
-// Keeps `bytes` as out->wire when the vote carries an input.
-Status Deserialize(std::string bytes, Vote* out);
+std::string Serialize(const VoteMessage& message);
+// The same with `size` bytes at `payload` as the payload (header.payload unused): no copy of it first.
+std::string Serialize(const VoteMessage& header, const char* payload, size_t size);
+Status Deserialize(const std::string& bytes, VoteMessage* out);
 
 // First byte of every control payload says which kind it is.
-// kP2pChunk and kP2pAck carry point-to-point messages (runtime/p2p.h).
-enum class ControlKind : uint8_t { kRequests = 1, kResponses = 2, kVote = 3, kP2pChunk = 4, kP2pAck = 5 };
+// kP2pChunk and kP2pAck carry point-to-point messages (runtime/p2p.h); kRelay
+// carries requests and responses along the vote tree (coordinator/relay.h).
+enum class ControlKind : uint8_t {
+  kRequests = 1,
+  kResponses = 2,
+  kVote = 3,
+  kP2pChunk = 4,
+  kP2pAck = 5,
+  kRelay = 6
+};
 ControlKind PeekControlKind(const std::string& bytes);
 
 }  // namespace hvdlite

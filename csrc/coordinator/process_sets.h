@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -19,6 +20,10 @@ class ProcessSetTable {
   bool Exists(int32_t id) const;
   // Ascending global ranks of the set; empty when the id is unknown.
   std::vector<int> Ranks(int32_t id) const;
+  // The same without a copy (the coordinator looks a set up per request: with
+  // thousands of ranks a copy each time cost O(ranks) per request). Never null;
+  // stays valid and unchanged after the set is removed or replaced.
+  std::shared_ptr<const std::vector<int>> Members(int32_t id) const;
   // Number of members of the set; 0 when the id is unknown.
   int Size(int32_t id) const;
   // Member index of `global_rank` in the set, or -1.
@@ -27,7 +32,7 @@ class ProcessSetTable {
 
  private:
   mutable std::mutex mu_;
-  std::map<int32_t, std::vector<int>> sets_;
+  std::map<int32_t, std::shared_ptr<const std::vector<int>>> sets_;
 };
 
 }  // namespace hvdlite

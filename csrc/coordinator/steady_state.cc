@@ -1,5 +1,7 @@
 #include "coordinator/steady_state.h"
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 
 namespace hvdlite {
@@ -74,6 +76,22 @@ bool ScheduleLearner::Period(std::vector<Response>* period) const {
   return true;
 }
 
+int VoteTree::SubtreeEnd(int r, int size) {
+  if (r == 0) return size;
+  const int64_t end = static_cast<int64_t>(r) + (r & -r);
+  return static_cast<int>(std::min<int64_t>(end, size));
+}
+
+std::vector<int> VoteTree::Children(int r, int size) {
+  std::vector<int> out;
+  const int end = SubtreeEnd(r, size);
+  for (int64_t k = 1; r + k < end; k <<= 1) out.push_back(static_cast<int>(r + k));
+  return out;
+}
+
+SteadySchedule::SteadySchedule(int rank, int size)
+    : rank_(rank), size_(size), children_(VoteTree::Children(rank, size)) {}
+
 void SteadySchedule::Enter(int64_t epoch, std::vector<Response> groups) {
   active_ = !groups.empty();
   epoch_ = epoch;
@@ -107,84 +125,358 @@ SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
   auto it = votes_.find(at);
   if (it == votes_.end()) {
     it = ballot_pool_.Insert(&votes_, [&](Slot& key) { key = at; });
-    it->second.votes.assign(size_, -1);  // a recycled ballot keeps its vectors' capacity
-    it->second.ready.resize(size_);
+    Ballot& b = it->second;  // a recycled ballot keeps its vectors' capacity
+    const size_t n = children_.size();
+    b.own = -1;
+    b.own_vote = Vote();
+    b.child.assign(n, -1);
+    b.child_inputs.resize(n);
+    for (auto& in : b.child_inputs) in.clear();
+    b.child_missing.resize(n);
+    for (auto& m : b.child_missing) m.clear();
+    b.child_stalled.assign(n, 0);
+    b.aware = b.reported = b.stalled = b.woke = false;
+    b.peer = -1;
+    b.peer_input.clear();
+    b.decision = -1;
+    b.input_size = 0;
+    b.decided.clear();
   }
   return it->second;
 }
 
-void SteadySchedule::Cast(const Slot& at, int rank, Vote v) {
-  Ballot& b = Tally(at);
-  if (b.votes[rank] >= 0) return;
-  b.votes[rank] = v.ready ? kReadyVote : v.barrier ? kBarrierVote : kExitVote;
-  if (v.ready) b.ready[rank] = std::move(v);
+SteadySchedule::Ballot* SteadySchedule::Current() {
+  auto it = votes_.find(Slot{epoch_, position_});
+  return active_ && it != votes_.end() ? &it->second : nullptr;
 }
 
-void SteadySchedule::OnVote(int peer, Vote v) {
-  if (peer < 0 || peer >= size_) return;
-  const bool over = v.epoch < epoch_ || (v.epoch == epoch_ && (!active_ || v.position < position_));
-  if (over) return;
-  const Slot at{v.epoch, v.position};
-  Cast(at, peer, std::move(v));
+const SteadySchedule::Ballot* SteadySchedule::Current() const {
+  auto it = votes_.find(Slot{epoch_, position_});
+  return active_ && it != votes_.end() ? &it->second : nullptr;
+}
+
+bool SteadySchedule::Over(const Slot& at) const {
+  return at.first < epoch_ || (at.first == epoch_ && (!active_ || at.second < position_));
+}
+
+int SteadySchedule::ChildIndex(int peer) const {
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (children_[i] == peer) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void SteadySchedule::SendUp(const Slot& at, Ballot& b, VoteMessage::Type type, uint8_t outcome,
+                            uint32_t input_size, const char* payload, size_t size) {
+  VoteMessage m;
+  m.type = type;
+  m.epoch = at.first;
+  m.position = at.second;
+  m.outcome = outcome;
+  m.input_size = input_size;
+  outbox_.push_back({VoteTree::Parent(rank_), Serialize(m, payload, size)});
+  if (type == VoteMessage::Type::kReport) b.reported = true;
+}
+
+// Rank 0, or a decision that reached this rank: keep it and pass it down.
+void SteadySchedule::Decided(const Slot& at, Ballot& b, uint8_t outcome, uint32_t input_size,
+                             std::string payload) {
+  if (b.decision >= 0) return;
+  b.decision = static_cast<int8_t>(outcome);
+  b.input_size = input_size;
+  b.decided = std::move(payload);
+  // Two ranks: rank 1 decides from rank 0's vote itself (PairDecide); only a failure goes down.
+  if (children_.empty() || (size_ == 2 && outcome != VoteMessage::kFail)) return;
+  VoteMessage m;
+  m.type = VoteMessage::Type::kDecision;
+  m.epoch = at.first;
+  m.position = at.second;
+  m.outcome = outcome;
+  m.input_size = input_size;
+  m.payload = b.decided;
+  std::string wire = Serialize(m);
+  for (int c : children_) outbox_.push_back({c, wire});
+}
+
+// After any change to a ballot: report the subtree's outcome up (rank 0:
+// decide) once it is known: exit at once, otherwise when the subtree is complete.
+void SteadySchedule::Update(const Slot& at, Ballot& b) {
+  if (b.decision >= 0 || b.reported) return;
+  bool exit = b.own == VoteMessage::kExit, all = b.own >= 0;
+  bool ready = b.own == VoteMessage::kReady, barrier = b.own == VoteMessage::kBarrier;
+  for (int8_t c : b.child) {
+    exit |= c == VoteMessage::kExit;
+    all &= c >= 0;
+    ready |= c == VoteMessage::kReady;
+    barrier |= c == VoteMessage::kBarrier;
+  }
+  exit |= all && ready && barrier;  // the ranks are not at the same point
+  if (!exit && !all) return;
+  uint8_t outcome = exit ? VoteMessage::kExit : ready ? VoteMessage::kReady : VoteMessage::kBarrier;
+  // Ready with inputs: the subtree's, in rank order (own, then each child's
+  // consecutive subtree), when every rank carried one of the same length.
+  uint32_t input_size = 0;
+  std::string inputs;
+  const Vote& own = b.own_vote;
+  if (outcome == VoteMessage::kReady && own.input_size > 0) {
+    const size_t each = own.input_size;
+    bool whole = true;
+    for (size_t i = 0; whole && i < children_.size(); ++i) {
+      const int c = children_[i];
+      whole = b.child_inputs[i].size() == each * static_cast<size_t>(VoteTree::SubtreeEnd(c, size_) - c);
+    }
+    if (whole) {
+      input_size = static_cast<uint32_t>(each);
+      if (!children_.empty() && size_ != 2) {  // (a leaf sends its own as packed; two ranks: VotedInputs)
+        inputs.assign(own.input(), each);
+        for (const std::string& in : b.child_inputs) inputs += in;
+      }
+    }
+  }
+  if (rank_ == 0) return Decided(at, b, outcome, input_size, std::move(inputs));
+  if (input_size > 0 && children_.empty()) {
+    SendUp(at, b, VoteMessage::Type::kReport, outcome, input_size, own.input(), own.input_size);
+  } else {
+    SendUp(at, b, VoteMessage::Type::kReport, outcome, input_size, inputs.data(), inputs.size());
+  }
+}
+
+// Sends a stall notice up with the ranks missing now (never from rank 0, or
+// once the subtree has reported: its report supersedes the notice).
+void SteadySchedule::SendStalled(const Slot& at, Ballot& b) {
+  if (rank_ == 0 || b.reported || b.decision >= 0) return;
+  const std::vector<int> missing = MissingAt(b);
+  std::string payload(missing.size() * 4, '\0');
+  for (size_t i = 0; i < missing.size(); ++i) std::memcpy(&payload[i * 4], &missing[i], 4);
+  SendUp(at, b, VoteMessage::Type::kStalled, 0, 0, payload.data(), payload.size());
+}
+
+// Two ranks: a decision down from rank 0 would make rank 1 wait for a second
+// one-way trip; instead rank 0 sends rank 1 its own vote (VoteSelf), as rank 1
+// sends its report up, and each decides from the two votes, alike.
+void SteadySchedule::PairDecide(const Slot& at, Ballot& b) {
+  if (b.decision >= 0) return;
+  const int8_t mine = b.own, theirs = b.peer;
+  if (mine == VoteMessage::kExit || theirs == VoteMessage::kExit)
+    return Decided(at, b, VoteMessage::kExit, 0, "");
+  if (mine < 0 || theirs < 0) return;
+  if (mine != theirs) return Decided(at, b, VoteMessage::kExit, 0, "");  // ready against barrier
+  const bool inputs = mine == VoteMessage::kReady && b.own_vote.input_size > 0 &&
+                      b.peer_input.size() == b.own_vote.input_size;
+  // (VotedInputs reads the two inputs where they are: no copy on the latency path)
+  Decided(at, b, static_cast<uint8_t>(mine), inputs ? static_cast<uint32_t>(b.own_vote.input_size) : 0, "");
+}
+
+void SteadySchedule::Wake(const Slot& at, Ballot& b) {
+  if (b.woke) return;
+  b.woke = true;
+  VoteMessage m;
+  m.type = VoteMessage::Type::kWake;
+  m.epoch = at.first;
+  m.position = at.second;
+  std::string wire;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (b.child[i] >= 0 || b.child_stalled[i]) continue;  // reported, or aware already
+    if (wire.empty()) wire = Serialize(m);
+    outbox_.push_back({children_[i], wire});
+  }
+}
+
+std::vector<int> SteadySchedule::MissingAt(const Ballot& b) const {
+  std::vector<int> missing;
+  if (b.own < 0) missing.push_back(rank_);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (b.child[i] >= 0) continue;
+    if (b.child_stalled[i]) {
+      missing.insert(missing.end(), b.child_missing[i].begin(), b.child_missing[i].end());
+    } else {
+      for (int r = children_[i]; r < VoteTree::SubtreeEnd(children_[i], size_); ++r) missing.push_back(r);
+    }
+  }
+  return missing;
+}
+
+void SteadySchedule::OnMessage(int peer, VoteMessage& m, const std::string& wire) {
+  const Slot at{m.epoch, m.position};
+  const bool from_parent = rank_ != 0 && peer == VoteTree::Parent(rank_);
+  const int child = ChildIndex(peer);
+  if (m.type == VoteMessage::Type::kDecision && from_parent) {
+    // Passed down on receipt, even when this rank is past it (it left by itself).
+    for (int c : children_) outbox_.push_back({c, wire});
+  }
+  if (Over(at)) return;
+  Ballot& b = Tally(at);
+  switch (m.type) {
+    case VoteMessage::Type::kDecision:
+      if (!from_parent || b.decision >= 0) return;
+      b.decision = static_cast<int8_t>(m.outcome);
+      b.input_size = m.input_size;
+      b.decided = std::move(m.payload);
+      return;
+    case VoteMessage::Type::kWake:
+      if (!from_parent) return;
+      b.aware = true;
+      return Wake(at, b);
+    case VoteMessage::Type::kReport:
+      if (size_ == 2 && from_parent && b.peer < 0) {  // rank 0's own vote (two ranks)
+        b.aware = true;
+        b.peer = static_cast<int8_t>(m.outcome);
+        if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.peer_input = std::move(m.payload);
+        return PairDecide(at, b);
+      }
+      if (child < 0 || b.child[child] >= 0) return;
+      b.aware = true;
+      b.child[child] = static_cast<int8_t>(m.outcome);
+      if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.child_inputs[child] = std::move(m.payload);
+      break;
+    case VoteMessage::Type::kStalled:
+      if (child < 0 || b.child[child] >= 0) return;
+      b.aware = true;
+      b.child_stalled[child] = 1;
+      b.child_missing[child].resize(m.payload.size() / 4);
+      if (!m.payload.empty()) std::memcpy(b.child_missing[child].data(), m.payload.data(), m.payload.size());
+      b.stalled = true;
+      Wake(at, b);
+      break;
+  }
+  Update(at, b);
+  if (b.stalled) SendStalled(at, b);  // the missing ranks changed: tell the parent
 }
 
 void SteadySchedule::VoteSelf(bool ready) {
   Vote v;
   v.ready = ready;
-  Cast(Slot{epoch_, position_}, rank_, std::move(v));
+  VoteSelf(std::move(v));
 }
 
-void SteadySchedule::VoteSelf(Vote own) { Cast(Slot{epoch_, position_}, rank_, std::move(own)); }
-
-bool SteadySchedule::Voted(int rank) const {
-  auto it = votes_.find(Slot{epoch_, position_});
-  return it != votes_.end() && it->second.votes[rank] >= 0;
-}
-
-bool SteadySchedule::AnyVote() const {
-  auto it = votes_.find(Slot{epoch_, position_});
-  if (it == votes_.end()) return false;
-  for (int8_t v : it->second.votes) {
-    if (v >= 0) return true;
+void SteadySchedule::VoteSelf(Vote own) {
+  if (!active_) return;
+  const Slot at{epoch_, position_};
+  Ballot& b = Tally(at);
+  if (b.own >= 0) return;
+  b.own = own.ready ? VoteMessage::kReady : own.barrier ? VoteMessage::kBarrier : VoteMessage::kExit;
+  if (own.ready && own.input_size > 0) b.own_vote = std::move(own);
+  if (size_ == 2 && rank_ == 0) {  // two ranks: rank 1 decides from this vote (PairDecide)
+    VoteMessage m;
+    m.type = VoteMessage::Type::kReport;
+    m.epoch = at.first;
+    m.position = at.second;
+    m.outcome = static_cast<uint8_t>(b.own);
+    m.input_size = static_cast<uint32_t>(b.own_vote.input_size);
+    outbox_.push_back({1, Serialize(m, b.own_vote.input(), b.own_vote.input_size)});
   }
-  return false;
+  Update(at, b);
+  if (size_ == 2 && rank_ == 1) PairDecide(at, b);
+  if (b.stalled) SendStalled(at, b);
+}
+
+bool SteadySchedule::VotedSelf() const {
+  const Ballot* b = Current();
+  return b != nullptr && b->own >= 0;
+}
+
+bool SteadySchedule::Aware() const {
+  const Ballot* b = Current();
+  return b != nullptr && (b->own >= 0 || b->aware || b->decision >= 0);
+}
+
+bool SteadySchedule::SubtreeComplete() const {
+  const Ballot* b = Current();
+  if (b == nullptr || b->own < 0) return false;
+  for (int8_t c : b->child) {
+    if (c < 0) return false;
+  }
+  return true;
+}
+
+void SteadySchedule::Stall() {
+  Ballot* b = Current();
+  if (b == nullptr || b->stalled || b->reported || b->decision >= 0) return;
+  const Slot at{epoch_, position_};
+  b->stalled = true;
+  Wake(at, *b);
+  SendStalled(at, *b);
+}
+
+std::vector<int> SteadySchedule::Missing() const {
+  const Ballot* b = Current();
+  if (b == nullptr) {
+    std::vector<int> all;
+    for (int r = rank_; r < VoteTree::SubtreeEnd(rank_, size_); ++r) all.push_back(r);
+    return all;
+  }
+  return MissingAt(*b);
+}
+
+void SteadySchedule::Fail(const std::string& why) {
+  if (!active_ || rank_ != 0) return;
+  const Slot at{epoch_, position_};
+  Decided(at, Tally(at), VoteMessage::kFail, 0, why);
+}
+
+void SteadySchedule::PeerDeparted(int peer) {
+  if (!active_) return;
+  const Slot at{epoch_, position_};
+  Ballot& b = Tally(at);
+  if (b.decision >= 0) return;
+  if (rank_ != 0 && peer == VoteTree::Parent(rank_)) return Decided(at, b, VoteMessage::kExit, 0, "");
+  const int child = ChildIndex(peer);
+  if (child < 0 || b.child[child] >= 0) return;
+  b.child[child] = VoteMessage::kExit;
+  Update(at, b);
 }
 
 SteadySchedule::Outcome SteadySchedule::Decide() const {
-  auto it = votes_.find(Slot{epoch_, position_});
-  if (!active_ || it == votes_.end()) return Outcome::kWait;
-  bool all = true, ready = false, barrier = false;
-  for (int8_t v : it->second.votes) {
-    if (v == kExitVote) return Outcome::kExit;
-    all &= v >= 0;
-    ready |= v == kReadyVote;
-    barrier |= v == kBarrierVote;
+  const Ballot* b = Current();
+  if (b == nullptr) return Outcome::kWait;
+  switch (b->decision) {
+    case VoteMessage::kReady:
+      return Outcome::kRun;
+    case VoteMessage::kBarrier:
+      return Outcome::kBarrier;
+    case VoteMessage::kExit:
+      return Outcome::kExit;
+    case VoteMessage::kFail:
+      return Outcome::kFail;
+    default:
+      return Outcome::kWait;
   }
-  if (!all) return Outcome::kWait;
-  if (ready && barrier) return Outcome::kExit;  // the ranks are not at the same point
-  return barrier ? Outcome::kBarrier : Outcome::kRun;
+}
+
+const std::string& SteadySchedule::failure() const {
+  static const std::string none;
+  const Ballot* b = Current();
+  return b != nullptr && b->decision == VoteMessage::kFail ? b->decided : none;
 }
 
 bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
   if (Decide() != Outcome::kRun) return false;
-  const Ballot& b = votes_.find(Slot{epoch_, position_})->second;
+  const Ballot& b = *Current();
+  if (b.input_size == 0) return false;
   parts->clear();
-  for (const Vote& v : b.ready) {
-    if (v.input_size == 0 || v.input_size != b.ready[0].input_size) return false;
-    parts->push_back(v.input());
+  if (size_ == 2 && b.decided.empty()) {  // two ranks decide from the two votes' own buffers
+    const std::string& peer = rank_ == 0 ? b.child_inputs[0] : b.peer_input;
+    if (peer.size() != b.input_size || b.own_vote.input_size != b.input_size) return false;
+    parts->push_back(rank_ == 0 ? b.own_vote.input() : peer.data());
+    parts->push_back(rank_ == 0 ? peer.data() : b.own_vote.input());
+    return true;
   }
+  if (b.decided.size() != static_cast<size_t>(size_) * b.input_size) return false;
+  for (int r = 0; r < size_; ++r) parts->push_back(b.decided.data() + static_cast<size_t>(r) * b.input_size);
   return true;
 }
 
 void SteadySchedule::Advance() {
   const bool ran_group = Decide() != Outcome::kBarrier;
   auto it = votes_.find(Slot{epoch_, position_});
-  if (it != votes_.end()) {
-    for (Vote& v : it->second.ready) v = Vote();  // frees the inputs now, keeps the vector
-    ballot_pool_.Erase(&votes_, it);
-  }
+  if (it != votes_.end()) ballot_pool_.Erase(&votes_, it);
   ++position_;
   if (ran_group) ++groups_run_;
+}
+
+void SteadySchedule::TakeOutgoing(std::vector<Outgoing>* out) {
+  out->clear();
+  out->swap(outbox_);
 }
 
 }  // namespace hvdlite

@@ -19,7 +19,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   if (rt->cfg_.PIN_CORES) PinToCoreIfHostIsFull(rt->topo_);
   HVD_RETURN_IF_ERROR(CreateCpuBackend(rt->cfg_, rt->transport_.get(), rt->topo_.host_of, &rt->backend_));
   rt->sets_.Reset(rt->topo_.size);
-  rt->steady_ = SteadySchedule(rt->topo_.rank, rt->topo_.size);
+  rt->relay_.reset(new NegotiationRelay(rt->topo_.rank, rt->topo_.size));
   rt->engine_spin_ = SpinBudget(rt->SpinYields() ? rt->cfg_.SPIN_US * kYieldSpinFactor : rt->cfg_.SPIN_US);
   Timeline* timeline = rt->topo_.rank == 0 ? &rt->timeline_ : nullptr;
   if (timeline && !rt->cfg_.TIMELINE.empty()) {
@@ -33,6 +33,16 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
                                    &rt->local_cache_, timeline));
   rt->p2p_.reset(new P2pEngine(rt->topo_.rank, rt->transport_.get(), &rt->sets_, &rt->handles_,
                                rt->cfg_.TIMEOUT_SECONDS, rt->cfg_.P2P_UNEXPECTED_BYTES));
+  SteadyStateDriver::Parts parts;
+  parts.cfg = &rt->cfg_;
+  parts.topo = &rt->topo_;
+  parts.transport = rt->transport_.get();
+  parts.executor = rt->executor_.get();
+  parts.queue = &rt->queue_;
+  parts.cache = &rt->local_cache_;
+  parts.timeline = &rt->timeline_;
+  parts.host = rt.get();
+  rt->steady_.reset(new SteadyStateDriver(parts));
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
   *out = std::move(rt);
   return Status::OK();
@@ -144,15 +154,7 @@ Status Runtime::SendNewRequests() {
   } else {
     queue_.TakeNew(&fresh, &list.waits, &list.has_waits);
   }
-  if (held_has_waits_ && !list.has_waits) {  // reported while in schedule mode (and not changed since)
-    list.waits = std::move(held_waits_);
-    list.has_waits = true;
-  }
-  held_has_waits_ = false;
-  if (!held_.empty()) {  // held in schedule mode, which this rank just left: they go first
-    fresh.insert(fresh.begin(), std::make_move_iterator(held_.begin()), std::make_move_iterator(held_.end()));
-    held_.clear();
-  }
+  steady_->TakeHeld(&fresh, &list.waits, &list.has_waits);  // held in schedule mode, which this rank left
   if (fresh.empty() && !list.has_waits) return Status::OK();
   list.cache_ack = local_cache_.acked();
   if (timeline_.Active() && timeline_.MarkCycles()) timeline_.Mark("", "CYCLE_START");
@@ -165,31 +167,55 @@ Status Runtime::SendNewRequests() {
     coordinator_->Add(0, list);
     return Status::OK();
   }
-  return transport_->SendControl(0, Serialize(list));
+  relay_->Up(topo_.rank, Serialize(list), &relayed_);  // (delivers nothing here: not rank 0)
+  return FlushRelay();
 }
 
+// Sends what the relay queued: one message to the parent, one per child.
+// A departed peer gets nothing (CheckCoordinatorStays handles a departed parent).
+Status Runtime::FlushRelay() {
+  if (!relay_->HasOutgoing()) return Status::OK();
+  relay_->TakeOutgoing(&relay_out_);
+  for (const NegotiationRelay::Outgoing& out : relay_out_) {
+    if (transport_->PeerDeparted(out.peer)) continue;
+    HVD_RETURN_IF_ERROR(transport_->SendControl(out.peer, out.wire));
+  }
+  relay_out_.clear();
+  return Status::OK();
+}
+
+// A ResponseList for this rank, from rank 0 through the relay.
+Status Runtime::TakeResponses(const std::string& payload) {
+  ResponseList list;
+  HVD_RETURN_IF_ERROR(Deserialize(payload, &list).WithContext("from rank 0"));
+  for (auto& r : list.responses) todo_.push_back(std::move(r));
+  local_cache_.QueueEvictions(list.evicted_cache_ids, list.eviction_seq);
+  finished_ |= list.shutdown;
+  steady_->Announce(list.schedule_epoch, std::move(list.schedule));
+  return Status::OK();
+}
+
+// Relay messages (negotiation, coordinator/relay.h) and votes. Rank 0 takes
+// the requests relayed to it into the coordinator; the other ranks take their
+// responses; what is for others goes on at the end.
 Status Runtime::HandleIncoming() {
   for (auto& msg : incoming_) {
-    if (PeekControlKind(msg.payload) == ControlKind::kRequests && coordinator_) {
-      RequestList list;
-      HVD_RETURN_IF_ERROR(
-          Deserialize(msg.payload, &list).WithContext("from rank " + std::to_string(msg.peer)));
-      coordinator_->Add(msg.peer, list);
-    } else if (PeekControlKind(msg.payload) == ControlKind::kResponses && msg.peer == 0) {
-      ResponseList list;
-      HVD_RETURN_IF_ERROR(Deserialize(msg.payload, &list).WithContext("from rank 0"));
-      for (auto& r : list.responses) todo_.push_back(std::move(r));
-      local_cache_.QueueEvictions(list.evicted_cache_ids, list.eviction_seq);
-      finished_ |= list.shutdown;
-      if (!list.schedule.empty()) {
-        announced_epoch_ = list.schedule_epoch;
-        announced_ = std::move(list.schedule);
+    const ControlKind kind = PeekControlKind(msg.payload);
+    if (kind == ControlKind::kRelay) {
+      relayed_.clear();
+      HVD_RETURN_IF_ERROR(relay_->OnMessage(msg.peer, msg.payload, &relayed_));
+      for (const NegotiationRelay::Delivery& d : relayed_) {
+        if (coordinator_) {
+          RequestList list;
+          HVD_RETURN_IF_ERROR(
+              Deserialize(d.payload, &list).WithContext("from rank " + std::to_string(d.rank)));
+          coordinator_->Add(d.rank, list);
+        } else {
+          HVD_RETURN_IF_ERROR(TakeResponses(d.payload));
+        }
       }
-    } else if (PeekControlKind(msg.payload) == ControlKind::kVote) {
-      Vote v;
-      HVD_RETURN_IF_ERROR(
-          Deserialize(std::move(msg.payload), &v).WithContext("from rank " + std::to_string(msg.peer)));
-      steady_.OnVote(msg.peer, std::move(v));
+    } else if (kind == ControlKind::kVote) {
+      HVD_RETURN_IF_ERROR(steady_->OnVoteMessage(msg.peer, msg.payload));
     } else if (P2pEngine::Owns(msg.payload)) {
       HVD_RETURN_IF_ERROR(p2p_->OnControl(msg.peer, msg.payload));
     } else {
@@ -197,7 +223,17 @@ Status Runtime::HandleIncoming() {
     }
   }
   incoming_.clear();
-  return Status::OK();
+  relayed_.clear();
+  return FlushRelay();
+}
+
+Status Runtime::DrainControl() {
+  HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));
+  return HandleIncoming();
+}
+
+void Runtime::ScheduleEnded() {
+  if (coordinator_) coordinator_->EndSchedule();
 }
 
 // Rank 0: turn what every rank has submitted into responses, send each rank
@@ -206,33 +242,34 @@ Status Runtime::Coordinate() {
   std::vector<ResponseList> per_rank;
   coordinator_->CheckStalls();
   if (!coordinator_->Drain(&per_rank)) return Status::OK();
+  relayed_.clear();
   for (int r = 1; r < topo_.size; ++r) {
     if (per_rank[r].responses.empty() && !per_rank[r].shutdown && per_rank[r].evicted_cache_ids.empty() &&
         per_rank[r].schedule.empty())
       continue;
     if (transport_->PeerDeparted(r)) continue;
-    HVD_RETURN_IF_ERROR(transport_->SendControl(r, Serialize(per_rank[r])));
+    relay_->Down(r, r + 1, Serialize(per_rank[r]), &relayed_);  // runs of equal lists go once per child
   }
+  HVD_RETURN_IF_ERROR(FlushRelay());
   for (auto& resp : per_rank[0].responses) todo_.push_back(std::move(resp));
   local_cache_.QueueEvictions(per_rank[0].evicted_cache_ids, per_rank[0].eviction_seq);
-  if (!per_rank[0].schedule.empty()) {
-    announced_epoch_ = per_rank[0].schedule_epoch;
-    announced_ = std::move(per_rank[0].schedule);
-  }
+  steady_->Announce(per_rank[0].schedule_epoch, std::move(per_rank[0].schedule));
   return Status::OK();
 }
 
 // Ranks other than 0 (engine holder; never blocks): rank 0 departed (its
 // shutdown gave up waiting for this rank) without announcing the end of the
-// job, so nothing this rank submits can be decided any more: transports treat
+// job, or this rank's relay to it (its vote-tree parent) did, having seen rank
+// 0 go: nothing this rank submits can be decided any more: transports treat
 // a departed peer's close as orderly, so without this check every wait here
 // would last forever. Whatever rank 0 sent before its DEPART is taken in and
 // run first. Then: leave, when this rank is shutting down too; otherwise an
 // error that fails every pending and later operation (Break). Either way this
 // rank departs, so the ranks still here blame rank 0 for the end of the job,
-// not this rank's closing connections (each of them notices rank 0 itself).
+// not this rank's closing connections (its children notice it departed, and
+// leave the same way).
 Status Runtime::CheckCoordinatorStays() {
-  if (coordinator_ || finished_ || !transport_->PeerDeparted(0)) return Status::OK();
+  if (coordinator_ || finished_ || !transport_->PeerDeparted(relay_->parent())) return Status::OK();
   HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));
   HVD_RETURN_IF_ERROR(HandleIncoming());
   Status st;
@@ -244,7 +281,11 @@ Status Runtime::CheckCoordinatorStays() {
     return Status::OK();
   }
   transport_->Depart();  // bounded: at most min(HVDLITE_TIMEOUT_SECONDS, 2 s)
-  return Status::Aborted("rank 0 (the coordinator) has shut down and left the job while rank " +
+  const int parent = relay_->parent();
+  const std::string relay =
+      parent == 0 ? ""
+                  : ", or rank " + std::to_string(parent) + " that relays this rank's negotiation to it,";
+  return Status::Aborted("rank 0 (the coordinator)" + relay + " has shut down and left the job while rank " +
                          std::to_string(topo_.rank) +
                          " was still running collectives (did rank 0 raise, return or call shutdown() "
                          "early?); call shutdown() and then init() on every rank to start a new job");
@@ -254,7 +295,7 @@ int Runtime::WaitBudgetMs(bool shutting_down) {
   int budget = 1000;  // idle: wake once a second at most (stall checks)
   if (!cfg_.DEADLOCK_CHECK_DISABLE) budget = std::min(budget, queue_.MsUntilWaitReport());
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
-  budget = std::min(budget, ScheduleBudgetMs());
+  budget = std::min(budget, steady_->BudgetMs());
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
                                                                       std::chrono::steady_clock::now())

@@ -28,23 +28,25 @@
 #include "coordinator/autotuner.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/process_sets.h"
+#include "coordinator/relay.h"
 #include "coordinator/response_cache.h"
 #include "coordinator/steady_state.h"
 #include "runtime/bootstrap.h"
 #include "runtime/executor.h"
 #include "runtime/handles.h"
 #include "runtime/p2p.h"
+#include "runtime/steady_driver.h"
 #include "runtime/tensor_queue.h"
 #include "transport/transport.h"
 
 namespace hvdlite {
 
-class Runtime {
+class Runtime : private SteadyStateDriver::Host {
  public:
   // Reads the Config, bootstraps the job (blocking, bounded by
   // HVDLITE_START_TIMEOUT) and starts the background thread.
   static Status Create(std::unique_ptr<Runtime>* out);
-  ~Runtime();
+  ~Runtime() override;
 
   const Topology& topology() const { return topo_; }
   const Config& config() const { return cfg_; }
@@ -99,29 +101,20 @@ class Runtime {
   void StandBy(std::unique_lock<std::mutex>* engine);
   bool SpinYields() const;
   // Runtime (runtime.cc).
-  Status SendNewRequests();
   Status HandleIncoming();
+  Status FlushRelay();
+  Status TakeResponses(const std::string& payload);
   Status Coordinate();
   Status CheckCoordinatorStays();
   int WaitBudgetMs(bool shutting_down);
   void Break(const Status& st);
   Status AdmitCudaTensor(const Request& request);
   void Leave();
-  // Steady state (runtime_steady.cc; coordinator/steady_state.h).
-  void HoldNewRequests();
-  // The vote this rank casts (v->ready, v->barrier; neither: exit), if it can yet.
-  bool ChooseVote(Vote* v);
-  Status SendVote(Vote v);
-  const Request* HeldBarrier() const;
-  Status CountDepartedAsExit();
-  Status CheckVoteWait();
-  Status RunSchedule();
-  Status RunScheduledGroup();
-  Status RunScheduledBarrier();
-  Status LeaveSchedule();
-  Status EnterAnnouncedSchedule();
-  int ScheduleBudgetMs() const;
-  double SchedulePatienceSeconds() const;
+  // SteadyStateDriver::Host (runtime.cc).
+  Status SendNewRequests() override;
+  Status DrainControl() override;
+  bool ShuttingDown() const override { return shutdown_requested_.load(); }
+  void ScheduleEnded() override;
 
   Config cfg_;
   Topology topo_;
@@ -131,6 +124,7 @@ class Runtime {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<NegotiationRelay> relay_;   // negotiation's way to and from rank 0 (the vote tree)
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<P2pEngine> p2p_;        // point-to-point; its engine part runs in Turn()
   std::mutex gpu_mu_;                     // guards loading the NCCL module
@@ -147,27 +141,16 @@ class Runtime {
   std::mutex engine_mu_;
   std::vector<ControlMessage> incoming_;
   std::vector<Response> todo_;
-  // Scratch reused every turn, so that the steady state allocates less per
-  // operation: the requests a turn takes from the queue (TakeNew swaps its
-  // buffer with the queue's, so both keep their capacity) and the inputs a
-  // scheduled group's votes carried.
+  // Scratch reused every turn: the requests a turn takes from the queue
+  // (TakeNew swaps its buffer with the queue's, so both keep their capacity).
   std::vector<Request> taken_;
-  std::vector<const char*> voted_inputs_;
+  std::vector<NegotiationRelay::Delivery> relayed_;  // what a relay message held for this rank
+  std::vector<NegotiationRelay::Outgoing> relay_out_;
   bool finished_ = false;       // every rank shut down: the background thread leaves
   bool engine_broken_ = false;  // Break() ran: nobody may run the engine again
   SpinBudget engine_spin_;      // how long the engine holder polls for work before sleeping
-  // Steady state (guarded by engine_mu_ too).
-  SteadySchedule steady_;
-  std::vector<Request> held_;     // schedule mode: submitted, not sent to the coordinator
-  bool unexpected_held_ = false;  // held_ has something the schedule does not expect
-  RankWaits held_waits_;          // the blocked callers' report, when it changed in schedule mode
-  bool held_has_waits_ = false;
-  bool voted_barrier_ = false;     // this rank's last vote was barrier (CheckVoteWait's message)
-  bool patience_started_ = false;  // this rank waits at the current position since patience_since_
-  Clock::time_point patience_since_;
-  Clock::time_point voted_at_, last_vote_warning_;  // this rank's vote at the current position
-  int64_t announced_epoch_ = 0;                     // a schedule announced in this turn's responses,
-  std::vector<Response> announced_;                 // entered once they have run
+  // Steady state (guarded by engine_mu_ too); created with the executor.
+  std::unique_ptr<SteadyStateDriver> steady_;
   // Hand-over between a driving caller and the background thread.
   std::atomic<int> drive_requests_{0};  // callers in Wait() that want or hold the engine
   std::mutex standby_mu_;

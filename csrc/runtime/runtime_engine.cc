@@ -67,17 +67,17 @@ void Runtime::Loop() {
 // One pass: send new requests, take in control messages, coordinate (rank
 // 0), and execute every response decided so far.
 // In steady-state schedule mode, new submissions are held instead of sent, and
-// the schedule's positions run as the votes allow (runtime_steady.cc); a
+// the schedule's positions run as the votes allow (steady_driver.h); a
 // schedule announced with this turn's responses starts once they have run.
 Status Runtime::Turn() {
-  if (steady_.active()) {
-    HoldNewRequests();
+  if (steady_->active()) {
+    steady_->HoldNewRequests();
   } else {
     HVD_RETURN_IF_ERROR(SendNewRequests());
   }
   HVD_RETURN_IF_ERROR(HandleIncoming());
   HVD_RETURN_IF_ERROR(p2p_->Progress());  // point-to-point: no coordinator, no schedule
-  if (steady_.active()) HVD_RETURN_IF_ERROR(RunSchedule());
+  if (steady_->active()) HVD_RETURN_IF_ERROR(steady_->Run());
   if (coordinator_) {
     coordinator_->AllowSchedule(!(autotuner_ && autotuner_->tuning()));
     HVD_RETURN_IF_ERROR(Coordinate());
@@ -95,7 +95,7 @@ Status Runtime::Turn() {
     coordinator_->SetFusionThreshold(autotuner_->fusion_threshold());
     coordinator_->SetCycleTimeMs(autotuner_->cycle_time_ms());
   }
-  if (st.ok()) st = EnterAnnouncedSchedule();
+  if (st.ok()) st = steady_->EnterAnnounced();
   return st.ok() ? CheckCoordinatorStays() : st;
 }
 

@@ -1,8 +1,10 @@
 // Tests of the steady state's logic (csrc/coordinator/steady_state.*) as pure
 // logic: the coordinator learning a schedule from the responses it decides
 // (requests in through Add(), the announcement out of Drain()), the ranks'
-// ready/exit tally, and the messages that carry both. No sockets, no threads,
+// votes on the binomial vote tree (ranks joined by an in-process network),
+// and the messages that carry both. No sockets, no threads,
 // no wall time. Prints "N passed, M failed".
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -154,147 +156,282 @@ Response Group(const std::vector<std::string>& names) {
   return r;
 }
 
-Vote V(int64_t epoch, int64_t position, bool ready) {
+Vote V(bool ready, const std::string& input = "") {
   Vote v;
-  v.epoch = epoch;
-  v.position = position;
   v.ready = ready;
-  return v;
-}
-
-void TestVotes() {
-  SteadySchedule s(/*rank=*/1, /*size=*/3);
-  s.OnVote(0, V(1, 0, true));  // before this rank entered epoch 1: kept
-  s.Enter(1, {Group({"a"}), Group({"b", "c"})});
-  int32_t id = -1;
-  size_t group = 9;
-  Check(s.Find("c", &id, &group) && id == 1 && group == 1, "find c in group 1");
-  Check(!s.Find("zz", &id, &group), "unknown name");
-  Check(s.Decide() == SteadySchedule::Outcome::kWait, "waits for votes");
-  s.VoteSelf(true);
-  s.OnVote(2, V(1, 1, true));  // rank 2 is a position ahead? not possible yet, but kept
-  Check(s.Decide() == SteadySchedule::Outcome::kWait, "rank 2 has not voted at 0");
-  s.OnVote(2, V(1, 0, true));
-  Check(s.Decide() == SteadySchedule::Outcome::kRun, "unanimous ready runs");
-  s.Advance();
-  Check(s.group_index() == 1 && s.Voted(2) && !s.Voted(1), "position 1: rank 2's early vote counts");
-  s.OnVote(0, V(1, 1, false));
-  s.OnVote(0, V(1, 1, true));  // a second vote of one rank is ignored
-  s.VoteSelf(true);
-  Check(s.Decide() == SteadySchedule::Outcome::kExit, "one exit: everyone leaves");
-  s.Leave();
-  s.OnVote(0, V(1, 2, true));  // an epoch that is over
-  s.Enter(2, {Group({"a"})});
-  Check(!s.AnyVote(), "votes of an epoch that is over are dropped");
-  s.Advance();
-  s.Advance();
-  Check(s.position() == 2 && s.group_index() == 0, "the schedule repeats");
-}
-
-// A vote of `position` in epoch 1 carrying `input` (empty: none).
-Vote Carrying(int64_t position, bool ready, const std::string& input) {
-  Vote v = V(1, position, ready);
   SerializeWithRoom(&v, input.size());
   if (!input.empty()) std::memcpy(&v.wire[v.input_offset], input.data(), input.size());
   return v;
 }
 
-void TestVotedInputs() {
-  SteadySchedule s(/*rank=*/0, /*size=*/3);
-  s.Enter(1, {Group({"a"}), Group({"b"})});
-  std::vector<const char*> parts;
-  s.OnVote(1, Carrying(0, true, "peer1"));
-  s.VoteSelf(Carrying(0, true, "mine0"));
-  Check(!s.VotedInputs(&parts), "no inputs before every rank voted");
-  s.OnVote(2, Carrying(0, true, "peer2"));
-  Check(s.VotedInputs(&parts) && parts.size() == 3 && std::string(parts[0], 5) == "mine0" &&
-            std::string(parts[2], 5) == "peer2",
-        "every ready vote carried an input: one per rank, in rank order");
-  s.Advance();
-  s.VoteSelf(Carrying(1, true, "mine0"));
-  s.OnVote(1, V(1, 1, true));  // no input: this position runs the collective
-  s.OnVote(2, Carrying(1, true, "peer2"));
-  Check(s.Decide() == SteadySchedule::Outcome::kRun && !s.VotedInputs(&parts), "one vote without input");
-  s.Advance();
-  s.OnVote(2, Carrying(2, true, "longer!"));
-  s.OnVote(1, Carrying(2, true, "peer1"));
-  s.VoteSelf(Carrying(2, true, "mine0"));
-  Check(!s.VotedInputs(&parts), "inputs of different lengths are not reduced");
-  s.Advance();
-  s.OnVote(1, Carrying(3, false, "ignored"));
-  Check(s.Decide() == SteadySchedule::Outcome::kExit && !s.VotedInputs(&parts), "an exit vote runs nothing");
-  const std::string binary("\0\1binary", 8);
-  Vote back;
-  Check(Deserialize(Serialize(Carrying(5, true, binary)), &back).ok() && back.input_size == 8 &&
-            std::string(back.input(), back.input_size) == binary && back.position == 5 && back.ready,
-        "a vote's input round trip");
-  std::string cut = Serialize(Carrying(5, true, binary));
-  cut.pop_back();
-  Check(!Deserialize(cut, &back).ok(), "a vote whose input is cut short is refused");
-}
-
-// Ballots are recycled from one position to the next (NodePool): across many
-// positions, with a peer's vote for the next position arriving before this
-// one ran (two ballots live), each position sees exactly its own votes.
-void TestBallotsRecycledAcrossPositions() {
-  SteadySchedule s(/*rank=*/0, /*size=*/2);
-  s.Enter(1, {Group({"a"}), Group({"b"})});
-  std::vector<const char*> parts;
-  bool right = true;
-  s.OnVote(1, Carrying(0, true, "p0"));
-  for (int64_t k = 0; k < 40 && right; ++k) {
-    const std::string mine = "m" + std::to_string(k % 10), peer = "p" + std::to_string((k + 1) % 10);
-    s.VoteSelf(Carrying(k, true, mine));
-    if (k % 4 == 3) {  // the peer's next vote has no input: that position runs the collective
-      s.OnVote(1, V(1, k + 1, true));
-    } else {
-      s.OnVote(1, Carrying(k + 1, true, peer));
-    }
-    const bool voted = s.VotedInputs(&parts);
-    // Position k's peer vote was cast in step k - 1 (position 0's before the loop).
-    const bool expect_inputs = k % 4 != 0;
-    right = s.Decide() == SteadySchedule::Outcome::kRun && voted == (expect_inputs || k == 0) &&
-            (!voted || (parts.size() == 2 && std::string(parts[0], 2) == mine &&
-                        std::string(parts[1], 2) == (k == 0 ? "p0" : "p" + std::to_string(k % 10))));
-    s.Advance();
-  }
-  Check(right && s.position() == 40, "recycled ballots: every position sees only its own votes and inputs");
-}
-
-Vote Barrier(int64_t position) {
-  Vote v = V(1, position, false);
+Vote Barrier() {
+  Vote v;
   v.barrier = true;
   return v;
 }
 
-void TestBarrierVotes() {
+// `n` ranks' SteadySchedules joined by a lossless in-order network: Deliver()
+// moves every outbox's messages to their peers until none is left, and counts them.
+struct Net {
+  std::vector<SteadySchedule> ranks;
+  int64_t messages = 0;
+  std::vector<int> departed;
+  explicit Net(int n, int64_t epoch = 1, std::vector<Response> groups = {Group({"a"}), Group({"b", "c"})}) {
+    for (int r = 0; r < n; ++r) {
+      ranks.emplace_back(r, n);
+      ranks.back().Enter(epoch, groups);
+    }
+  }
+  void Deliver() {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+        std::vector<SteadySchedule::Outgoing> out;
+        ranks[r].TakeOutgoing(&out);
+        for (auto& o : out) {
+          ++messages;
+          moved = true;
+          VoteMessage m;
+          Check(Deserialize(o.wire, &m).ok(), "a vote message parses");
+          ranks[o.peer].OnMessage(r, m, o.wire);
+        }
+      }
+    }
+  }
+  bool All(SteadySchedule::Outcome want) const {
+    for (const auto& s : ranks) {
+      if (s.Decide() != want) return false;
+    }
+    return true;
+  }
+  void AdvanceAll() {
+    for (auto& s : ranks) s.Advance();
+  }
+};
+
+void TestVoteTree() {
+  Check(VoteTree::Children(0, 6) == std::vector<int>({1, 2, 4}) &&
+            VoteTree::Children(4, 6) == std::vector<int>({5}) &&
+            VoteTree::Children(2, 6) == std::vector<int>({3}) && VoteTree::Children(5, 6).empty(),
+        "binomial tree children");
+  Check(VoteTree::Parent(6) == 4 && VoteTree::Parent(5) == 4 && VoteTree::Parent(4) == 0 &&
+            VoteTree::SubtreeEnd(4, 6) == 6 && VoteTree::SubtreeEnd(0, 6) == 6 &&
+            VoteTree::SubtreeEnd(2, 6) == 4,
+        "binomial tree parents and subtrees");
+  const int n = 16384;
+  bool ok = true;
+  size_t most = 0;
+  std::vector<int> covered(n, 0);
+  for (int r = 0; r < n; ++r) {
+    const auto kids = VoteTree::Children(r, n);
+    most = std::max(most, kids.size());
+    for (int c : kids) ok &= VoteTree::Parent(c) == r && ++covered[c] == 1;
+  }
+  for (int r = 1; r < n; ++r) ok &= covered[r] == 1;
+  Check(ok && most == 14, "16384 ranks: every rank but 0 has one parent; at most log2(n) children");
+}
+
+void TestVotes() {
+  Net net(5);
+  int32_t id = -1;
+  size_t group = 9;
+  Check(net.ranks[1].Find("c", &id, &group) && id == 1 && group == 1, "find c in group 1");
+  Check(!net.ranks[1].Find("zz", &id, &group), "unknown name");
+  for (int r = 4; r >= 1; --r) net.ranks[r].VoteSelf(true);
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kWait), "no decision before rank 0 voted");
+  Check(net.ranks[0].Aware() && net.ranks[4].Aware() && net.ranks[3].Aware(), "voters are aware");
+  net.ranks[0].VoteSelf(true);
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kRun), "unanimous ready runs, on every rank");
+  Check(net.messages == 2 * (5 - 1), "one report up and one decision down per rank: 2(n-1) messages");
+  net.AdvanceAll();
+  Check(net.ranks[3].group_index() == 1 && !net.ranks[3].VotedSelf(), "position 1");
+  net.messages = 0;
+  net.ranks[3].VoteSelf(false);  // exit before anyone else voted
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kExit),
+        "one exit: every rank leaves, without waiting for the others");
+  Check(net.messages == 2 + 4, "the exit goes straight up (3 -> 2 -> 0) and the decision down");
+  net.ranks[1].VoteSelf(true);  // after the decision: changes nothing
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kExit), "a late vote changes nothing");
+}
+
+void TestEpochs() {
   SteadySchedule s(/*rank=*/0, /*size=*/2);
-  s.Enter(1, {Group({"a"}), Group({"b"})});
-  s.VoteSelf(Barrier(0));
-  Check(s.Decide() == SteadySchedule::Outcome::kWait, "a barrier waits for every rank");
-  s.OnVote(1, Barrier(0));
-  Check(s.Decide() == SteadySchedule::Outcome::kBarrier, "every rank at the barrier");
-  s.Advance();
-  Check(s.position() == 1 && s.group_index() == 0, "a barrier keeps the group");
+  VoteMessage m;
+  m.type = VoteMessage::Type::kReport;
+  m.epoch = 1;
+  m.outcome = VoteMessage::kReady;
+  s.OnMessage(1, m, Serialize(m));  // before this rank entered epoch 1: kept
+  s.Enter(1, {Group({"a"})});
   s.VoteSelf(true);
-  s.OnVote(1, V(1, 1, true));
-  Check(s.Decide() == SteadySchedule::Outcome::kRun, "then the group runs");
+  Check(s.Decide() == SteadySchedule::Outcome::kRun, "a report of an epoch not entered yet is kept for it");
   s.Advance();
-  Check(s.group_index() == 1, "and the next group follows");
-  s.VoteSelf(true);
-  s.OnVote(1, Barrier(2));
-  Check(s.Decide() == SteadySchedule::Outcome::kExit, "ready against barrier: the ranks diverged");
-  Vote back;
-  Check(Deserialize(Serialize(Barrier(3)), &back).ok() && back.barrier && !back.ready && back.position == 3,
-        "a barrier vote round trip");
+  s.Leave();
+  m.position = 1;
+  s.OnMessage(1, m, Serialize(m));  // an epoch that is over
+  s.Enter(2, {Group({"a"})});
+  Check(!s.Aware(), "messages of an epoch that is over are dropped");
+  s.Advance();
+  s.Advance();
+  Check(s.position() == 2 && s.group_index() == 0, "the schedule repeats");
+}
+
+void TestVotedInputs() {
+  Net net(3);
+  std::vector<const char*> parts;
+  net.ranks[1].VoteSelf(V(true, "peer1"));
+  net.ranks[0].VoteSelf(V(true, "mine0"));
+  net.Deliver();
+  Check(!net.ranks[0].VotedInputs(&parts), "no inputs before every rank voted");
+  net.ranks[2].VoteSelf(V(true, "peer2"));
+  net.Deliver();
+  bool all = true;
+  for (auto& s : net.ranks) {
+    all &= s.VotedInputs(&parts) && parts.size() == 3 && std::string(parts[0], 5) == "mine0" &&
+           std::string(parts[1], 5) == "peer1" && std::string(parts[2], 5) == "peer2";
+  }
+  Check(all, "every rank holds every input, in rank order");
+  net.AdvanceAll();
+  net.ranks[0].VoteSelf(V(true, "mine0"));
+  net.ranks[1].VoteSelf(V(true));  // no input: this position runs the collective
+  net.ranks[2].VoteSelf(V(true, "peer2"));
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kRun) && !net.ranks[2].VotedInputs(&parts),
+        "one vote without input");
+  net.AdvanceAll();
+  net.ranks[0].VoteSelf(V(true, "mine0"));
+  net.ranks[1].VoteSelf(V(true, "peer1"));
+  net.ranks[2].VoteSelf(V(true, "longer!"));
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kRun) && !net.ranks[0].VotedInputs(&parts),
+        "inputs of different lengths are not reduced");
+  net.AdvanceAll();
+  net.ranks[0].VoteSelf(V(true, "mine0"));
+  net.ranks[1].VoteSelf(V(false, "ignored"));
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kExit) && !net.ranks[0].VotedInputs(&parts),
+        "an exit vote runs nothing");
+}
+
+// Ballots are recycled from one position to the next (NodePool): across many
+// positions, with a child's report for the next position arriving before its
+// parent ran this one (two ballots live), each position sees only its own votes.
+void TestBallotsRecycledAcrossPositions() {
+  Net net(2, 1, {Group({"a"}), Group({"b"})});
+  std::vector<const char*> parts;
+  bool right = true;
+  for (int64_t k = 0; k < 40 && right; ++k) {
+    const std::string mine = "m" + std::to_string(k % 10), peer = "p" + std::to_string(k % 10);
+    net.ranks[1].VoteSelf(k % 4 == 3 ? V(true) : V(true, peer));
+    net.ranks[0].VoteSelf(V(true, mine));
+    net.Deliver();
+    net.ranks[1].Advance();
+    if (k + 1 < 40) {  // rank 1 votes for the next position before rank 0 ran this one
+      net.ranks[1].VoteSelf(k % 4 == 2 ? V(true) : V(true, "p" + std::to_string((k + 1) % 10)));
+      net.Deliver();
+    }
+    const bool voted = net.ranks[0].VotedInputs(&parts);
+    right = net.ranks[0].Decide() == SteadySchedule::Outcome::kRun && voted == (k % 4 != 3) &&
+            (!voted || (std::string(parts[0], 2) == mine && std::string(parts[1], 2) == peer));
+    net.ranks[0].Advance();
+    if (k + 1 < 40) {
+      net.ranks[0].VoteSelf(V(true, "m" + std::to_string((k + 1) % 10)));
+      net.Deliver();
+      net.ranks[1].Advance();
+      net.ranks[0].Advance();
+      ++k;
+    }
+  }
+  Check(right && net.ranks[0].position() == 40 && net.ranks[1].position() == 40,
+        "recycled ballots: every position sees only its own votes and inputs");
+}
+
+void TestBarrierVotes() {
+  Net net(2, 1, {Group({"a"}), Group({"b"})});
+  net.ranks[0].VoteSelf(Barrier());
+  net.Deliver();
+  Check(net.ranks[0].Decide() == SteadySchedule::Outcome::kWait, "a barrier waits for every rank");
+  net.ranks[1].VoteSelf(Barrier());
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kBarrier), "every rank at the barrier");
+  net.AdvanceAll();
+  Check(net.ranks[1].position() == 1 && net.ranks[1].group_index() == 0, "a barrier keeps the group");
+  net.ranks[0].VoteSelf(true);
+  net.ranks[1].VoteSelf(true);
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kRun), "then the group runs");
+  net.AdvanceAll();
+  Check(net.ranks[0].group_index() == 1, "and the next group follows");
+  net.ranks[0].VoteSelf(true);
+  net.ranks[1].VoteSelf(Barrier());
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kExit), "ready against barrier: the ranks diverged");
+}
+
+// Ranks 5, 6 and 7 do not vote: 4 (the parent of 5 and 6) stalls, which wakes
+// them (6 passes the wake to 7) and tells rank 0 who is missing; an idle rank
+// would then vote exit; a hung one stays missing and is named.
+void TestStallWakesIdleRanksAndNamesMissing() {
+  Net net(8);
+  for (int r : {0, 1, 2, 3, 4}) net.ranks[r].VoteSelf(true);
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kWait) && !net.ranks[5].Aware() && !net.ranks[7].Aware(),
+        "idle ranks know nothing yet, and nothing is decided");
+  Check(net.ranks[0].Missing() == std::vector<int>({4, 5, 6, 7}),
+        "rank 0 only knows rank 4's subtree is missing");
+  const int64_t before = net.messages;
+  net.ranks[4].Stall();
+  net.ranks[4].Stall();  // once per position
+  net.Deliver();
+  Check(net.ranks[5].Aware() && net.ranks[6].Aware() && net.ranks[7].Aware() &&
+            net.ranks[0].Missing() == std::vector<int>({5, 6, 7}),
+        "the stall wakes the idle ranks and names them at rank 0");
+  Check(net.messages - before == 4, "a stall costs a notice up and a wake per silent rank");
+  net.ranks[5].VoteSelf(true);
+  net.ranks[7].VoteSelf(true);
+  net.Deliver();
+  Check(net.ranks[0].Missing() == std::vector<int>({6, 7}), "later votes update the notice (7's waits at 6)");
+  net.ranks[6].Stall();  // 6's own stall delay
+  net.Deliver();
+  Check(net.ranks[0].Missing() == std::vector<int>({6}), "6's own notice names only 6");
+  net.ranks[0].Fail("ranks 6 sent no steady-state vote");
+  net.Deliver();
+  Check(net.All(SteadySchedule::Outcome::kFail) &&
+            net.ranks[7].failure() == "ranks 6 sent no steady-state vote",
+        "rank 0 gives up: every rank fails with its message");
+}
+
+void TestDepartedPeers() {
+  Net net(4);
+  net.ranks[0].VoteSelf(true);
+  net.ranks[1].VoteSelf(true);
+  net.ranks[0].PeerDeparted(2);  // rank 2 (and with it rank 3's report) is gone
+  net.Deliver();
+  Check(net.ranks[0].Decide() == SteadySchedule::Outcome::kExit &&
+            net.ranks[1].Decide() == SteadySchedule::Outcome::kExit,
+        "a departed child counts as exit");
+  Net lone(4);
+  lone.ranks[3].VoteSelf(true);
+  lone.ranks[3].PeerDeparted(2);
+  Check(lone.ranks[3].Decide() == SteadySchedule::Outcome::kExit, "a departed parent: this subtree leaves");
 }
 
 void TestMessages() {
-  Vote v = V(7, 123456789012, true), back;
-  Check(
-      Deserialize(Serialize(v), &back).ok() && back.epoch == 7 && back.position == 123456789012 && back.ready,
-      "vote round trip");
-  Check(PeekControlKind(Serialize(v)) == ControlKind::kVote, "vote kind");
+  VoteMessage m, back;
+  m.type = VoteMessage::Type::kDecision;
+  m.epoch = 7;
+  m.position = 123456789012;
+  m.outcome = VoteMessage::kReady;
+  m.input_size = 4;
+  m.payload = std::string("\0\1\2\3abcd", 8);
+  Check(Deserialize(Serialize(m), &back).ok() && back.type == m.type && back.epoch == 7 &&
+            back.position == 123456789012 && back.outcome == VoteMessage::kReady && back.input_size == 4 &&
+            back.payload == m.payload,
+        "vote message round trip");
+  Check(PeekControlKind(Serialize(m)) == ControlKind::kVote, "vote kind");
   ResponseList l, lb;
   l.responses.push_back(Group({"r"}));
   l.schedule_epoch = 3;
@@ -302,9 +439,10 @@ void TestMessages() {
   Check(Deserialize(Serialize(l), &lb).ok() && lb.schedule_epoch == 3 && lb.schedule.size() == 2 &&
             lb.schedule[0].names[1] == "b" && lb.responses.size() == 1,
         "schedule round trip");
-  std::string cut = Serialize(v);
+  std::string cut = Serialize(m);
   cut.pop_back();
-  Check(!Deserialize(cut, &back).ok(), "a truncated vote is refused");
+  Check(!Deserialize(cut, &back).ok(), "a vote message whose inputs are cut short is refused");
+  Check(!Deserialize(cut.substr(0, 10), &back).ok(), "a truncated header is refused");
 }
 
 }  // namespace
@@ -315,10 +453,14 @@ int main() {
   TestOtherResponsesRestartLearning();
   TestSettingOff();
   TestLearnerPeriod();
+  TestVoteTree();
   TestVotes();
+  TestEpochs();
   TestVotedInputs();
   TestBallotsRecycledAcrossPositions();
   TestBarrierVotes();
+  TestStallWakesIdleRanksAndNamesMissing();
+  TestDepartedPeers();
   TestMessages();
   return Report();
 }
