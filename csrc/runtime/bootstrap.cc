@@ -227,8 +227,8 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
   HVD_RETURN_IF_ERROR(store->Add("hvdlite/epoch/" + std::to_string(topo->rank), 1, &epoch));
   const std::string prefix = "e" + std::to_string(epoch) + "/";
   std::vector<std::string> hosts;
-  HVD_RETURN_IF_ERROR(ExchangeHosts(store.get(), prefix, topo->rank, topo->size, ThisHostId(cfg),
-                                    cfg.START_TIMEOUT, &hosts));
+  HVD_RETURN_IF_ERROR(
+      ExchangeHosts(store.get(), prefix, topo->rank, topo->size, ThisHostId(cfg), cfg.START_TIMEOUT, &hosts));
   ComputeTopology(hosts, topo->rank, topo);
   std::map<std::string, int> host_index;
   topo->host_of.assign(hosts.size(), 0);

@@ -208,7 +208,8 @@ Status AddSharedMemory(std::unique_ptr<SteppedTransport> base, Store* store, con
   }
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const bool oversubscribed = cpus > 0 && static_cast<long>(plan.members.size()) > cpus;
-  HVD_LOG(kDebug, "shared memory with " << linked << " of " << plan.partners.size() << " partners on this host"
+  HVD_LOG(kDebug, "shared memory with " << linked << " of " << plan.partners.size()
+                                        << " partners on this host"
                                         << (oversubscribed ? " (more ranks than cores: waits yield)" : ""));
   out->reset(new ShmTransport(std::move(base), std::move(own), std::move(mapped), std::move(links), opts,
                               io_timeout_s, oversubscribed));

@@ -91,9 +91,8 @@ class SteppedTransport : public Transport {
  public:
   // Moves what can move for `s` and `r` (either may be done already) without
   // blocking (except that a send to a peer with no connection yet first opens
-  // one, bounded by the transport's connect timeout); sets *progressed when a byte moved. Peers must be valid ranks
-  // other than this one. Errors are returned unrecorded: the caller decides,
-  // usually through Abort.
+  // one, bounded by the transport's connect timeout); sets *progressed when a byte moved. Peers must be valid
+  // ranks other than this one. Errors are returned unrecorded: the caller decides, usually through Abort.
   virtual Status StepOps(SendOp* s, RecvOp* r, bool* progressed) = 0;
   // The Timeout status for `s` and `r` having made no progress for the
   // transport's io_timeout_s (names the peers, tags and byte counts).
@@ -112,7 +111,6 @@ class SteppedTransport : public Transport {
   virtual void Nudge(int peer) = 0;
   // True once a departed peer's connection is gone (it will send nothing more).
   virtual bool PeerClosed(int peer) const = 0;
-
 
   // Marks the transport broken with `st` (unless already broken), tells the
   // peers, and returns the first error.

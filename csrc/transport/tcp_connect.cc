@@ -7,10 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <list>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <algorithm>
+#include <list>
 #include <sstream>
 #include <thread>
 

@@ -111,8 +111,9 @@ Status TcpTransport::OnPayload(int peer, Conn* c) {
 Status TcpTransport::PeerLost(int peer, int err) const {
   std::string who = Who(peer);
   if (err == ETIMEDOUT) {
-    return Status::Aborted(who + " stopped answering (no reply to TCP keepalive probes for several seconds: "
-                                 "its host is down or unreachable, or the network between us failed)");
+    return Status::Aborted(who +
+                           " stopped answering (no reply to TCP keepalive probes for several seconds: "
+                           "its host is down or unreachable, or the network between us failed)");
   }
   if (err != 0 && err != ECONNRESET && err != EPIPE) {
     return Status::Aborted("connection to " + who + " failed: " + net::ErrnoString(err));

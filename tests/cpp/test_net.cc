@@ -401,8 +401,8 @@ void TestOnDemand(Store* store) {
   Mesh mesh = BuildMesh(store, "ondemand/", n);
   if (mesh.empty()) return;
   for (int r = 0; r < n; ++r) {
-    Check(mesh[r]->open_sockets() == 2, "ring-only sockets after creation on rank " + std::to_string(r) + ": " +
-                                            std::to_string(mesh[r]->open_sockets()));
+    Check(mesh[r]->open_sockets() == 2, "ring-only sockets after creation on rank " + std::to_string(r) +
+                                            ": " + std::to_string(mesh[r]->open_sockets()));
   }
   Check(!mesh[0]->Connected(3) && mesh[0]->Connected(1) && mesh[0]->Connected(5), "rank 0's connections");
   OnRanks(mesh, [&](int r, Transport* t) {
