@@ -315,16 +315,20 @@ constexpr size_t kVoteMessageHeader = 1 + 1 + 8 + 8 + 1 + 4;
 
 std::string Serialize(const VoteMessage& m) { return Serialize(m, m.payload.data(), m.payload.size()); }
 
+// The header is built apart and the payload appended once: no zero fill of
+// the payload's bytes first (votes carry inputs on the small-message path).
 std::string Serialize(const VoteMessage& m, const char* payload, size_t size) {
-  std::string wire(kVoteMessageHeader + size, '\0');
-  char* p = &wire[0];
-  p[0] = static_cast<char>(ControlKind::kVote);
-  p[1] = static_cast<char>(m.type);
-  std::memcpy(p + 2, &m.epoch, 8);
-  std::memcpy(p + 10, &m.position, 8);
-  p[18] = static_cast<char>(m.outcome);
-  std::memcpy(p + 19, &m.input_size, 4);
-  if (size > 0) std::memcpy(p + kVoteMessageHeader, payload, size);
+  char header[kVoteMessageHeader] = {};
+  header[0] = static_cast<char>(ControlKind::kVote);
+  header[1] = static_cast<char>(m.type);
+  std::memcpy(header + 2, &m.epoch, 8);
+  std::memcpy(header + 10, &m.position, 8);
+  header[18] = static_cast<char>(m.outcome);
+  std::memcpy(header + 19, &m.input_size, 4);
+  std::string wire;
+  wire.reserve(kVoteMessageHeader + size);
+  wire.append(header, kVoteMessageHeader);
+  if (size > 0) wire.append(payload, size);
   return wire;
 }
 

@@ -207,7 +207,9 @@ Status PeerConnector::Connect(int peer, const Deadline& deadline, int* fd) {
 }
 
 void PeerConnector::TakeAccepted(std::vector<std::pair<int, int>>* out) {
+  if (queued_.load(std::memory_order_acquire) == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
+  queued_.store(0, std::memory_order_relaxed);
   uint64_t drained = 0;
   ssize_t rc = ::read(wake_fd_, &drained, sizeof(drained));  // under mu_: no signal is lost
   (void)rc;
@@ -260,6 +262,7 @@ void PeerConnector::AcceptLoop() {
         std::lock_guard<std::mutex> lock(mu_);
         SetLiveness(it->fd, liveness_s_);
         accepted_.emplace_back(peer, it->fd);
+        queued_.store(static_cast<int>(accepted_.size()), std::memory_order_release);
         it->fd = -1;
         Signal(wake_fd_);
       }
