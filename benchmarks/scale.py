@@ -96,11 +96,11 @@ def _run_job(kind, n, tree, timeout, cluster=None):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _summary(ranks):
+def _summary(ranks, hosts=1):
     return {
         "init_s": max(r["init_s"] for r in ranks),
         "rss_mb": statistics.median(r["rss_kb"] for r in ranks) / 1024,
-        "shm_host_mb": sum(r["shm_own"] for r in ranks) / 2**20,
+        "shm_host_mb": sum(r["shm_own"] for r in ranks) / 2**20 / hosts,
         "shm_mapped_mb": statistics.median(r["shm_mapped"] for r in ranks) / 2**20,
         "sockets": statistics.median(r["sockets"] for r in ranks),
         "sockets_max": max(r["sockets"] for r in ranks),
@@ -178,7 +178,8 @@ def _measure(args, jobs, cluster):
                 continue
             kind = name if name == "torch-gloo" else "hvdlite"
             try:
-                results[name][str(n)] = _summary(_run_job(kind, n, tree, args.timeout, cluster))
+                hosts = 1 if cluster is None else len(cluster.hosts)
+                results[name][str(n)] = _summary(_run_job(kind, n, tree, args.timeout, cluster), hosts)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 print("skipped: %s" % e, file=sys.stderr)
                 continue
@@ -207,8 +208,8 @@ def main():
         "This machine: %d CPUs (every simulated host shares them); load average %.2f before the run."
         " One job per cell (a run of N processes on 2 cores is its own repetition: init is the slowest"
         " rank's)." % (os.cpu_count(), load),
-        "/dev/shm per host: the sum of every rank's own segment (segments are unlinked once mapped,"
-        " so this is memory, not names). Sockets: every socket the rank holds (transport, its"
+        "/dev/shm per host: the sum of every rank's own segment over the hosts (segments are unlinked once mapped,"
+        " so this is memory, not names), divided by the number of hosts. Sockets: every socket the rank holds (transport, its"
         " listener, the store client).",
     ]
     text = _markdown(results, notes, args.hosts)
