@@ -20,29 +20,14 @@ bar with the loss.
 """
 
 import argparse
-import glob
-import os
-import sysconfig
 
 import torch
 import torch.nn.functional as F
+from pytorch_gpt_3d import load_corpus  # the same corpus (this folder is on sys.path)
 from torch import nn
 from tqdm import tqdm
 
 import hvdlite.torch as hvd
-
-
-def load_corpus(max_bytes):
-    """The standard library's .py files, concatenated in name order, as a long tensor of bytes."""
-    root = sysconfig.get_paths()["stdlib"]
-    data, total = [], 0
-    for path in sorted(glob.glob(os.path.join(root, "*.py"))):
-        with open(path, "rb") as f:
-            data.append(f.read())
-        total += len(data[-1])
-        if total >= max_bytes:
-            break
-    return torch.frombuffer(bytearray(b"".join(data)[:max_bytes]), dtype=torch.uint8).long()
 
 
 class Block(nn.Module):

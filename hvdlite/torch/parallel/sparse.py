@@ -325,6 +325,27 @@ class _OneTable(nn.Module):
         )
         self.num_embeddings, self.embedding_dim = spec.rows, spec.dim
 
+    @classmethod
+    def from_dense(cls, module, sharding="row", process_set=None, optimizer="sgd", lr=0.01, **kwargs):
+        """The sharded twin of a dense nn.EmbeddingBag / nn.Embedding, starting from its weight."""
+        spec = TableSpec.of(module)
+        return cls(
+            spec.rows,
+            spec.dim,
+            sharding=sharding,
+            process_set=process_set,
+            optimizer=optimizer,
+            lr=lr,
+            weight=spec.weight,
+            **cls._dense_kwargs(spec),
+            **kwargs,
+        )
+
+    @staticmethod
+    def _dense_kwargs(spec):
+        """What from_dense passes besides the shape and the weight (the bag's mode and offsets rule)."""
+        return {}
+
     def full_weight(self):
         """The whole table, gathered (a collective over the set)."""
         return self.tables.full_weight("weight")
@@ -357,21 +378,9 @@ class ShardedEmbeddingBag(_OneTable):
     def __init__(self, num_embeddings, embedding_dim, mode="mean", **kwargs):
         super().__init__(num_embeddings, embedding_dim, mode, **kwargs)
 
-    @classmethod
-    def from_dense(cls, module, sharding="row", process_set=None, optimizer="sgd", lr=0.01, **kwargs):
-        spec = TableSpec.of(module)
-        return cls(
-            spec.rows,
-            spec.dim,
-            spec.mode,
-            sharding=sharding,
-            process_set=process_set,
-            optimizer=optimizer,
-            lr=lr,
-            weight=spec.weight,
-            include_last_offset=spec.include_last_offset,
-            **kwargs,
-        )
+    @staticmethod
+    def _dense_kwargs(spec):
+        return {"mode": spec.mode, "include_last_offset": spec.include_last_offset}
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         return self.tables({"weight": (input, offsets, per_sample_weights)})["weight"]
@@ -382,20 +391,6 @@ class ShardedEmbedding(_OneTable):
 
     def __init__(self, num_embeddings, embedding_dim, **kwargs):
         super().__init__(num_embeddings, embedding_dim, None, **kwargs)
-
-    @classmethod
-    def from_dense(cls, module, sharding="row", process_set=None, optimizer="sgd", lr=0.01, **kwargs):
-        spec = TableSpec.of(module)
-        return cls(
-            spec.rows,
-            spec.dim,
-            sharding=sharding,
-            process_set=process_set,
-            optimizer=optimizer,
-            lr=lr,
-            weight=spec.weight,
-            **kwargs,
-        )
 
     def forward(self, input):
         return self.tables({"weight": input})["weight"]
