@@ -90,9 +90,8 @@ def test_a_killed_task_fails_the_others_naming_it(slurm):
     proc = _srun_four_tasks(env)
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "HvdliteInternalError" in proc.stderr and "rank 3 closed its connection" in proc.stderr, (
-        proc.stderr[-4000:]
-    )
+    assert "HvdliteInternalError" in proc.stderr and "rank 3 (host " in proc.stderr, proc.stderr[-4000:]
+    assert "closed its connection" in proc.stderr, proc.stderr[-4000:]
     # Promptly means at the next collective, not after a timeout: the error is the dead peer's
     # closed connection (above), and no survivor got through its loop to write its record. The
     # time is reported, not asserted (speed belongs in benchmarks/).
