@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import run_pooled, run_ranks
+from helpers import TF_SPAWN_ENV, run_pooled, run_ranks
 
 
 def _core_cases(big_elems):
@@ -289,7 +289,7 @@ def _tf_cases():
 
 def test_tensorflow_adapter():
     pytest.importorskip("tensorflow")
-    (e0, g0, v0), (e1, g1, v1) = run_pooled(_tf_cases, 2, timeout=120)
+    (e0, g0, v0), (e1, g1, v1) = run_pooled(_tf_cases, 2, timeout=120, spawn_env=TF_SPAWN_ENV)
     assert e0 == [2.0, 3.0] and e1 == [1.0, 2.0]
     assert g0 == [5, 6, 7] and g1 == [5, 6, 7]  # rank 1 received what rank 0 passed in
     assert v0 == [0.0, 0.0]
