@@ -112,15 +112,23 @@ def test_horovod_suite_under_horovods_launchers(test_file, launcher):
     _judge(result, expected, need_pass=False)  # e.g. test_xla_process_sets.py: GPU tests only
 
 
+# Horovod tests that assert a race's outcome: they pass or fail with the machine's timing, in
+# Horovod too. A failure of one of these is reported in the summary, not judged.
+TIMING_DEPENDENT = {
+    # asserts that hvd.poll() returned False at least once: an op done before the first poll fails it
+    "test_horovod_reducescatter_async_fused": "hvd.poll() may find every fused op already done",
+}
+
+
 def _judge(result, expected, need_pass=True):
     """need_pass=False: a file whose tests may all skip here (GPU or MPI only under horovodrun)
     must still have run and reported them."""
     failed = {n.split("::")[-1]: r for n, r in result.named("failed").items()}
-    unexpected = {n: r for n, r in failed.items() if n not in expected}
+    unexpected = {n: r for n, r in failed.items() if n not in expected and n not in TIMING_DEPENDENT}
     assert not unexpected and not result.named("hang"), result.summary()
     assert result.tests, result.summary() + "\n" + result.log_tail
     assert result.counts()["passed"] > 0 or not need_pass, result.summary() + "\n" + result.log_tail
-    now_passing = sorted(set(expected) - set(failed))
+    now_passing = sorted(set(expected) - set(failed) - set(TIMING_DEPENDENT))
     assert not now_passing, "these pass now, remove them from EXPECTED_FAILURES: %s" % now_passing
 
 
