@@ -6,6 +6,8 @@ only the job knows (allgather, alltoall, reducescatter) are allocated by the
 core and wrapped as arrays without a copy.
 """
 
+import functools
+
 import numpy as np
 
 from hvdlite.common import adasum, collectives, dtypes, exceptions, ops, p2p
@@ -286,4 +288,4 @@ def recv(tensor, src, tag=0, process_set=global_process_set, name=None):
 
 def batch_isend_irecv(p2p_ops):
     """Posts every P2POp at once (as torch.distributed.batch_isend_irecv); returns their handles."""
-    return p2p.start_group(NUMPY, p2p_ops)
+    return p2p.start_group(p2p_ops, functools.partial(p2p.post, NUMPY))

@@ -114,14 +114,17 @@ def run(adapter, kind, tensor, peer, tag, process_set, name):
     return pending.finish()
 
 
-def start_group(adapter, p2p_ops):
-    """Posts every P2POp of `p2p_ops` at once; returns one handle per op, in order
-    (synchronize each, as torch's batch_isend_irecv returns one request per op). Every
-    op is posted before any is waited for, so the order of sends and receives in the
-    list cannot deadlock."""
-    handles = []
+def start_group(p2p_ops, post_op):
+    """Posts every P2POp of `p2p_ops` at once through `post_op(kind, tensor, peer, tag,
+    process_set, name)` (post() with an adapter bound, or an adapter's own staging post);
+    returns one handle per op, in order (synchronize each, as torch's batch_isend_irecv
+    returns one request per op). The list is checked before anything is posted, and every
+    op is posted before any is waited for, so the order of sends and receives in the list
+    cannot deadlock."""
     for op in p2p_ops:
         if not isinstance(op, P2POp):
             raise exceptions.InvalidArgumentError("batch_isend_irecv takes a list of P2POp, got %r" % (op,))
-        handles.append(start(adapter, op.kind, op.tensor, op.peer, op.tag, op.process_set, op.name))
-    return handles
+    return [
+        collectives.start(post_op(op.kind, op.tensor, op.peer, op.tag, op.process_set, op.name))
+        for op in p2p_ops
+    ]

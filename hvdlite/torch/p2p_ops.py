@@ -57,9 +57,4 @@ def recv(tensor, src, tag=0, process_set=global_process_set, name=None):
 def batch_isend_irecv(p2p_ops):
     """Posts every P2POp at once (as torch.distributed.batch_isend_irecv); returns one
     handle per op, in order, for synchronize()."""
-    handles = []
-    for op in p2p_ops:
-        if not isinstance(op, P2POp):
-            return p2p.start_group(TORCH, p2p_ops)  # raises the error naming the bad entry
-        handles.append(collectives.start(_post(op.kind, op.tensor, op.peer, op.tag, op.process_set, op.name)))
-    return handles
+    return p2p.start_group(p2p_ops, _post)
