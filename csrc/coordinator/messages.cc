@@ -303,36 +303,22 @@ Status Deserialize(const std::string& bytes, ResponseList* out) {
   return Status::OK();
 }
 
-void SerializeWithRoom(Vote* vote, size_t input_size) {
-  vote->wire.assign(input_size, '\0');
-  vote->input_offset = 0;
-  vote->input_size = input_size;
-}
-
 // Wire format: kind, type, epoch, position, outcome, input size (uint32),
 // then the payload to the end. One allocation per message.
 constexpr size_t kVoteMessageHeader = 1 + 1 + 8 + 8 + 1 + 4;
 
-std::string Serialize(const VoteMessage& m) { return Serialize(m, m.payload.data(), m.payload.size()); }
-
-// The header is built apart and the payload appended once: no zero fill of
-// the payload's bytes first (votes carry inputs on the small-message path).
-std::string Serialize(const VoteMessage& m, const char* payload, size_t size) {
-  char header[kVoteMessageHeader] = {};
+namespace {
+void WriteVoteHeader(const VoteMessage& m, char* header) {
   header[0] = static_cast<char>(ControlKind::kVote);
   header[1] = static_cast<char>(m.type);
   std::memcpy(header + 2, &m.epoch, 8);
   std::memcpy(header + 10, &m.position, 8);
   header[18] = static_cast<char>(m.outcome);
   std::memcpy(header + 19, &m.input_size, 4);
-  std::string wire;
-  wire.reserve(kVoteMessageHeader + size);
-  wire.append(header, kVoteMessageHeader);
-  if (size > 0) wire.append(payload, size);
-  return wire;
 }
 
-Status Deserialize(const std::string& bytes, VoteMessage* out) {
+// Parses the header of `bytes` into *out (not the payload).
+Status ReadVoteHeader(const std::string& bytes, VoteMessage* out) {
   if (bytes.size() < kVoteMessageHeader || PeekControlKind(bytes) != ControlKind::kVote)
     return Status::Internal("corrupt vote message");
   const char* p = bytes.data();
@@ -342,10 +328,59 @@ Status Deserialize(const std::string& bytes, VoteMessage* out) {
   std::memcpy(&out->position, p + 10, 8);
   out->outcome = static_cast<uint8_t>(p[18]);
   std::memcpy(&out->input_size, p + 19, 4);
-  out->payload.assign(p + kVoteMessageHeader, bytes.size() - kVoteMessageHeader);
+  const size_t payload = bytes.size() - kVoteMessageHeader;
   if (type > 3 || out->outcome > VoteMessage::kFail ||
-      (out->input_size > 0 && out->payload.size() % out->input_size != 0))
+      (out->input_size > 0 && payload % out->input_size != 0))
     return Status::Internal("corrupt vote message");
+  return Status::OK();
+}
+}  // namespace
+
+void SerializeWithRoom(Vote* vote, size_t input_size) {
+  VoteMessage header;
+  header.epoch = vote->epoch;
+  header.position = vote->position;
+  header.outcome = vote->ready     ? VoteMessage::kReady
+                   : vote->barrier ? VoteMessage::kBarrier
+                                   : VoteMessage::kExit;
+  header.input_size = static_cast<uint32_t>(input_size);
+  vote->wire.assign(kVoteMessageHeader + input_size, '\0');
+  WriteVoteHeader(header, &vote->wire[0]);
+  vote->input_offset = kVoteMessageHeader;
+  vote->input_size = input_size;
+}
+
+bool RewriteVoteHeader(const VoteMessage& header, std::string* wire) {
+  if (wire->size() < kVoteMessageHeader || PeekControlKind(*wire) != ControlKind::kVote) return false;
+  WriteVoteHeader(header, &(*wire)[0]);
+  return true;
+}
+
+std::string Serialize(const VoteMessage& m) { return Serialize(m, m.payload_data(), m.payload_size()); }
+
+// The header is built apart and the payload appended once: no zero fill of
+// the payload's bytes first (votes carry inputs on the small-message path).
+std::string Serialize(const VoteMessage& m, const char* payload, size_t size) {
+  char header[kVoteMessageHeader] = {};
+  WriteVoteHeader(m, header);
+  std::string wire;
+  wire.reserve(kVoteMessageHeader + size);
+  wire.append(header, kVoteMessageHeader);
+  if (size > 0) wire.append(payload, size);
+  return wire;
+}
+
+Status Deserialize(const std::string& bytes, VoteMessage* out) {
+  HVD_RETURN_IF_ERROR(ReadVoteHeader(bytes, out));
+  out->payload.assign(bytes.data() + kVoteMessageHeader, bytes.size() - kVoteMessageHeader);
+  out->payload_offset = 0;
+  return Status::OK();
+}
+
+Status Deserialize(std::string&& bytes, VoteMessage* out) {
+  HVD_RETURN_IF_ERROR(ReadVoteHeader(bytes, out));
+  out->payload = std::move(bytes);
+  out->payload_offset = kVoteMessageHeader;
   return Status::OK();
 }
 

@@ -144,7 +144,13 @@ struct VoteMessage {
   // Ready with inputs: payload holds the inputs of consecutive ranks (the
   // subtree's, or every rank's in a decision), input_size bytes each.
   uint32_t input_size = 0;
+  // The payload is payload[payload_offset, end): a message parsed from a
+  // moved wire keeps the whole wire here (offset = its header), so receiving
+  // copies nothing; one built to be sent has offset 0.
   std::string payload;
+  size_t payload_offset = 0;
+  const char* payload_data() const { return payload.data() + payload_offset; }
+  size_t payload_size() const { return payload.size() - payload_offset; }
 };
 
 std::string Serialize(const RequestList& list);
@@ -152,13 +158,20 @@ std::string Serialize(const ResponseList& list);
 // Parse failures are Internal errors (a peer speaking another protocol version).
 Status Deserialize(const std::string& bytes, RequestList* out);
 Status Deserialize(const std::string& bytes, ResponseList* out);
-// Sets vote->wire to a buffer with room for an input of `input_size` bytes
-// at vote->input_offset, for the caller to write.
+// Sets vote->wire to a VoteMessage (kReport of the vote's epoch, position and
+// outcome) with room for an input of `input_size` bytes at vote->input_offset,
+// for the caller to write: a leaf of the vote tree sends it as it is.
 void SerializeWithRoom(Vote* vote, size_t input_size);
+// Rewrites the header of a wire made by SerializeWithRoom (same payload); false
+// when `wire` is not one (too short, or another kind).
+bool RewriteVoteHeader(const VoteMessage& header, std::string* wire);
 std::string Serialize(const VoteMessage& message);
 // The same with `size` bytes at `payload` as the payload (header.payload unused): no copy of it first.
 std::string Serialize(const VoteMessage& header, const char* payload, size_t size);
+// A vote message: the const& form copies the payload out (payload_offset 0);
+// the && form keeps the whole wire in out->payload (payload_offset: the header).
 Status Deserialize(const std::string& bytes, VoteMessage* out);
+Status Deserialize(std::string&& bytes, VoteMessage* out);
 
 // First byte of every control payload says which kind it is.
 // kP2pChunk and kP2pAck carry point-to-point messages (runtime/p2p.h); kRelay

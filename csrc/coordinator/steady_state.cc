@@ -104,6 +104,7 @@ void SteadySchedule::Enter(int64_t epoch, std::vector<Response> groups) {
     for (size_t i = 0; i < g.names.size(); ++i) ids_[g.names[i]] = {g.cache_ids[i], k};
   }
   votes_.erase(votes_.begin(), votes_.lower_bound(Slot{epoch, 0}));
+  FindCurrent();
 }
 
 void SteadySchedule::Leave() {
@@ -111,6 +112,12 @@ void SteadySchedule::Leave() {
   groups_.clear();
   ids_.clear();
   votes_.erase(votes_.begin(), votes_.lower_bound(Slot{epoch_ + 1, 0}));
+  FindCurrent();
+}
+
+void SteadySchedule::FindCurrent() {
+  auto it = votes_.find(Slot{epoch_, position_});
+  current_ = it != votes_.end() ? &it->second : nullptr;
 }
 
 bool SteadySchedule::Find(const std::string& name, int32_t* cache_id, size_t* group) const {
@@ -141,19 +148,14 @@ SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
     b.decision = -1;
     b.input_size = 0;
     b.decided.clear();
+    if (at == Slot{epoch_, position_}) current_ = &b;
   }
   return it->second;
 }
 
-SteadySchedule::Ballot* SteadySchedule::Current() {
-  auto it = votes_.find(Slot{epoch_, position_});
-  return active_ && it != votes_.end() ? &it->second : nullptr;
-}
+SteadySchedule::Ballot* SteadySchedule::Current() { return active_ ? current_ : nullptr; }
 
-const SteadySchedule::Ballot* SteadySchedule::Current() const {
-  auto it = votes_.find(Slot{epoch_, position_});
-  return active_ && it != votes_.end() ? &it->second : nullptr;
-}
+const SteadySchedule::Ballot* SteadySchedule::Current() const { return active_ ? current_ : nullptr; }
 
 bool SteadySchedule::Over(const Slot& at) const {
   return at.first < epoch_ || (at.first == epoch_ && (!active_ || at.second < position_));
@@ -184,7 +186,8 @@ void SteadySchedule::Decided(const Slot& at, Ballot& b, uint8_t outcome, uint32_
   if (b.decision >= 0) return;
   b.decision = static_cast<int8_t>(outcome);
   b.input_size = input_size;
-  b.decided = std::move(payload);
+  b.decided.buf = std::move(payload);
+  b.decided.off = 0;
   // Two ranks: rank 1 decides from rank 0's vote itself (PairDecide); only a failure goes down.
   if (children_.empty() || (size_ == 2 && outcome != VoteMessage::kFail)) return;
   VoteMessage m;
@@ -193,8 +196,7 @@ void SteadySchedule::Decided(const Slot& at, Ballot& b, uint8_t outcome, uint32_
   m.position = at.second;
   m.outcome = outcome;
   m.input_size = input_size;
-  m.payload = b.decided;
-  std::string wire = Serialize(m);
+  std::string wire = Serialize(m, b.decided.data(), b.decided.size());
   for (int c : children_) outbox_.push_back({c, wire});
 }
 
@@ -229,16 +231,33 @@ void SteadySchedule::Update(const Slot& at, Ballot& b) {
       input_size = static_cast<uint32_t>(each);
       if (!children_.empty() && size_ != 2) {  // (a leaf sends its own as packed; two ranks: VotedInputs)
         inputs.assign(own.input(), each);
-        for (const std::string& in : b.child_inputs) inputs += in;
+        for (const Held& in : b.child_inputs) inputs.append(in.data(), in.size());
       }
     }
   }
   if (rank_ == 0) return Decided(at, b, outcome, input_size, std::move(inputs));
   if (input_size > 0 && children_.empty()) {
-    SendUp(at, b, VoteMessage::Type::kReport, outcome, input_size, own.input(), own.input_size);
+    SendOwn(at, b, VoteTree::Parent(rank_), outcome, input_size);
   } else {
     SendUp(at, b, VoteMessage::Type::kReport, outcome, input_size, inputs.data(), inputs.size());
   }
+}
+
+void SteadySchedule::SendOwn(const Slot& at, Ballot& b, int peer, uint8_t outcome, uint32_t input_size) {
+  VoteMessage m;
+  m.type = VoteMessage::Type::kReport;
+  m.epoch = at.first;
+  m.position = at.second;
+  m.outcome = outcome;
+  m.input_size = input_size;
+  Vote& own = b.own_vote;
+  if (own.input_offset + own.input_size == own.wire.size() && RewriteVoteHeader(m, &own.wire)) {
+    Outgoing out{peer, std::string(), &own.wire};
+    outbox_.push_back(std::move(out));
+  } else {
+    outbox_.push_back({peer, Serialize(m, own.input(), own.input_size)});
+  }
+  if (peer == VoteTree::Parent(rank_) && rank_ != 0) b.reported = true;
 }
 
 // Sends a stall notice up with the ranks missing now (never from rank 0, or
@@ -311,7 +330,7 @@ void SteadySchedule::OnMessage(int peer, VoteMessage& m, const std::string& wire
       if (!from_parent || b.decision >= 0) return;
       b.decision = static_cast<int8_t>(m.outcome);
       b.input_size = m.input_size;
-      b.decided = std::move(m.payload);
+      b.decided.Take(m);
       return;
     case VoteMessage::Type::kWake:
       if (!from_parent) return;
@@ -321,20 +340,21 @@ void SteadySchedule::OnMessage(int peer, VoteMessage& m, const std::string& wire
       if (size_ == 2 && from_parent && b.peer < 0) {  // rank 0's own vote (two ranks)
         b.aware = true;
         b.peer = static_cast<int8_t>(m.outcome);
-        if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.peer_input = std::move(m.payload);
+        if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.peer_input.Take(m);
         return PairDecide(at, b);
       }
       if (child < 0 || b.child[child] >= 0) return;
       b.aware = true;
       b.child[child] = static_cast<int8_t>(m.outcome);
-      if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.child_inputs[child] = std::move(m.payload);
+      if (m.outcome == VoteMessage::kReady && m.input_size > 0) b.child_inputs[child].Take(m);
       break;
     case VoteMessage::Type::kStalled:
       if (child < 0 || b.child[child] >= 0) return;
       b.aware = true;
       b.child_stalled[child] = 1;
-      b.child_missing[child].resize(m.payload.size() / 4);
-      if (!m.payload.empty()) std::memcpy(b.child_missing[child].data(), m.payload.data(), m.payload.size());
+      b.child_missing[child].resize(m.payload_size() / 4);
+      if (m.payload_size() > 0)
+        std::memcpy(b.child_missing[child].data(), m.payload_data(), b.child_missing[child].size() * 4);
       b.stalled = true;
       Wake(at, b);
       break;
@@ -356,15 +376,8 @@ void SteadySchedule::VoteSelf(Vote own) {
   if (b.own >= 0) return;
   b.own = own.ready ? VoteMessage::kReady : own.barrier ? VoteMessage::kBarrier : VoteMessage::kExit;
   if (own.ready && own.input_size > 0) b.own_vote = std::move(own);
-  if (size_ == 2 && rank_ == 0) {  // two ranks: rank 1 decides from this vote (PairDecide)
-    VoteMessage m;
-    m.type = VoteMessage::Type::kReport;
-    m.epoch = at.first;
-    m.position = at.second;
-    m.outcome = static_cast<uint8_t>(b.own);
-    m.input_size = static_cast<uint32_t>(b.own_vote.input_size);
-    outbox_.push_back({1, Serialize(m, b.own_vote.input(), b.own_vote.input_size)});
-  }
+  if (size_ == 2 && rank_ == 0)  // two ranks: rank 1 decides from this vote (PairDecide)
+    SendOwn(at, b, 1, static_cast<uint8_t>(b.own), static_cast<uint32_t>(b.own_vote.input_size));
   Update(at, b);
   if (size_ == 2 && rank_ == 1) PairDecide(at, b);
   if (b.stalled) SendStalled(at, b);
@@ -443,10 +456,10 @@ SteadySchedule::Outcome SteadySchedule::Decide() const {
   }
 }
 
-const std::string& SteadySchedule::failure() const {
-  static const std::string none;
+std::string SteadySchedule::failure() const {
   const Ballot* b = Current();
-  return b != nullptr && b->decision == VoteMessage::kFail ? b->decided : none;
+  if (b == nullptr || b->decision != VoteMessage::kFail) return std::string();
+  return std::string(b->decided.data(), b->decided.size());
 }
 
 bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
@@ -454,8 +467,8 @@ bool SteadySchedule::VotedInputs(std::vector<const char*>* parts) const {
   const Ballot& b = *Current();
   if (b.input_size == 0) return false;
   parts->clear();
-  if (size_ == 2 && b.decided.empty()) {  // two ranks decide from the two votes' own buffers
-    const std::string& peer = rank_ == 0 ? b.child_inputs[0] : b.peer_input;
+  if (size_ == 2 && b.decided.size() == 0) {  // two ranks decide from the two votes' own buffers
+    const Held& peer = rank_ == 0 ? b.child_inputs[0] : b.peer_input;
     if (peer.size() != b.input_size || b.own_vote.input_size != b.input_size) return false;
     parts->push_back(rank_ == 0 ? b.own_vote.input() : peer.data());
     parts->push_back(rank_ == 0 ? peer.data() : b.own_vote.input());
@@ -472,6 +485,7 @@ void SteadySchedule::Advance() {
   if (it != votes_.end()) ballot_pool_.Erase(&votes_, it);
   ++position_;
   if (ran_group) ++groups_run_;
+  FindCurrent();
 }
 
 void SteadySchedule::TakeOutgoing(std::vector<Outgoing>* out) {

@@ -155,6 +155,9 @@ class SteadySchedule {
   // forwarded to the children on receipt.
   // Takes m's payload (moves it).
   void OnMessage(int peer, VoteMessage& m, const std::string& wire);
+  // The same for a message parsed by Deserialize(std::string&&, ...): m.payload
+  // holds the whole wire, which is what a decision forwards.
+  void OnMessage(int peer, VoteMessage& m) { OnMessage(peer, m, m.payload); }
   // This rank's vote at position(): ready or exit; or `own` (ready, barrier
   // or exit), keeping the input it carries. A second vote is ignored.
   void VoteSelf(bool ready);
@@ -184,7 +187,7 @@ class SteadySchedule {
   // rank voted exit, or the votes differ), kFail (rank 0 gave up: failure()),
   // kWait (not decided yet).
   Outcome Decide() const;
-  const std::string& failure() const;
+  std::string failure() const;
   // When Decide() is kRun and every rank's ready vote carried an input of one
   // length: true, with parts[r] = rank r's input (valid until Advance()).
   bool VotedInputs(std::vector<const char*>* parts) const;
@@ -192,9 +195,15 @@ class SteadySchedule {
   // group rather than a barrier, to the next group).
   void Advance();
   // What this rank must send: (peer, wire) pairs, in order. Swaps with *out.
+  // `shared`, when set, is the message instead of `wire`: this rank's own
+  // vote, sent as the executor packed it (Vote::wire, no copy). It lives in the
+  // current ballot, so an outbox must be taken and sent before Advance(),
+  // Enter() or Leave() (the runtime sends right after each call that fills it).
   struct Outgoing {
     int peer;
     std::string wire;
+    const std::string* shared = nullptr;
+    const std::string& bytes() const { return shared != nullptr ? *shared : wire; }
   };
   void TakeOutgoing(std::vector<Outgoing>* out);
   const std::vector<int>& children() const { return children_; }
@@ -202,21 +211,40 @@ class SteadySchedule {
 
  private:
   using Slot = std::pair<int64_t, int64_t>;  // (epoch, position)
+  // Bytes received in a vote message, kept where they arrived: buf[off, end).
+  struct Held {
+    std::string buf;
+    size_t off = 0;
+    const char* data() const { return buf.data() + off; }
+    size_t size() const { return buf.size() - off; }
+    void clear() {
+      buf.clear();
+      off = 0;
+    }
+    void Take(VoteMessage& m) {
+      buf = std::move(m.payload);
+      off = m.payload_offset;
+    }
+  };
   struct Ballot {
     int8_t own = -1;            // -1 none, else a VoteMessage outcome
     Vote own_vote;              // this rank's ready vote with the input it carried (kept as packed: no copy)
     std::vector<int8_t> child;  // per child: -1 none, else its subtree's outcome
-    std::vector<std::string> child_inputs;            // per child: its subtree's inputs ("" none)
+    std::vector<Held> child_inputs;                   // per child: its subtree's inputs (empty: none)
     std::vector<std::vector<int32_t>> child_missing;  // per child: its last stall notice
     std::vector<uint8_t> child_stalled;
     bool aware = false, reported = false, stalled = false, woke = false;
-    int8_t peer = -1;        // two ranks, on rank 1: rank 0's own vote (PairDecide)
-    std::string peer_input;  // and the input it carried
-    int8_t decision = -1;    // rank 0's outcome, once it reached this rank
+    int8_t peer = -1;      // two ranks, on rank 1: rank 0's own vote (PairDecide)
+    Held peer_input;       // and the input it carried
+    int8_t decision = -1;  // rank 0's outcome, once it reached this rank
     uint32_t input_size = 0;
-    std::string decided;  // the decision's payload: every rank's input, or the failure
+    Held decided;  // the decision's payload: every rank's input, or the failure
   };
   Ballot& Tally(const Slot& at);
+  void FindCurrent();  // current_ = the ballot of (epoch_, position_), if any
+  // Queues this rank's own vote (with its input) to `peer` as a report, sent from
+  // own_vote's wire when the executor packed it there (no copy).
+  void SendOwn(const Slot& at, Ballot& b, int peer, uint8_t outcome, uint32_t input_size);
   Ballot* Current();
   const Ballot* Current() const;
   bool Over(const Slot& at) const;
@@ -238,6 +266,7 @@ class SteadySchedule {
   std::vector<Response> groups_;
   std::unordered_map<std::string, std::pair<int32_t, size_t>> ids_;  // name -> (cache id, group)
   std::map<Slot, Ballot> votes_;
+  Ballot* current_ = nullptr;  // votes_'s ballot at (epoch_, position_), or null (FindCurrent)
   NodePool<std::map<Slot, Ballot>> ballot_pool_;  // a ballot per position: votes_'s nodes, recycled
   std::vector<Outgoing> outbox_;
 };

@@ -215,7 +215,7 @@ Status Runtime::HandleIncoming() {
         }
       }
     } else if (kind == ControlKind::kVote) {
-      HVD_RETURN_IF_ERROR(steady_->OnVoteMessage(msg.peer, msg.payload));
+      HVD_RETURN_IF_ERROR(steady_->OnVoteMessage(msg.peer, std::move(msg.payload)));
     } else if (P2pEngine::Owns(msg.payload)) {
       HVD_RETURN_IF_ERROR(p2p_->OnControl(msg.peer, msg.payload));
     } else {

@@ -34,10 +34,10 @@ void SteadyStateDriver::TakeHeld(std::vector<Request>* fresh, RankWaits* waits, 
   }
 }
 
-Status SteadyStateDriver::OnVoteMessage(int peer, const std::string& payload) {
+Status SteadyStateDriver::OnVoteMessage(int peer, std::string&& payload) {
   VoteMessage m;
-  HVD_RETURN_IF_ERROR(Deserialize(payload, &m).WithContext("from rank " + std::to_string(peer)));
-  steady_.OnMessage(peer, m, payload);
+  HVD_RETURN_IF_ERROR(Deserialize(std::move(payload), &m).WithContext("from rank " + std::to_string(peer)));
+  steady_.OnMessage(peer, m);
   return Flush();  // a decision goes on down at once
 }
 
@@ -47,7 +47,7 @@ Status SteadyStateDriver::Flush() {
   steady_.TakeOutgoing(&outgoing_);
   for (const SteadySchedule::Outgoing& out : outgoing_) {
     if (p_.transport->PeerDeparted(out.peer)) continue;
-    HVD_RETURN_IF_ERROR(p_.transport->SendControl(out.peer, out.wire));
+    HVD_RETURN_IF_ERROR(p_.transport->SendControl(out.peer, out.bytes()));
   }
   outgoing_.clear();
   return Status::OK();

@@ -63,8 +63,9 @@ class SteadyStateDriver {
   // After leaving: moves the held requests to the front of *fresh and, when
   // *has_waits is false, the held report of blocked callers into *waits.
   void TakeHeld(std::vector<Request>* fresh, RankWaits* waits, bool* has_waits);
-  // A vote message from `peer` (the wire form of a Vote).
-  Status OnVoteMessage(int peer, const std::string& payload);
+  // A vote message from `peer` (the wire form of a Vote); takes the bytes,
+  // which the schedule keeps where they arrived (no copy of an input).
+  Status OnVoteMessage(int peer, std::string&& payload);
   // A schedule the coordinator announced with this turn's responses; it is
   // entered by EnterAnnounced once they have run.
   void Announce(int64_t epoch, std::vector<Response> schedule);

@@ -182,7 +182,7 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, in
   if (timeout_ms < 0) return Status::InvalidArgument("WaitControl needs a bounded timeout_ms");
   Deadline deadline = Deadline::After(timeout_ms / 1000.0);
   bool have = false;
-  for (Peer& p : peers_) have = have || !p.control.empty();
+  for (int q : linked_) have = have || !peers_[q].control.empty();
   int wait_ms = have ? 0 : timeout_ms;
   std::vector<pollfd>& pfds = poll_fds_;
   std::vector<int>& owners = poll_owners_;
@@ -191,7 +191,7 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, in
     AdoptAccepted();
     pfds.clear();
     owners.clear();
-    for (int q = 0; q < size_; ++q) {
+    for (int q : linked_) {
       const Peer& p = peers_[q];
       if (p.closed) continue;
       for (int i = 0; i < p.nconn; ++i) {
@@ -227,7 +227,7 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, in
       Status st = Pump(owners[i], &progressed);
       if (!st.ok()) return Fail(st);
     }
-    for (int q = 0; q < size_; ++q) {
+    for (int q : linked_) {
       Peer& p = peers_[q];
       while (!p.control.empty()) {
         out->push_back(ControlMessage{q, std::move(p.control.front())});

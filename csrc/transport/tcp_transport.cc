@@ -41,6 +41,7 @@ void TcpTransport::AddConn(int peer, int fd) {
     net::CloseFd(&fd);
     return;
   }
+  if (p.nconn == 0) linked_.push_back(peer);
   p.conn[p.nconn] = Conn();
   p.conn[p.nconn].fd = fd;
   if (p.send < 0) p.send = p.nconn;

@@ -157,6 +157,8 @@ class TcpTransport : public SteppedTransport {
   double io_timeout_s_;
   std::vector<std::pair<int, int>> adopted_;  // AdoptAccepted scratch
   std::vector<Peer> peers_;
+  std::vector<int> linked_;  // peers with a socket, in the order they got one: the wait loops walk
+                             // these, not every rank (O(connections) per wait, not O(size))
   Status broken_;
   bool closed_ = false;
   bool departed_ = false;

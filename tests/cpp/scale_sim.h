@@ -220,7 +220,7 @@ class ScaleSim {
   }
   void SendOutbox(StepCost* cost, int rank) {
     schedules_[rank].TakeOutgoing(&outgoing_);
-    for (auto& o : outgoing_) Send(cost, rank, o.peer, std::move(o.wire));
+    for (auto& o : outgoing_) Send(cost, rank, o.peer, o.shared != nullptr ? *o.shared : std::move(o.wire));
     outgoing_.clear();
   }
   // Delivers vote-tree messages until none is left; each rank's handling is its own CPU.

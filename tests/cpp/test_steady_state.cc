@@ -192,8 +192,8 @@ struct Net {
           ++messages;
           moved = true;
           VoteMessage m;
-          Check(Deserialize(o.wire, &m).ok(), "a vote message parses");
-          ranks[o.peer].OnMessage(r, m, o.wire);
+          Check(Deserialize(o.bytes(), &m).ok(), "a vote message parses");
+          ranks[o.peer].OnMessage(r, m, o.bytes());
         }
       }
     }
@@ -429,8 +429,21 @@ void TestMessages() {
   m.payload = std::string("\0\1\2\3abcd", 8);
   Check(Deserialize(Serialize(m), &back).ok() && back.type == m.type && back.epoch == 7 &&
             back.position == 123456789012 && back.outcome == VoteMessage::kReady && back.input_size == 4 &&
-            back.payload == m.payload,
-        "vote message round trip");
+            std::string(back.payload_data(), back.payload_size()) == m.payload,
+        "vote message round trip (the moved wire kept whole)");
+  const std::string wire = Serialize(m);
+  Check(Deserialize(wire, &back).ok() && back.payload_offset == 0 && back.payload == m.payload,
+        "vote message round trip (payload copied out)");
+  Vote own;
+  own.epoch = 7;
+  own.position = 9;
+  own.ready = true;
+  SerializeWithRoom(&own, 4);
+  std::memcpy(&own.wire[own.input_offset], "wxyz", 4);
+  Check(Deserialize(std::string(own.wire), &back).ok() && back.type == VoteMessage::Type::kReport &&
+            back.epoch == 7 && back.position == 9 && back.outcome == VoteMessage::kReady &&
+            back.input_size == 4 && std::string(back.payload_data(), back.payload_size()) == "wxyz",
+        "a packed vote is a report as it is");
   Check(PeekControlKind(Serialize(m)) == ControlKind::kVote, "vote kind");
   ResponseList l, lb;
   l.responses.push_back(Group({"r"}));
