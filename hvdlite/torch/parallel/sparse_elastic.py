@@ -89,16 +89,11 @@ def rejoin(coll):
 
 
 def _my_claim(coll):
-    slot = None
-    if coll.joined and coll.is_server:
-        slot = coll.holders.index(coll.exchange.me)
-    elif coll.joined and coll.holders is None:
-        slot = coll.exchange.me
-    elif not coll.joined and coll.is_server:
-        slot = coll.holders.index(coll.process_set.rank())
-    elif not coll.joined and coll.holders is None:
-        slot = coll.process_set.rank()
-    return Claim(slot, coll.joined)
+    """This process's Claim: its position in the world its exchange was built for (the last one
+    it joined, or the one it was built in) among that world's holders."""
+    me = coll.exchange.me
+    holders = list(coll.holders if coll.holders is not None else range(coll.last_members))
+    return Claim(holders.index(me) if me in holders else None, coll.joined)
 
 
 def _slot_positions(coll, claims, slots):
