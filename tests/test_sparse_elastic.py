@@ -4,8 +4,9 @@ real processes killed: tests/elastic_sparse_train.py under `hvdliterun --min-np`
 
 A worker that dies: the survivors and the server re-form, the server keeps its shard and its
 Adagrad state, and the finished table and dense vector equal one process replaying the committed
-steps (each with the number of workers it ran with). A server that dies: every survivor raises
-an error naming it, and the job ends (no hang)."""
+steps (each with the number of workers it ran with); a process the driver starts in the dead
+worker's place with the server's rank becomes a worker (slow). A server that dies: every
+survivor raises an error naming it, and the job ends (no hang; slow)."""
 
 import json
 import sys
@@ -49,23 +50,37 @@ def done_of(res):
     raise AssertionError("no DONE line:\n" + res.stdout[-3000:] + res.stderr[-3000:])
 
 
-def test_a_dead_worker_loses_no_server_state_and_training_goes_on():
+def _train_through_a_dead_worker(hosts, *args):
+    """Runs the script on 3 ranks of `hosts` with worker 127.0.0.1[0] SIGKILLed mid-step 4 of 10;
+    checks the committed steps against the replay. Returns (log, stdout lines per worker)."""
     env = {"ELASTIC_STEPS": "10", "ELASTIC_KILL": "127.0.0.1[0]:4"}
-    res = hvdliterun("-np", 3, "--min-np", 2, "-H", HOSTS3, sys.executable, SCRIPT, env=env)
+    res = hvdliterun("-np", 3, "--min-np", 2, *args, "-H", hosts, sys.executable, SCRIPT, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
     log, d, table = done_of(res)
     assert [s for s, _ in log] == list(range(10)), log
-    assert [w for _, w in log] == [2] * 4 + [1] * 6, log  # the step the worker died in is redone
     w_ref, d_ref = replay(log)
     torch.testing.assert_close(table, w_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(d, d_ref, rtol=1e-5, atol=1e-6)
     out = worker_lines(res.stdout)
+    return log, {wid: [line for line in lines if line.startswith("ROLE")] for wid, lines in out.items()}
+
+
+def test_a_dead_worker_loses_no_server_state_and_training_goes_on():
+    log, roles = _train_through_a_dead_worker(HOSTS3)
+    assert [w for _, w in log] == [2] * 4 + [1] * 6, log  # the step the worker died in is redone
     # the server was never restarted: one process, serving in both worlds (rank 2, then rank 1)
-    assert [line for line in out["127.0.0.2[0]"] if line.startswith("ROLE")] == [
-        "ROLE server 2",
-        "ROLE server 1",
-    ]
-    assert sorted(out) == ["127.0.0.1[0]", "127.0.0.2[0]", "localhost[0]"]
+    assert roles["127.0.0.2[0]"] == ["ROLE server 2", "ROLE server 1"], roles
+    assert sorted(roles) == ["127.0.0.1[0]", "127.0.0.2[0]", "localhost[0]"]
+
+
+@pytest.mark.slow
+def test_a_worker_started_into_a_later_world_with_a_servers_rank_becomes_a_worker():
+    # the driver replaces the dead worker on a spare host; the new process gets rank 2, which its
+    # script names the server (servers=[size - 1]): rejoin() makes it a worker holding nothing
+    log, roles = _train_through_a_dead_worker(HOSTS3 + ",127.0.0.3:1", "--max-np", 3)
+    assert [w for _, w in log] == [2] * 10, log
+    assert roles["127.0.0.2[0]"] == ["ROLE server 2", "ROLE server 1"], roles
+    assert roles["127.0.0.3[0]"] == ["ROLE worker 2"], roles
 
 
 @pytest.mark.slow
