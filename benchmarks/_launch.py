@@ -117,11 +117,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _commands(lib, n, rank_cmd):
-    """[(argv, extra env)] of the processes that start one job of `lib` on n ranks."""
-    py = sys.executable
+def _commands(lib, n, rank_cmd, python=None, launch_args=()):
+    """[(argv, extra env)] of the processes that start one job of `lib` on n ranks (`python`:
+    the ranks' interpreter, default this one; `launch_args`: hvdliterun's extra flags)."""
+    py = python or sys.executable
     if lib == "hvdlite":
-        return [([py, "-m", "hvdlite.runner.launch", "-np", str(n), py] + rank_cmd, {})]
+        return [([py, "-m", "hvdlite.runner.launch", "-np", str(n), *launch_args, py] + rank_cmd, {})]
     if lib == "gloo":
         init = "tcp://127.0.0.1:%d" % _free_port()
         return [
@@ -189,11 +190,13 @@ def _wait(procs, timeout_s):
     return error or ("exit code %d" % bad[0] if bad else None)
 
 
-def run_job(lib, n, script, args, timeout_s, env=None, launcher=None):
+def run_job(lib, n, script, args, timeout_s, env=None, launcher=None, python=None, launch_args=()):
     """Runs `script` on n ranks of `lib`; see the module contract. `env`: variables set on top
     of the benchmark environment for this job (e.g. PYTHONPATH to another hvdlite tree).
     `launcher`: another library's launcher starts the ranks (e.g. "mpi": hvdlite ranks under
-    mpirun, which then form their job through MPI)."""
+    mpirun, which then form their job through MPI). `python`: the ranks' interpreter (another
+    venv's, e.g. TorchRec's), default this one. `launch_args`: extra hvdliterun flags (e.g.
+    `-H` of simulated hosts, whose ssh `env` must then find)."""
     out = tempfile.mkdtemp(prefix="hvdlite-bench-")
     try:
         os.mkdir(os.path.join(out, "gate"))
@@ -201,7 +204,7 @@ def run_job(lib, n, script, args, timeout_s, env=None, launcher=None):
         base = dict(_env(), **(env or {}))
         procs = [
             subprocess.Popen(argv, env=dict(base, **extra), start_new_session=True)
-            for argv, extra in _commands(launcher or lib, n, rank_cmd)
+            for argv, extra in _commands(launcher or lib, n, rank_cmd, python, launch_args)
         ]
         try:
             error = _wait(procs, timeout_s)

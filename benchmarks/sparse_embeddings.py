@@ -3,36 +3,57 @@ hvdlite's sharded tables (planner, and every table row-sharded) against Horovod'
 (replicated tables, sparse gradients allgathered) and sparse_as_dense (tables allreduced whole).
 
     python benchmarks/sparse_embeddings.py [--steps 20] [--batch 512] [--max-rows 100000] [--ranks 2] [--quick]
+        [--torchrec-python /work/venv-torchrec/bin/python] [--hosts 4 --ranks 4 --modes sharded]
 
 Model and data: examples/dlrm_sparse.py (13 dense features, 26 power-law categorical features,
 tables log-spaced from --min-rows to --max-rows rows x --dim), SGD everywhere, fwd + bwd + update.
-All rows run here, one after the other, in one invocation; each row is a fresh 2-rank job of
+All rows run here, one after the other, in one invocation; each row is a fresh job of
 benchmarks/_sparse_worker.py (its docstring says how bytes are counted). Per step the max over
 ranks; the table shows the median and min over --steps steps, and each row's median relative to
 the sharded row. Horovod's sparse path is hvdlite's DistributedOptimizer path for sparse
 gradients (coalesce, allgather indices and values), the algorithm Horovod 0.28.1 runs; Horovod
-itself is not built here. TorchRec 1.9.2 cannot run on this machine: fbgemm-gpu-cpu 1.9.0's
-operator libraries fail to load under torch 2.13 (undefined torch::autograd symbols: they are
-built for an older torch), so it has no row.
+itself is not built here. TorchRec runs in an interpreter of its own (--torchrec-python: a venv
+whose torch matches its fbgemm-gpu-cpu; this repository's torch 2.13 loads fbgemm-gpu-cpu 1.8.0,
+not 1.9.0, docs/sparse.md) as benchmarks/_torchrec_worker.py over torch.distributed gloo; without
+the option it has no row. --hosts K (root) runs each hvdlite mode on one host and on K simulated
+hosts (tests/simhosts.py: network namespaces with their own sshd and /dev/shm, hvdliterun -H over
+ssh, so ranks on different hosts talk TCP) alternately, --rounds times, and adds their ratio.
 """
 
 import argparse
+import contextlib
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import HERE, add_driver_args, host_line, run_job, unavailable
 from _report import fmt_others, write_outputs
 
 WORKER = os.path.join(HERE, "_sparse_worker.py")
-MODES = ("sharded", "sharded-row", "allgather", "dense")
+TORCHREC_WORKER = os.path.join(HERE, "_torchrec_worker.py")
+MODES = ("sharded", "sharded-row", "allgather", "dense", "torchrec")
 
 
-def run_row(mode, args):
+def run_row(mode, args, cluster=None):
+    """One job of `mode`; on `cluster`'s simulated hosts (ranks spread evenly) when given."""
     extra = ["--mode", mode, "--steps", str(args.steps), "--idle-wait", str(args.idle_wait)]
     extra += ["--batch", str(args.batch), "--dim", str(args.dim)]
     extra += ["--min-rows", str(args.min_rows), "--max-rows", str(args.max_rows)]
-    docs, error = run_job("hvdlite", args.ranks, WORKER, extra, timeout_s=1200)
+    if mode == "torchrec":
+        docs, error = run_job(
+            "gloo", args.ranks, TORCHREC_WORKER, extra, timeout_s=1200, python=args.torchrec_python
+        )
+    elif cluster is not None:
+        hosts = ["-H", cluster.hosts_arg(args.ranks // len(cluster.hosts))]
+        env = {"PATH": cluster.client_env()["PATH"]}
+        docs, error = run_job(
+            "hvdlite", args.ranks, WORKER, extra, timeout_s=1200, env=env, launch_args=hosts
+        )
+        mode = "%s, %d hosts" % (mode, len(cluster.hosts))
+    else:
+        docs, error = run_job("hvdlite", args.ranks, WORKER, extra, timeout_s=1200)
     if error or len(docs) != args.ranks:
         return {"mode": mode, "error": error or "%d of %d ranks wrote results" % (len(docs), args.ranks)}
     per_step = sorted(max(d["times"][i] for d in docs) for i in range(args.steps))
@@ -41,7 +62,8 @@ def run_row(mode, args):
         "median_s": per_step[len(per_step) // 2],
         "min_s": per_step[0],
         "max_s": per_step[-1],
-        "sent": max(d["sent"] for d in docs),
+        "sent": None if docs[0]["sent"] is None else max(d["sent"] for d in docs),
+        "version": docs[0].get("torchrec"),
         "table_bytes": max(d["table_bytes"] for d in docs),
         "others": docs[0]["load"]["others"] if docs[0].get("load") else None,
     }
@@ -58,19 +80,60 @@ def table(results):
             lines.append("| %s | error: %s | | | | | |" % (r["mode"], r["error"].replace("|", "/")))
             continue
         lines.append(
-            "| %s | %.1f ms | %.1f / %.1f ms | %s | %.2f MB | %.1f MB | %s |"
+            "| %s | %.1f ms | %.1f / %.1f ms | %s | %s | %.1f MB | %s |"
             % (
                 r["mode"],
                 r["median_s"] * 1e3,
                 r["min_s"] * 1e3,
                 r["max_s"] * 1e3,
                 "%.2fx" % (r["median_s"] / base) if base else "",
-                r["sent"] / 1e6,
+                "not counted" if r["sent"] is None else "%.2f MB" % (r["sent"] / 1e6),
                 r["table_bytes"] / 1e6,
                 fmt_others(r["others"]) if r["others"] is not None else "",
             )
         )
     return lines
+
+
+@contextlib.contextmanager
+def simulated_hosts(count):
+    """A started tests/simhosts.SimCluster of `count` hosts (root), closed afterwards."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from simhosts import SimCluster
+
+    work = tempfile.mkdtemp(prefix="hvd-sparse-hosts-")
+    cluster = SimCluster(os.path.join(work, "sim"), count)
+    os.makedirs(cluster.workdir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def hosts_rounds(args):
+    """--hosts K: each hvdlite mode on one host and on K simulated hosts, alternately, --rounds
+    times; returns (every row, the ratio table's lines)."""
+    modes = [m for m in args.modes if m != "torchrec"]
+    rows, lines = [], ["| mode | round | one host | %d hosts | ratio |" % args.hosts, "|---|---|---|---|---|"]
+    with simulated_hosts(args.hosts) as cluster:
+        for r in range(args.rounds):
+            for mode in modes:
+                one, many = run_row(mode, args), run_row(mode, args, cluster)
+                rows += [one, many]
+                if "median_s" in one and "median_s" in many:
+                    lines.append(
+                        "| %s | %d | %.1f ms | %.1f ms | %.2fx |"
+                        % (
+                            mode,
+                            r + 1,
+                            one["median_s"] * 1e3,
+                            many["median_s"] * 1e3,
+                            many["median_s"] / one["median_s"],
+                        )
+                    )
+    return rows, lines
 
 
 def main(argv=None):
@@ -81,7 +144,18 @@ def main(argv=None):
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--min-rows", type=int, default=10_000)
     p.add_argument("--max-rows", type=int, default=100_000)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=None,
+        choices=MODES,
+        help="default: all (torchrec with --torchrec-python)",
+    )
+    p.add_argument("--torchrec-python", default=None, help="an interpreter with torchrec and fbgemm-gpu-cpu")
+    p.add_argument(
+        "--hosts", type=int, default=1, help="also run on K simulated hosts (root; tests/simhosts.py)"
+    )
+    p.add_argument("--rounds", type=int, default=3, help="with --hosts: alternating one-host / K-host rounds")
     add_driver_args(p, idle_wait=10.0, quick="3 steps, small tables, no idle wait")
     args = p.parse_args(argv)
     if args.quick:
@@ -89,7 +163,15 @@ def main(argv=None):
     reason = unavailable("hvdlite")
     if reason:
         sys.exit("hvdlite cannot run here: " + reason)
-    results = [run_row(mode, args) for mode in args.modes]
+    if args.modes is None:
+        args.modes = [m for m in MODES if m != "torchrec" or args.torchrec_python]
+    if "torchrec" in args.modes and not args.torchrec_python:
+        sys.exit("the torchrec row needs --torchrec-python PATH")
+    if args.hosts > 1:
+        results, ratio_lines = hosts_rounds(args)
+    else:
+        results, ratio_lines = [run_row(mode, args) for mode in args.modes], []
+    torchrec = next((r.get("version") for r in results if r.get("version")), None)
     text = "\n".join(
         [
             "# Sparse embeddings: DLRM, 26 tables of %d-%d rows x %d, batch %d per rank, %d ranks, SGD"
@@ -98,11 +180,20 @@ def main(argv=None):
             host_line(),
             "- one compute thread per rank; median, min and max over %d steps of the max over ranks"
             % args.steps,
-            "- TorchRec: no row (fbgemm-gpu-cpu 1.9.0 does not load under torch 2.13); Horovod: its"
-            " algorithm through hvdlite (allgather row), Horovod itself not built",
+            "- TorchRec: %s; Horovod: its algorithm through hvdlite (allgather row), Horovod itself not built"
+            % (
+                "%s (%s, fused SGD, gloo), bytes not counted" % (torchrec, args.torchrec_python)
+                if torchrec
+                else "no row (no --torchrec-python)"
+            ),
             "",
         ]
         + table(results)
+        + (
+            ["", "Step time on %d simulated hosts against one host (medians):" % args.hosts, ""] + ratio_lines
+            if ratio_lines
+            else []
+        )
     )
     write_outputs(args.out_dir, "sparse_embeddings", text, data=results)
 

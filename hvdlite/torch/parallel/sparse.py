@@ -26,6 +26,7 @@ from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.parallel.sparse_plan import TableLayout, plan_tables
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.parallel import sparse_elastic
 from hvdlite.torch.parallel.sparse_exchange import Exchange, Lookup, Step
 from hvdlite.torch.parallel.sparse_optim import RowOptimizer
 
@@ -178,6 +179,9 @@ class ShardedEmbeddingCollection(nn.Module):
         )
         for spec in self.specs.values():
             spec.weight = None  # the dense initial table is not kept
+        # the last world these tables were formed in (rejoin(), hvdlite/torch/parallel/sparse_elastic.py)
+        self.joined, self.last_members = False, len(ps.ranks)
+        self.last_holder_ranks = [ps.ranks[p] for p in (self.holders or range(len(ps.ranks)))]
 
     def _shard_list(self):
         return [getattr(self.shards, n) for n in self.specs]
@@ -186,9 +190,12 @@ class ShardedEmbeddingCollection(nn.Module):
     def from_dense(cls, tables, sharding="row", process_set=None, optimizer="sgd", lr=0.01, **kwargs):
         return cls(tables, sharding, process_set, optimizer, lr, **kwargs)
 
-    def serve(self):
+    def serve(self, on_step=None):
         """A server's loop (parameter-server mode): answers the workers' lookups and applies
-        their gradients until they call stop_servers(). Returns the number of steps served."""
+        their gradients until they call stop_servers(). Returns the number of steps served.
+        `on_step()` runs after each step served: the servers' part of whatever collective over
+        the whole job the workers run once per step (in elastic training `state.commit`, when the
+        workers commit every step; docs/sparse.md)."""
         if not self.is_server:
             raise exceptions.PreconditionError(
                 "rank %d is a worker of %s: train, then call stop_servers()"
@@ -202,11 +209,26 @@ class ShardedEmbeddingCollection(nn.Module):
                 return steps
             self.exchange.apply_gradients([torch.zeros(0, s.dim) for s in self.specs.values()], step)
             steps += 1
+            if on_step is not None:
+                on_step()
 
     def stop_servers(self):
         """Ends the servers' serve() loops (every worker calls it, at the same step); applies
         gradients still held back by the staleness bound."""
         self.exchange.stop()
+
+    def settle(self):
+        """Waits for the last backward's gradients to reach their holders (and, on a holder, applies
+        them as the staleness bound allows). Call it before an elastic state.commit(), so that a
+        committed step's rows have left this rank."""
+        self.exchange.settle()
+
+    def rejoin(self):
+        """Re-forms the tables over the current world of an elastic job, keeping every surviving
+        server's shards and optimizer state (collective over the job; call it first thing in the
+        function hvd.elastic.run runs, every rank). Returns the workers' global ranks (every rank
+        without servers). A dead server is an error naming its rank. See sparse_elastic.py."""
+        return sparse_elastic.rejoin(self)
 
     def forward(self, inputs):
         if self.is_server:
@@ -357,11 +379,17 @@ class _OneTable(nn.Module):
     def is_server(self):
         return self.tables.is_server
 
-    def serve(self):
-        return self.tables.serve()
+    def serve(self, on_step=None):
+        return self.tables.serve(on_step)
 
     def stop_servers(self):
         self.tables.stop_servers()
+
+    def settle(self):
+        self.tables.settle()
+
+    def rejoin(self):
+        return self.tables.rejoin()
 
     def traffic(self):
         return self.tables.traffic()
