@@ -25,11 +25,12 @@ std::string AckFrame(uint64_t bytes) {
 }  // namespace
 
 P2pEngine::P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles,
-                     double timeout_s, int64_t unexpected_limit)
+                     TensorQueue* queue, double timeout_s, int64_t unexpected_limit)
     : rank_(rank),
       transport_(transport),
       sets_(sets),
       handles_(handles),
+      queue_(queue),
       timeout_s_(timeout_s),
       unexpected_limit_(unexpected_limit),
       outboxes_(static_cast<size_t>(transport->size())),
@@ -68,6 +69,7 @@ Status P2pEngine::Post(Op op, int64_t* handle) {
   p.op = std::move(op);
   p.handle = handles_->Create();
   *handle = p.handle;
+  if (!p.op.send) queue_->AddP2pRecv(p.handle, WaitKey{p.op.process_set, p.op.name, p.peer, p.op.tag});
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(new Pending(std::move(p)));
@@ -131,10 +133,18 @@ void P2pEngine::ReleaseUnexpected(std::list<Unexpected>::iterator it) {
 
 Status P2pEngine::Progress() {
   if (HasNew()) TakePosted();
+  bool sending = false;
   for (size_t peer = 0; peer < outboxes_.size(); ++peer) {
-    if (!outboxes_[peer].sends.empty())
-      HVD_RETURN_IF_ERROR(SendSome(static_cast<int>(peer), &outboxes_[peer]));
+    Outbox& box = outboxes_[peer];
+    if (!box.sends.empty()) HVD_RETURN_IF_ERROR(SendSome(static_cast<int>(peer), &box));
+    sending = sending || !box.sends.empty() || box.unacked > 0;
   }
+  // Sending lasts a grace past the last acknowledgement: the receiver's report
+  // that its receive completed (sent after that acknowledgement) must reach
+  // the coordinator before this rank's report of being blocked can.
+  const Clock::time_point now = Clock::now();
+  if (sending) last_sending_ = now;
+  queue_->SetP2pSending(sending || now - last_sending_ < kSendingGrace);
   if (!posted_recvs_.empty()) CheckRecvDeadlines();
   return Status::OK();
 }
@@ -282,7 +292,20 @@ Status P2pEngine::StartMessage(int peer, const ChunkHeader& h, Incoming* in) {
   return Status::OK();
 }
 
+void P2pEngine::FailDeadlocked(int32_t process_set, const std::string& name, int src, int32_t tag,
+                               const Status& why) {
+  for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
+    Pending* r = *it;
+    if (r->peer != src || r->op.process_set != process_set || r->op.tag != tag || r->op.name != name)
+      continue;
+    posted_recvs_.erase(it);
+    Finish(r, why);
+    return;
+  }
+}
+
 void P2pEngine::Finish(Pending* p, Status st) {
+  if (!p->op.send) queue_->EndP2pRecv(p->handle);
   HandleResult r;
   r.status = std::move(st);
   handles_->Complete(p->handle, std::move(r));

@@ -32,6 +32,16 @@
 //
 // A send to a rank that has shut down fails (Aborted, naming it).
 //
+// Deadlocks. A caller blocked on a receive is reported to the coordinator's
+// deadlock detector like one blocked in a collective (TensorQueue::AddP2pRecv;
+// coordinator/deadlock.h): when its source is itself blocked in something
+// that needs this rank first, the coordinator fails the receive on this rank
+// (FailDeadlocked) with an error naming the (rank, tag) pair, the process set
+// and the fix, long before HVDLITE_TIMEOUT_SECONDS. While sends are in flight
+// the rank tells the queue (SetP2pSending), and for kSendingGrace after, so a
+// peer waiting for them is not deadlocked (nor one whose report that they
+// arrived is still on its way to the coordinator).
+//
 // Threading: Post() from any thread; everything else is the engine's (the
 // holder of the runtime's engine_mu_).
 #pragma once
@@ -48,6 +58,7 @@
 #include "common/status.h"
 #include "coordinator/process_sets.h"
 #include "runtime/handles.h"
+#include "runtime/tensor_queue.h"
 #include "transport/transport.h"
 
 namespace hvdlite {
@@ -71,8 +82,8 @@ class P2pEngine {
 
   // The runtime wakes a sleeping engine after a Post (HasNew); timeout_s is
   // HVDLITE_TIMEOUT_SECONDS, unexpected_limit HVDLITE_P2P_UNEXPECTED_BYTES.
-  P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles, double timeout_s,
-            int64_t unexpected_limit);
+  P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
+            double timeout_s, int64_t unexpected_limit);
 
   // Any thread: checks `op` (process set, ranks, tag) and queues it for the
   // engine; *handle completes as described above. Errors return at once.
@@ -90,6 +101,10 @@ class P2pEngine {
   // that waited too long or whose sender left. An error is fatal (a peer
   // that takes no data for HVDLITE_TIMEOUT_SECONDS, a transport failure).
   Status Progress();
+  // Engine: the coordinator found the oldest posted receive of tensor `name`
+  // from global rank `src` with `tag` in `process_set` deadlocked: it fails
+  // with `why` (no-op when it has completed meanwhile).
+  void FailDeadlocked(int32_t process_set, const std::string& name, int src, int32_t tag, const Status& why);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -147,6 +162,7 @@ class P2pEngine {
   Transport* transport_;
   ProcessSetTable* sets_;
   HandleTable* handles_;
+  TensorQueue* queue_;
   const double timeout_s_;
   const int64_t unexpected_limit_;
 
@@ -162,6 +178,8 @@ class P2pEngine {
   std::list<Pending*> posted_recvs_;  // unmatched receives, in posting order
   std::list<Unexpected> unexpected_;  // unmatched messages, in arrival order
   int64_t unexpected_bytes_ = 0;
+  static constexpr std::chrono::milliseconds kSendingGrace{250};
+  Clock::time_point last_sending_;  // when sends were last in flight
 };
 
 }  // namespace hvdlite

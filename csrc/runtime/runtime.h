@@ -104,6 +104,7 @@ class Runtime : private SteadyStateDriver::Host {
   Status HandleIncoming();
   Status FlushRelay();
   Status TakeResponses(const std::string& payload);
+  void TakeResponse(Response r);
   Status Coordinate();
   Status CheckCoordinatorStays();
   int WaitBudgetMs(bool shutting_down);
