@@ -181,7 +181,10 @@ enum class ControlKind : uint8_t {
   kVote = 3,
   kP2pChunk = 4,
   kP2pAck = 5,
-  kRelay = 6
+  kRelay = 6,
+  kP2pDeviceReady = 7,  // point-to-point of CUDA tensors (runtime/p2p_device.cc)
+  kP2pDeviceReply = 8,
+  kP2pDeviceGo = 9
 };
 ControlKind PeekControlKind(const std::string& bytes);
 

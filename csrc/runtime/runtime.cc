@@ -59,11 +59,16 @@ Status Runtime::AdmitCudaTensor(const Request& request) {
         "' is not supported yet (CUDA tensors: allreduce, grouped allreduce and broadcast); "
         "copy the tensor to the CPU first");
   }
+  return LoadGpu("CUDA tensor '" + request.name + "'");
+}
+
+Status Runtime::LoadGpu(const std::string& what) {
   std::lock_guard<std::mutex> lock(gpu_mu_);
   if (gpu_) return Status::OK();
   if (gpu_error_.ok()) gpu_error_ = LoadGpuBackend(&gpu_host_, &gpu_);  // tried once per init()
-  if (!gpu_error_.ok()) return gpu_error_.WithContext("CUDA tensor '" + request.name + "'");
+  if (!gpu_error_.ok()) return gpu_error_.WithContext(what);
   executor_->SetGpuBackend(gpu_.get());
+  p2p_->SetGpu(gpu_.get());
   return Status::OK();
 }
 
@@ -92,6 +97,7 @@ Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stre
 }
 
 Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
+  if (op.device >= 0) HVD_RETURN_IF_ERROR(LoadGpu("CUDA tensor '" + op.name + "'"));
   {
     std::lock_guard<std::mutex> lock(state_mu_);  // so Break() fails the handle if it runs after this
     if (stopped_) {

@@ -110,6 +110,7 @@ class Runtime : private SteadyStateDriver::Host {
   int WaitBudgetMs(bool shutting_down);
   void Break(const Status& st);
   Status AdmitCudaTensor(const Request& request);
+  Status LoadGpu(const std::string& what);  // the NCCL module, once per init(); `what` names the tensor
   void Leave();
   // SteadyStateDriver::Host (runtime.cc).
   Status SendNewRequests() override;
