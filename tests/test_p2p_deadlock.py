@@ -11,6 +11,7 @@ source that is slow but not blocked is never reported.
 import time
 
 import numpy as np
+import pytest
 from helpers import run_pooled
 
 LONG_WAITS = {
@@ -76,3 +77,31 @@ def test_deadlocked_recv_names_the_pair_and_the_fix():
     assert "rank 1 waits in allreduce 'only1'" in msg, msg
     assert res[1]["vs_collective"][0] == "MismatchError", res[1]
     assert res[0]["slow"] == [5.0, 5.0]
+
+
+def _in_a_process_set():
+    import hvdlite as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    pair = hvd.add_process_set([1, 2])
+    out = None
+    if r == 0:
+        time.sleep(2.0)  # computing, not blocked: only ranks 1 and 2 are deadlocked
+    else:
+        out = _failure(lambda: hvd.recv(np.zeros(3), 2 - r, tag=5, name="x", process_set=pair))
+    hvd.remove_process_set(pair)
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.slow
+def test_deadlocked_recv_in_a_process_set_names_both_ranks():
+    res = run_pooled(_in_a_process_set, 3, timeout=60, env=LONG_WAITS)
+    assert res[0] is None
+    for r in (1, 2):
+        kind, msg = res[r]
+        assert kind == "MismatchError", res[r]
+        src = 3 - r
+        assert f"recv of tensor 'x' from rank {src} (rank {src - 1} of process set" in msg, msg
+        assert "with tag 5 in that set" in msg, msg
