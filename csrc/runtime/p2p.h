@@ -101,6 +101,9 @@ class P2pEngine {
   // seq_cst, so a check after TensorQueue::SetSleeping(true) cannot miss one).
   bool HasNew() const { return posted_.load(std::memory_order_seq_cst) != taken_; }
 
+  // Engine: CUDA transfers are queued on the GPU. Their completion wakes
+  // nothing, so the engine's waits must then be short (they are polled).
+  bool DeviceBusy() const { return !device_running_.empty(); }
   // Any thread, before the first Post of a CUDA tensor: the NCCL module.
   void SetGpu(GpuBackend* gpu) { gpu_.store(gpu); }
 

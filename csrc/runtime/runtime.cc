@@ -313,6 +313,7 @@ int Runtime::WaitBudgetMs(bool shutting_down) {
   if (!cfg_.DEADLOCK_CHECK_DISABLE) budget = std::min(budget, queue_.MsUntilWaitReport());
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
   budget = std::min(budget, steady_->BudgetMs());
+  if (p2p_->DeviceBusy()) budget = std::min(budget, 1);  // polls the GPU's point-to-point transfers
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
                                                                       std::chrono::steady_clock::now())
