@@ -7,12 +7,16 @@ Two models per stage: "sleep" (compute emulated by sleeps, F = --f-ms, B = 2F: s
 schedule and the transfers, not the machine's load) and "mlp" (a real 2-layer MLP of width
 --width on a batch of --batch rows: transfers of real activations, real compute). The first
 step of each is not timed (shape inference, negotiation). Both jobs start through _launch.run_job
-(this script, with --lib, is their rank). Prints a markdown table and writes it to
-OUT/pipeline_vs_torch.md; the ratio is torch's step time over hvdlite's (above 1: hvdlite faster).
+(this script, with --lib, is their rank), --rounds times alternating (hvdlite, torch, hvdlite,
+...), so drift in the machine's load reaches both. Prints a markdown table and writes it to
+OUT/pipeline_vs_torch.md: each library's median step time over the rounds, and the ratio,
+torch's step time over hvdlite's in the same round (above 1: hvdlite faster), as the median
+and range over the rounds.
 """
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -113,10 +117,11 @@ def parse_args(argv=None):
     parser.add_argument("--f-ms", type=float, default=10.0)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)
-    add_driver_args(parser, quick="2 steps, F = 5 ms")
+    parser.add_argument("--rounds", type=int, default=3)
+    add_driver_args(parser, quick="2 steps, F = 5 ms, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.f_ms = 2, 5.0
+        args.steps, args.f_ms, args.rounds = 2, 5.0, 1
     return args
 
 
@@ -133,33 +138,38 @@ def main(argv=None):
         for k in ("ranks", "schedule", "microbatches", "steps", "f-ms", "width", "batch")
     ]
     libs, skipped = available(["hvdlite", "gloo"])
-    results = {}
-    for lib in libs:
-        docs, error = run_job(lib, args.ranks, SCRIPT, passthrough, timeout_s=600)
-        if error or not docs:
-            skipped[lib] = "job failed: %s" % (error or "no result")
-        else:
-            results[lib] = docs[0]
+    rounds = {lib: [] for lib in libs}
+    for _ in range(args.rounds):
+        for lib in libs:
+            docs, error = run_job(lib, args.ranks, SCRIPT, passthrough, timeout_s=600)
+            if error or not docs:
+                skipped[lib] = "job failed: %s" % (error or "no result")
+            else:
+                rounds[lib].append(docs[0])
     lines = [
         "# Pipeline step time: hvd.parallel against torch.distributed.pipelining (gloo)",
         "",
         host_line(),
         "- %s, %d ranks, %d microbatches, batch %d, width %d, sleep F=%.0f ms, %d timed steps"
         % (args.schedule, args.ranks, args.microbatches, args.batch, args.width, args.f_ms, args.steps),
+        "- %d alternating rounds; step times are medians over the rounds, the ratio is per round "
+        "(median and range)" % args.rounds,
     ]
     lines += ["- **%s skipped**: %s" % (k, v) for k, v in skipped.items()]
     lines += [
         "",
-        "| model | hvdlite ms/step | torch.distributed.pipelining (gloo) ms/step | torch / hvdlite |",
+        "| model | hvdlite ms/step | torch.distributed.pipelining (gloo) ms/step | torch / hvdlite (range) |",
         "|---|---|---|---|",
     ]
-    hv, tv = results.get("hvdlite", {}), results.get("gloo", {})
+    hv, tv = rounds.get("hvdlite", []), rounds.get("gloo", [])
     for kind in ("sleep", "mlp"):
-        cells = ["%.1f" % (d[kind] * 1e3) if kind in d else "n/a" for d in (hv, tv)]
-        ratio = "%.2f×" % (tv[kind] / hv[kind]) if kind in hv and kind in tv else ""
+        h, t = [d[kind] for d in hv if kind in d], [d[kind] for d in tv if kind in d]
+        cells = ["%.1f" % (statistics.median(v) * 1e3) if v else "n/a" for v in (h, t)]
+        ratios = [b / a for a, b in zip(h, t)]
+        ratio = "%.2f× (%.2f-%.2f)" % (statistics.median(ratios), min(ratios), max(ratios)) if ratios else ""
         lines.append("| %s | %s | %s | %s |" % (kind, cells[0], cells[1], ratio))
     write_outputs(args.out_dir, "pipeline_vs_torch", "\n".join(lines), {"hvdlite": hv, "gloo": tv})
-    return 0 if len(results) == 2 else 1
+    return 0 if hv and tv else 1
 
 
 def _rank():

@@ -137,10 +137,7 @@ int hvdlite_p2p(int32_t kind, const char* name, void* data, int64_t nbytes, int3
   if ((kind != 0 && kind != 1) || nbytes < 0)
     return Report(Status::InvalidArgument("point-to-point of tensor '" + op.name + "': bad kind or size"),
                   err, err_len);
-  if (device >= 0)
-    return Report(Status::NotSupported("point-to-point of CUDA tensor '" + op.name +
-                                       "' is not supported by the core; copy it to the CPU first"),
-                  err, err_len);
+  op.device = device;  // CUDA: through the NCCL module (runtime/p2p_device.cc)
   op.data = static_cast<char*>(data);
   op.bytes = static_cast<size_t>(nbytes);
   op.peer = peer;

@@ -18,7 +18,6 @@ def test_layout_tp_innermost_pp_outermost():
     assert lay.groups(("tp", "dp")) == lay.groups(("dp", "tp"))
     assert lay.coords_of(5) == (1, 0, 0, 0, 1)
     assert all(lay.rank_of(**lay.coords_of(r)._asdict()) == r for r in range(8))
-    assert lay.pipeline_pairs() == [(0, 4), (1, 5), (2, 6), (3, 7)]
 
 
 def test_layout_64_ranks_every_group_once():
@@ -30,7 +29,6 @@ def test_layout_64_ranks_every_group_once():
         gs = lay.groups(axis)
         assert sorted(r for g in gs for r in g) == list(range(64))
         assert all(lay.group_of(axis, g[0]) == g for g in gs)
-    assert len(lay.pipeline_pairs()) == 16 * 4  # 16 pp groups of 4 stages, with wrap-around
 
 
 def test_layout_errors_say_what_to_fix():
@@ -93,5 +91,4 @@ def test_mesh_registers_single_axes_and_used_combinations_only():
     expected = {
         tuple(g) for a in ("pp", "dp", "ep", "cp", "tp", ("dp", "ep"), ("dp", "cp")) for g in lay.groups(a)
     }
-    expected |= set(lay.pipeline_pairs())
     assert {tuple(g) for g in used} == expected

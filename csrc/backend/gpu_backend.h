@@ -20,8 +20,9 @@ namespace hvdlite {
 
 class Store;
 
-// 2: GpuHost is the job's store; 3: GpuOp is a Reduction and carries root_member.
-constexpr int kGpuAbiVersion = 3;
+// 2: GpuHost is the job's store; 3: GpuOp is a Reduction and carries root_member;
+// 4: point-to-point (StartP2p / PollP2p).
+constexpr int kGpuAbiVersion = 4;
 
 struct GpuTensor {
   void* data = nullptr;    // device memory on GpuOp::device
@@ -35,6 +36,22 @@ struct GpuOp : Reduction {
   int device = 0;       // CUDA device ordinal of every tensor
   int root_member = 0;  // broadcast: index into CollectiveContext::ranks
   std::vector<GpuTensor> tensors;
+};
+
+// One side of a matched point-to-point transfer of `bytes` bytes between this
+// process (global rank `me`) and global rank `peer` (runtime/p2p.h matched
+// it): send_data is sent, recv_data received into (either may be null, not
+// both). peer == me: both are set, and the module runs them as one grouped
+// ncclSend + ncclRecv to self (NCCL requires a send to self and its receive in
+// one group). The data must be ready on the device (the caller synchronized
+// the framework's stream before posting).
+struct GpuP2p {
+  int device = 0;
+  int me = -1;
+  int peer = -1;
+  const void* send_data = nullptr;
+  void* recv_data = nullptr;
+  size_t bytes = 0;
 };
 
 // What the core gives the module: the job's rendezvous store, through which
@@ -62,6 +79,17 @@ class GpuBackend {
   virtual Status Broadcast(const CollectiveContext& ctx, const GpuOp& op) = 0;
   // Frees the set's communicator, if one was created. Called on every member.
   virtual void RemoveProcessSet(int32_t id) = 0;
+  // Point-to-point, unlike the collectives, returns once the transfer is
+  // queued on the device: *ticket is for PollP2p. The pair (me, peer) has one
+  // communicator and one stream of its own, made by the first transfer
+  // between them on both sides (blocking, bounded by setup_timeout_s; a
+  // failure is kept and returned for every later transfer of the pair). Both
+  // sides must start the pair's transfers in the same order (the caller's
+  // contract: runtime/p2p_device.cc orders them by the pair's lower rank).
+  virtual Status StartP2p(const GpuP2p& op, int64_t* ticket) = 0;
+  // Never blocks: *done once the transfer has finished on the device (the
+  // ticket is then forgotten); an error when it failed (NCCL's async error).
+  virtual Status PollP2p(int64_t ticket, bool* done) = 0;
 };
 
 // Exported by the module (extern "C"): creates its backend, or writes an

@@ -98,7 +98,7 @@ void Coordinator::CheckDeadlock() {
   for (const auto& kv : waits_) {
     for (const auto& caller : kv.second) {
       for (const WaitKey& key : caller) {
-        auto it = pending_.find({key.process_set, key.name});
+        auto it = key.p2p_src < 0 ? pending_.find({key.process_set, key.name}) : pending_.end();
         if (it == pending_.end() || undecided.count(key)) continue;
         const Pending& p = it->second;
         UndecidedTensor& t = undecided[key];
@@ -114,10 +114,18 @@ void Coordinator::CheckDeadlock() {
       }
     }
   }
+  AddReceives(waits_, [this](int32_t set) { return sets_->Ranks(set); }, &undecided);
   DeadlockReport report;
   if (!FindDeadlock(waits_, undecided, &report)) return;
   HVD_LOG(kError, report.message);
   for (const WaitKey& key : report.tensors) {
+    if (key.p2p_src >= 0) {  // its receivers fail it (P2pEngine::FailDeadlocked)
+      Request recv;          // what DecideError reads of it: type, name, set
+      recv.type = OpType::kRecv, recv.name = key.name, recv.process_set = key.process_set;
+      DecideError(recv, undecided.at(key).submitted, Status::Mismatch(report.message));
+      decided_.back().response.first_dims = {key.p2p_src, key.tag};
+      continue;
+    }
     auto it = pending_.find({key.process_set, key.name});
     const Pending& p = it->second;
     const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];

@@ -50,6 +50,14 @@ std::string RankList(const std::vector<int>& ranks) {
 
 std::string Describe(const WaitKey& key, const UndecidedTensor& t) {
   std::ostringstream os;
+  if (t.type == OpType::kRecv) {
+    os << "recv of tensor '" << key.name << "' from rank " << key.p2p_src;
+    if (key.process_set != 0) os << " (rank " << t.src_in_set << " of process set " << key.process_set << ")";
+    os << " with tag " << key.tag << " in "
+       << (key.process_set == 0 ? "the global process set (0)" : "that set") << ", whose matching send rank "
+       << key.p2p_src << " has not posted (it is blocked itself)";
+    return os.str();
+  }
   if (t.type == OpType::kBarrier) {
     os << "a barrier";
   } else {
@@ -61,6 +69,28 @@ std::string Describe(const WaitKey& key, const UndecidedTensor& t) {
 }
 
 }  // namespace
+
+void AddReceives(const std::map<int, RankWaits>& waits,
+                 const std::function<std::vector<int>(int32_t)>& members,
+                 std::map<WaitKey, UndecidedTensor>* undecided) {
+  for (const auto& kv : waits) {
+    for (const auto& caller : kv.second) {
+      for (const WaitKey& key : caller) {
+        if (key.p2p_src < 0) continue;
+        UndecidedTensor& t = (*undecided)[key];
+        if (t.type != OpType::kRecv) {
+          t.type = OpType::kRecv;
+          t.missing = {key.p2p_src};
+          const std::vector<int> ranks = members(key.process_set);
+          t.src_in_set =
+              static_cast<int32_t>(std::lower_bound(ranks.begin(), ranks.end(), key.p2p_src) - ranks.begin());
+        }
+        auto pos = std::lower_bound(t.submitted.begin(), t.submitted.end(), kv.first);
+        if (pos == t.submitted.end() || *pos != kv.first) t.submitted.insert(pos, kv.first);
+      }
+    }
+  }
+}
 
 bool FindDeadlock(const std::map<int, RankWaits>& waits, const std::map<WaitKey, UndecidedTensor>& undecided,
                   DeadlockReport* out) {
@@ -104,6 +134,10 @@ bool FindDeadlock(const std::map<int, RankWaits>& waits, const std::map<WaitKey,
   if (listed > kMaxListed) os << "... (" << listed - kMaxListed << " more ranks); ";
   os << "no operation can complete. Fix: make every rank submit the same collectives (same names, "
         "same process sets) before waiting for them";
+  if (std::any_of(fail.begin(), fail.end(), [](const WaitKey& k) { return k.p2p_src >= 0; })) {
+    os << ", and post every send a peer waits for (same tag, same process set) before blocking in a "
+          "recv or collective that needs that peer first (send_async, or batch_isend_irecv for an exchange)";
+  }
   out->ranks.assign(stuck.begin(), stuck.end());
   out->tensors.assign(fail.begin(), fail.end());
   out->message = os.str();

@@ -7,7 +7,13 @@
 // submitted it is itself deadlocked (a blocked caller submits nothing). The
 // largest set of ranks that satisfies both rules at once is the deadlock:
 // e.g. rank 0 waits in allreduce 'a' that only rank 0 submitted, while rank 1
-// waits in allreduce 'b' that only rank 1 submitted. A rank that is not
+// waits in allreduce 'b' that only rank 1 submitted. A point-to-point receive
+// (WaitKey::p2p_src >= 0) is a tensor that its receivers "submitted" and only
+// its source must still submit (send): rank 0 waiting to receive from rank 1
+// while rank 1 waits in anything rank 0 must do first is a deadlock too. A
+// rank whose sends are still in flight reports itself not blocked (its engine
+// moves them without its callers), so a message on its way is never taken for
+// a missing one. A rank that is not
 // blocked (still computing) may still submit anything, so it is never part of
 // a deadlock, nor is a rank waiting for a tensor already decided.
 //
@@ -18,6 +24,7 @@
 // decided.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,9 +35,10 @@ namespace hvdlite {
 
 // The coordinator's view of one undecided tensor.
 struct UndecidedTensor {
-  OpType type = OpType::kAllreduce;
-  std::vector<int> submitted;  // global ranks that submitted it, ascending
-  std::vector<int> missing;    // global ranks that must still submit it (joined members excluded)
+  OpType type = OpType::kAllreduce;  // kRecv: a point-to-point receive
+  int32_t src_in_set = -1;           // kRecv: the source's rank in the process set
+  std::vector<int> submitted;        // global ranks that submitted it, ascending
+  std::vector<int> missing;          // global ranks that must still submit it (joined members excluded)
 };
 
 struct DeadlockReport {
@@ -44,5 +52,12 @@ struct DeadlockReport {
 // for. Returns true and fills *out when some ranks are deadlocked.
 bool FindDeadlock(const std::map<int, RankWaits>& waits, const std::map<WaitKey, UndecidedTensor>& undecided,
                   DeadlockReport* out);
+
+// Adds to *undecided the point-to-point receives in `waits`: received by the
+// ranks that wait for them, missing their source. `members` gives a process
+// set's global ranks (ascending), to name the source's rank in the set.
+void AddReceives(const std::map<int, RankWaits>& waits,
+                 const std::function<std::vector<int>(int32_t)>& members,
+                 std::map<WaitKey, UndecidedTensor>* undecided);
 
 }  // namespace hvdlite

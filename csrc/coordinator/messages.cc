@@ -214,6 +214,8 @@ const char* OpTypeName(OpType t) {
       return "shutdown";
     case OpType::kJoin:
       return "join";
+    case OpType::kRecv:
+      return "recv";
   }
   return "unknown";
 }
@@ -238,6 +240,8 @@ std::string Serialize(const RequestList& list) {
     for (const WaitKey& k : caller) {
       w.I32(k.process_set);
       w.Str(k.name);
+      w.I32(k.p2p_src);
+      w.I32(k.tag);
     }
   }
   return w.Take();
@@ -277,6 +281,8 @@ Status Deserialize(const std::string& bytes, RequestList* out) {
         WaitKey k;
         k.process_set = rd.I32();
         k.name = rd.Str();
+        k.p2p_src = rd.I32();
+        k.tag = rd.I32();
         caller.push_back(std::move(k));
       }
       out->waits.push_back(std::move(caller));

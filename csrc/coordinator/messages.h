@@ -23,6 +23,10 @@ enum class OpType : int32_t {
   kRemoveProcessSet = 7,  // negotiated on the global set; Request::target_set is the set id
   kShutdown = 8,          // internal: this rank is leaving
   kJoin = 9,              // this rank has no more data; it joins others' collectives with identity values
+  // Only in a deadlock's error response to a rank blocked in a point-to-point
+  // receive (runtime/p2p.h): names[0] is the receiving tensor, first_dims
+  // {source's global rank, tag}. Receives are never negotiated.
+  kRecv = 10,
 };
 const char* OpTypeName(OpType t);
 
@@ -68,14 +72,22 @@ struct Response {
   std::vector<Request> specs;
 };
 
-// A tensor some blocked caller waits for: (process set, name).
+// A tensor some blocked caller waits for: (process set, name), or, when
+// p2p_src >= 0, a point-to-point receive of tensor `name` in that set from
+// global rank p2p_src with `tag` (only that rank's send can complete it).
 struct WaitKey {
   int32_t process_set = 0;
   std::string name;
+  int32_t p2p_src = -1;
+  int32_t tag = 0;
   bool operator<(const WaitKey& o) const {
-    return process_set != o.process_set ? process_set < o.process_set : name < o.name;
+    if (process_set != o.process_set) return process_set < o.process_set;
+    if (name != o.name) return name < o.name;
+    return p2p_src != o.p2p_src ? p2p_src < o.p2p_src : tag < o.tag;
   }
-  bool operator==(const WaitKey& o) const { return process_set == o.process_set && name == o.name; }
+  bool operator==(const WaitKey& o) const {
+    return process_set == o.process_set && name == o.name && p2p_src == o.p2p_src && tag == o.tag;
+  }
 };
 
 // A rank's callers blocked in a wait, one entry each: the tensors that caller
@@ -182,7 +194,10 @@ enum class ControlKind : uint8_t {
   kVote = 3,
   kP2pChunk = 4,
   kP2pAck = 5,
-  kRelay = 6
+  kRelay = 6,
+  kP2pDeviceReady = 7,  // point-to-point of CUDA tensors (runtime/p2p_device.cc)
+  kP2pDeviceReply = 8,
+  kP2pDeviceGo = 9
 };
 ControlKind PeekControlKind(const std::string& bytes);
 

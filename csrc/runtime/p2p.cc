@@ -25,11 +25,12 @@ std::string AckFrame(uint64_t bytes) {
 }  // namespace
 
 P2pEngine::P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles,
-                     double timeout_s, int64_t unexpected_limit)
+                     TensorQueue* queue, double timeout_s, int64_t unexpected_limit)
     : rank_(rank),
       transport_(transport),
       sets_(sets),
       handles_(handles),
+      queue_(queue),
       timeout_s_(timeout_s),
       unexpected_limit_(unexpected_limit),
       outboxes_(static_cast<size_t>(transport->size())),
@@ -37,7 +38,8 @@ P2pEngine::P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, Hand
 
 bool P2pEngine::Owns(const std::string& payload) {
   const ControlKind k = PeekControlKind(payload);
-  return k == ControlKind::kP2pChunk || k == ControlKind::kP2pAck;
+  return k == ControlKind::kP2pChunk || k == ControlKind::kP2pAck || k == ControlKind::kP2pDeviceReady ||
+         k == ControlKind::kP2pDeviceReply || k == ControlKind::kP2pDeviceGo;
 }
 
 Status P2pEngine::Post(Op op, int64_t* handle) {
@@ -68,6 +70,7 @@ Status P2pEngine::Post(Op op, int64_t* handle) {
   p.op = std::move(op);
   p.handle = handles_->Create();
   *handle = p.handle;
+  if (!p.op.send) queue_->AddP2pRecv(p.handle, WaitKey{p.op.process_set, p.op.name, p.peer, p.op.tag});
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(new Pending(std::move(p)));
@@ -76,7 +79,7 @@ Status P2pEngine::Post(Op op, int64_t* handle) {
   return Status::OK();
 }
 
-void P2pEngine::TakePosted() {
+Status P2pEngine::TakePosted() {
   std::vector<Pending*> fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -92,29 +95,40 @@ void P2pEngine::TakePosted() {
     if (p->op.send) {
       outboxes_[static_cast<size_t>(p->peer)].sends.push_back(p);
     } else {
-      PostRecv(p);
+      HVD_RETURN_IF_ERROR(PostRecv(p));
     }
   }
+  return Status::OK();
 }
 
 // A new receive takes the oldest unexpected message of its (set, peer, tag),
 // complete or still arriving; otherwise it waits in posted_recvs_.
-void P2pEngine::PostRecv(Pending* r) {
+Status P2pEngine::PostRecv(Pending* r) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     Unexpected& u = *it;
     if (u.recv != nullptr || u.discard || u.peer != r->peer || u.process_set != r->op.process_set ||
         u.tag != r->op.tag)
       continue;
-    if (u.total != r->op.bytes) {
+    if (u.device) {  // a CUDA send's announcement
+      const uint64_t id = u.device_id, total = u.total;
+      Pending* self_send = u.self_send;
+      unexpected_.erase(it);
+      return MatchDevice(r->peer, r, id, total, self_send);
+    }
+    if (r->op.device >= 0) {
+      Finish(r, KindMismatch(*r, false));
+      u.discard = true;
+    } else if (u.total != r->op.bytes) {
       Finish(r, SizeMismatch(*r, u.total));
       u.discard = true;  // the failed receive consumed it
     } else {
       u.recv = r;
     }
     if (u.got == u.total) ReleaseUnexpected(it);
-    return;
+    return Status::OK();
   }
   posted_recvs_.push_back(r);
+  return Status::OK();
 }
 
 // A complete unexpected message: copied into the receive that matched it (if
@@ -130,11 +144,20 @@ void P2pEngine::ReleaseUnexpected(std::list<Unexpected>::iterator it) {
 }
 
 Status P2pEngine::Progress() {
-  if (HasNew()) TakePosted();
+  if (HasNew()) HVD_RETURN_IF_ERROR(TakePosted());
+  if (!device_running_.empty() || !device_sends_.empty()) PollDevice();
+  bool sending = !device_running_.empty();
   for (size_t peer = 0; peer < outboxes_.size(); ++peer) {
-    if (!outboxes_[peer].sends.empty())
-      HVD_RETURN_IF_ERROR(SendSome(static_cast<int>(peer), &outboxes_[peer]));
+    Outbox& box = outboxes_[peer];
+    if (!box.sends.empty()) HVD_RETURN_IF_ERROR(SendSome(static_cast<int>(peer), &box));
+    sending = sending || !box.sends.empty() || box.unacked > 0;
   }
+  // Sending lasts a grace past the last acknowledgement: the receiver's report
+  // that its receive completed (sent after that acknowledgement) must reach
+  // the coordinator before this rank's report of being blocked can.
+  const Clock::time_point now = Clock::now();
+  if (sending) last_sending_ = now;
+  queue_->SetP2pSending(sending || now - last_sending_ < kSendingGrace);
   if (!posted_recvs_.empty()) CheckRecvDeadlines();
   return Status::OK();
 }
@@ -147,6 +170,11 @@ Status P2pEngine::SendSome(int peer, Outbox* box) {
     if (peer != rank_ && transport_->PeerDeparted(peer)) {  // it shut down: nobody will read this
       box->sends.pop_front();
       Finish(s, Status::Aborted(Describe(*s) + ": rank " + std::to_string(peer) + " has shut down"));
+      continue;
+    }
+    if (s->op.device >= 0) {
+      box->sends.pop_front();
+      HVD_RETURN_IF_ERROR(AnnounceDevice(peer, s));
       continue;
     }
     ChunkHeader h{s->op.process_set, s->op.tag, s->op.bytes, s->done};
@@ -187,7 +215,9 @@ Status P2pEngine::SendSome(int peer, Outbox* box) {
 
 Status P2pEngine::OnControl(int peer, const std::string& payload) {
   Outbox& box = outboxes_[static_cast<size_t>(peer)];
-  if (PeekControlKind(payload) == ControlKind::kP2pAck) {
+  const ControlKind kind = PeekControlKind(payload);
+  if (kind != ControlKind::kP2pAck && kind != ControlKind::kP2pChunk) return OnDeviceControl(peer, payload);
+  if (kind == ControlKind::kP2pAck) {
     uint64_t bytes = 0;
     if (payload.size() != kAckBytes) return Status::Internal("corrupt point-to-point acknowledgement");
     std::memcpy(&bytes, &payload[1], 8);
@@ -253,8 +283,8 @@ Status P2pEngine::StartMessage(int peer, const ChunkHeader& h, Incoming* in) {
     Pending* r = *it;
     if (r->peer != peer || r->op.process_set != h.process_set || r->op.tag != h.tag) continue;
     posted_recvs_.erase(it);
-    if (r->op.bytes != h.total) {
-      Finish(r, SizeMismatch(*r, h.total));
+    if (r->op.device >= 0 || r->op.bytes != h.total) {
+      Finish(r, r->op.device >= 0 ? KindMismatch(*r, false) : SizeMismatch(*r, h.total));
       return Status::OK();  // the failed receive consumed it: its chunks are dropped
     }
     in->recv = r;
@@ -282,7 +312,20 @@ Status P2pEngine::StartMessage(int peer, const ChunkHeader& h, Incoming* in) {
   return Status::OK();
 }
 
+void P2pEngine::FailDeadlocked(int32_t process_set, const std::string& name, int src, int32_t tag,
+                               const Status& why) {
+  for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
+    Pending* r = *it;
+    if (r->peer != src || r->op.process_set != process_set || r->op.tag != tag || r->op.name != name)
+      continue;
+    posted_recvs_.erase(it);
+    Finish(r, why);
+    return;
+  }
+}
+
 void P2pEngine::Finish(Pending* p, Status st) {
+  if (!p->op.send) queue_->EndP2pRecv(p->handle);
   HandleResult r;
   r.status = std::move(st);
   handles_->Complete(p->handle, std::move(r));

@@ -32,6 +32,22 @@
 //
 // A send to a rank that has shut down fails (Aborted, naming it).
 //
+// CUDA tensors (Op::device >= 0) go through the NCCL module's point-to-point
+// (GpuBackend::StartP2p) instead of the control plane, matched by the same
+// rules; see p2p_device.cc for the hand-shake that orders a pair's transfers
+// alike on both sides. A CUDA send, unlike a host one, waits for its receive
+// (bounded by HVDLITE_TIMEOUT_SECONDS). Both sides must be CUDA tensors.
+//
+// Deadlocks. A caller blocked on a receive is reported to the coordinator's
+// deadlock detector like one blocked in a collective (TensorQueue::AddP2pRecv;
+// coordinator/deadlock.h): when its source is itself blocked in something
+// that needs this rank first, the coordinator fails the receive on this rank
+// (FailDeadlocked) with an error naming the (rank, tag) pair, the process set
+// and the fix, long before HVDLITE_TIMEOUT_SECONDS. While sends are in flight
+// the rank tells the queue (SetP2pSending), and for kSendingGrace after, so a
+// peer waiting for them is not deadlocked (nor one whose report that they
+// arrived is still on its way to the coordinator).
+//
 // Threading: Post() from any thread; everything else is the engine's (the
 // holder of the runtime's engine_mu_).
 #pragma once
@@ -40,14 +56,17 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "backend/gpu_backend.h"
 #include "common/status.h"
 #include "coordinator/process_sets.h"
 #include "runtime/handles.h"
+#include "runtime/tensor_queue.h"
 #include "transport/transport.h"
 
 namespace hvdlite {
@@ -67,12 +86,13 @@ class P2pEngine {
     int32_t peer = -1;  // rank in process_set
     int32_t tag = 0;
     int32_t process_set = 0;
+    int32_t device = -1;  // CUDA device of `data`; -1: host memory
   };
 
   // The runtime wakes a sleeping engine after a Post (HasNew); timeout_s is
   // HVDLITE_TIMEOUT_SECONDS, unexpected_limit HVDLITE_P2P_UNEXPECTED_BYTES.
-  P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles, double timeout_s,
-            int64_t unexpected_limit);
+  P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, HandleTable* handles, TensorQueue* queue,
+            double timeout_s, int64_t unexpected_limit);
 
   // Any thread: checks `op` (process set, ranks, tag) and queues it for the
   // engine; *handle completes as described above. Errors return at once.
@@ -80,6 +100,12 @@ class P2pEngine {
   // Engine: posts arrived that the engine has not taken yet (Post's count is
   // seq_cst, so a check after TensorQueue::SetSleeping(true) cannot miss one).
   bool HasNew() const { return posted_.load(std::memory_order_seq_cst) != taken_; }
+
+  // Engine: CUDA transfers are queued on the GPU. Their completion wakes
+  // nothing, so the engine's waits must then be short (they are polled).
+  bool DeviceBusy() const { return !device_running_.empty(); }
+  // Any thread, before the first Post of a CUDA tensor: the NCCL module.
+  void SetGpu(GpuBackend* gpu) { gpu_.store(gpu); }
 
   // Engine: true for the control payloads this engine owns.
   static bool Owns(const std::string& payload);
@@ -90,6 +116,10 @@ class P2pEngine {
   // that waited too long or whose sender left. An error is fatal (a peer
   // that takes no data for HVDLITE_TIMEOUT_SECONDS, a transport failure).
   Status Progress();
+  // Engine: the coordinator found the oldest posted receive of tensor `name`
+  // from global rank `src` with `tag` in `process_set` deadlocked: it fails
+  // with `why` (no-op when it has completed meanwhile).
+  void FailDeadlocked(int32_t process_set, const std::string& name, int src, int32_t tag, const Status& why);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -116,8 +146,19 @@ class P2pEngine {
     uint64_t got = 0;
     Pending* recv = nullptr;  // the receive that matched it
     bool discard = false;     // a receive of another size matched it and failed
+    bool device = false;      // a CUDA send's announcement (no bytes): its id, and
+    uint64_t device_id = 0;   // the send itself when this rank sends to itself
+    Pending* self_send = nullptr;
   };
-  struct Incoming {  // the message a peer is sending now
+  struct DeviceTransfer {  // queued on the GPU (the NCCL module's ticket)
+    int64_t ticket = 0;
+    Pending* send = nullptr;  // this rank's sides of it (one or both)
+    Pending* recv = nullptr;
+    int peer = -1;
+    Clock::time_point since;
+  };
+  using DeviceKey = std::pair<int, uint64_t>;  // (peer's global rank, the send's id)
+  struct Incoming {                            // the message a peer is sending now
     bool active = false;
     ChunkHeader header;
     uint64_t got = 0;
@@ -131,8 +172,8 @@ class P2pEngine {
     Clock::time_point waiting_since;  // for an acknowledgement, while the window is full
   };
 
-  void TakePosted();
-  void PostRecv(Pending* r);
+  Status TakePosted();
+  Status PostRecv(Pending* r);
   Status SendSome(int peer, Outbox* box);
   Status Deliver(int peer, const ChunkHeader& h, const char* payload, size_t len);
   Status StartMessage(int peer, const ChunkHeader& h, Incoming* in);
@@ -142,11 +183,22 @@ class P2pEngine {
   std::string Describe(const Pending& p) const;
   std::string UnreceivedTags(int peer, int32_t process_set) const;
   void CheckRecvDeadlines();
+  // p2p_device.cc: CUDA tensors.
+  Status AnnounceDevice(int peer, Pending* s);
+  Status OnDeviceControl(int peer, const std::string& payload);
+  Status DeviceArrived(int peer, const ChunkHeader& h, uint64_t id, Pending* self_send);
+  Status MatchDevice(int peer, Pending* r, uint64_t id, uint64_t total, Pending* self_send);
+  void StartDevice(Pending* send, Pending* recv, int peer);
+  void FinishDevice(Pending* send, Pending* recv, const Status& st);
+  Status SendDeviceFrame(int peer, ControlKind kind, uint64_t id, const Status& st);
+  Status KindMismatch(const Pending& r, bool message_on_device) const;
+  void PollDevice();
 
   const int rank_;
   Transport* transport_;
   ProcessSetTable* sets_;
   HandleTable* handles_;
+  TensorQueue* queue_;
   const double timeout_s_;
   const int64_t unexpected_limit_;
 
@@ -162,6 +214,13 @@ class P2pEngine {
   std::list<Pending*> posted_recvs_;  // unmatched receives, in posting order
   std::list<Unexpected> unexpected_;  // unmatched messages, in arrival order
   int64_t unexpected_bytes_ = 0;
+  std::atomic<GpuBackend*> gpu_{nullptr};
+  uint64_t next_device_id_ = 1;
+  std::map<DeviceKey, Pending*> device_sends_;  // CUDA sends announced, awaiting their receiver's reply
+  std::map<DeviceKey, Pending*> device_recvs_;  // CUDA receives matched, awaiting the sender's go
+  std::vector<DeviceTransfer> device_running_;
+  static constexpr std::chrono::milliseconds kSendingGrace{250};
+  Clock::time_point last_sending_;  // when sends were last in flight
 };
 
 }  // namespace hvdlite

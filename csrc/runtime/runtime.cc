@@ -31,7 +31,7 @@ Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   }
   rt->executor_.reset(new Executor(rt->topo_.rank, rt->backend_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
                                    &rt->local_cache_, timeline));
-  rt->p2p_.reset(new P2pEngine(rt->topo_.rank, rt->transport_.get(), &rt->sets_, &rt->handles_,
+  rt->p2p_.reset(new P2pEngine(rt->topo_.rank, rt->transport_.get(), &rt->sets_, &rt->handles_, &rt->queue_,
                                rt->cfg_.TIMEOUT_SECONDS, rt->cfg_.P2P_UNEXPECTED_BYTES));
   SteadyStateDriver::Parts parts;
   parts.cfg = &rt->cfg_;
@@ -59,11 +59,16 @@ Status Runtime::AdmitCudaTensor(const Request& request) {
         "' is not supported yet (CUDA tensors: allreduce, grouped allreduce and broadcast); "
         "copy the tensor to the CPU first");
   }
+  return LoadGpu("CUDA tensor '" + request.name + "'");
+}
+
+Status Runtime::LoadGpu(const std::string& what) {
   std::lock_guard<std::mutex> lock(gpu_mu_);
   if (gpu_) return Status::OK();
   if (gpu_error_.ok()) gpu_error_ = LoadGpuBackend(&gpu_host_, &gpu_);  // tried once per init()
-  if (!gpu_error_.ok()) return gpu_error_.WithContext("CUDA tensor '" + request.name + "'");
+  if (!gpu_error_.ok()) return gpu_error_.WithContext(what);
   executor_->SetGpuBackend(gpu_.get());
+  p2p_->SetGpu(gpu_.get());
   return Status::OK();
 }
 
@@ -92,6 +97,7 @@ Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stre
 }
 
 Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
+  if (op.device >= 0) HVD_RETURN_IF_ERROR(LoadGpu("CUDA tensor '" + op.name + "'"));
   {
     std::lock_guard<std::mutex> lock(state_mu_);  // so Break() fails the handle if it runs after this
     if (stopped_) {
@@ -188,11 +194,22 @@ Status Runtime::FlushRelay() {
 Status Runtime::TakeResponses(const std::string& payload) {
   ResponseList list;
   HVD_RETURN_IF_ERROR(Deserialize(payload, &list).WithContext("from rank 0"));
-  for (auto& r : list.responses) todo_.push_back(std::move(r));
+  for (auto& r : list.responses) TakeResponse(std::move(r));
   local_cache_.QueueEvictions(list.evicted_cache_ids, list.eviction_seq);
   finished_ |= list.shutdown;
   steady_->Announce(list.schedule_epoch, std::move(list.schedule));
   return Status::OK();
+}
+
+// A deadlocked point-to-point receive fails in the engine at once; the
+// rest run in order (todo_).
+void Runtime::TakeResponse(Response r) {
+  if (r.type == OpType::kRecv && r.names.size() == 1 && r.first_dims.size() == 2) {
+    p2p_->FailDeadlocked(r.process_set, r.names[0], static_cast<int>(r.first_dims[0]),
+                         static_cast<int32_t>(r.first_dims[1]), Status(r.error_code, r.error));
+    return;
+  }
+  todo_.push_back(std::move(r));
 }
 
 // Relay messages (negotiation, coordinator/relay.h) and votes. Rank 0 takes
@@ -251,7 +268,7 @@ Status Runtime::Coordinate() {
     relay_->Down(r, r + 1, Serialize(per_rank[r]), &relayed_);  // runs of equal lists go once per child
   }
   HVD_RETURN_IF_ERROR(FlushRelay());
-  for (auto& resp : per_rank[0].responses) todo_.push_back(std::move(resp));
+  for (auto& resp : per_rank[0].responses) TakeResponse(std::move(resp));
   local_cache_.QueueEvictions(per_rank[0].evicted_cache_ids, per_rank[0].eviction_seq);
   steady_->Announce(per_rank[0].schedule_epoch, std::move(per_rank[0].schedule));
   return Status::OK();
@@ -296,6 +313,7 @@ int Runtime::WaitBudgetMs(bool shutting_down) {
   if (!cfg_.DEADLOCK_CHECK_DISABLE) budget = std::min(budget, queue_.MsUntilWaitReport());
   if (coordinator_) budget = std::min({budget, coordinator_->CheckStalls(), coordinator_->MsUntilDue()});
   budget = std::min(budget, steady_->BudgetMs());
+  if (p2p_->DeviceBusy()) budget = std::min(budget, 1);  // polls the GPU's point-to-point transfers
   if (shutting_down) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(shutdown_deadline_ -
                                                                       std::chrono::steady_clock::now())

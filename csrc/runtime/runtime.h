@@ -104,11 +104,13 @@ class Runtime : private SteadyStateDriver::Host {
   Status HandleIncoming();
   Status FlushRelay();
   Status TakeResponses(const std::string& payload);
+  void TakeResponse(Response r);
   Status Coordinate();
   Status CheckCoordinatorStays();
   int WaitBudgetMs(bool shutting_down);
   void Break(const Status& st);
   Status AdmitCudaTensor(const Request& request);
+  Status LoadGpu(const std::string& what);  // the NCCL module, once per init(); `what` names the tensor
   void Leave();
   // SteadyStateDriver::Host (runtime.cc).
   Status SendNewRequests() override;

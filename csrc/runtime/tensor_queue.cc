@@ -67,8 +67,10 @@ void TensorQueue::TakeNew(std::vector<Request>* out, RankWaits* waits, bool* wai
   }
   const Clock::time_point due = Clock::now() - kWaitReportDelay;
   std::vector<int64_t> now_blocked;
-  for (const auto& kv : waiters_) {
-    if (kv.second.since <= due) now_blocked.push_back(kv.first);
+  if (!p2p_sending_.load(std::memory_order_relaxed)) {
+    for (const auto& kv : waiters_) {
+      if (kv.second.since <= due && StillBlocked(kv.second)) now_blocked.push_back(kv.first);
+    }
   }
   *waits_changed = now_blocked != reported_;
   if (!*waits_changed) return;
@@ -83,12 +85,38 @@ int64_t TensorQueue::BeginWait(const std::vector<int64_t>& handles) {
   std::lock_guard<std::mutex> lock(mu_);
   for (int64_t h : handles) {
     auto it = by_handle_.find(h);
-    if (it != by_handle_.end()) w.keys.push_back(WaitKey{it->second->first, it->second->second});
+    if (it != by_handle_.end()) {
+      w.keys.push_back(WaitKey{it->second->first, it->second->second});
+      continue;
+    }
+    auto recv = p2p_recvs_.find(h);
+    if (recv != p2p_recvs_.end()) {
+      w.keys.push_back(recv->second);
+      w.p2p_handles.push_back(h);
+    }
   }
   if (w.keys.empty()) return 0;
   const int64_t token = g_next_wait_token.fetch_add(1);
   waiters_.emplace(token, std::move(w));
   return token;
+}
+
+// A caller whose receive has completed is about to wake: not reported.
+bool TensorQueue::StillBlocked(const Waiter& w) const {
+  for (int64_t h : w.p2p_handles) {
+    if (p2p_recvs_.count(h) == 0) return false;
+  }
+  return true;
+}
+
+void TensorQueue::AddP2pRecv(int64_t handle, WaitKey key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  p2p_recvs_.emplace(handle, std::move(key));
+}
+
+void TensorQueue::EndP2pRecv(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  p2p_recvs_.erase(handle);
 }
 
 void TensorQueue::EndWait(int64_t token) {

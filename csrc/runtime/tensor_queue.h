@@ -54,6 +54,15 @@ class TensorQueue {
   // Handles of entries already executing or finished are left out.
   int64_t BeginWait(const std::vector<int64_t>& handles);
   void EndWait(int64_t token);
+  // Any thread: a point-to-point receive posted as `handle` (key.p2p_src >=
+  // 0). BeginWait reports a caller blocked on it like one blocked in a
+  // collective, until the engine's EndP2pRecv (it completed or failed).
+  void AddP2pRecv(int64_t handle, WaitKey key);
+  void EndP2pRecv(int64_t handle);
+  // Engine: whether this rank has point-to-point sends in flight. While it
+  // has, TakeNew reports no blocked callers: the engine still moves data a
+  // peer may be waiting for (coordinator/deadlock.h).
+  void SetP2pSending(bool sending) { p2p_sending_.store(sending, std::memory_order_relaxed); }
   // Engine: milliseconds until an unreported wait is due for report (1000 when none).
   int MsUntilWaitReport() const;
   // Engine: entries taken by TakeNew and not executing yet (requests sent to
@@ -112,7 +121,11 @@ class TensorQueue {
   struct Waiter {
     Clock::time_point since;
     std::vector<WaitKey> keys;
+    std::vector<int64_t> p2p_handles;  // the receives among keys
   };
+  bool StillBlocked(const Waiter& w) const;
+  std::map<int64_t, WaitKey> p2p_recvs_;  // open point-to-point receives, by handle
+  std::atomic<bool> p2p_sending_{false};
   std::map<int64_t, Waiter> waiters_;  // by token
   std::vector<int64_t> reported_;      // tokens of the waits last reported, ascending
   std::vector<Request> fresh_;

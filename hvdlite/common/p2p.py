@@ -9,8 +9,11 @@ may be reused (the receiver need not have posted its recv: a sender never waits 
 the receiver), and for a recv once the tensor holds the message. A grouped call
 (``post_group``, the adapters' ``batch_isend_irecv``) posts several at once.
 
+CUDA tensors (torch) go through the core's NCCL module where it is installed; a CUDA
+send waits for its recv.
+
 Errors name the tensor, both ranks and the tag: a rank outside the set, a size
-mismatch between the two sides, a recv unmatched after HVDLITE_TIMEOUT_SECONDS, a
+mismatch between the two sides (or a CUDA tensor on one side and a host one on the other), a recv unmatched after HVDLITE_TIMEOUT_SECONDS, a
 sender that died or shut down.
 """
 
@@ -67,11 +70,9 @@ def post(adapter, kind, tensor, peer, tag=0, process_set=global_process_set, nam
     peer = _rank_arg(peer, "dst" if kind == SEND else "src", name)
     tag = _rank_arg(tag, "tag", name)
     adapter.check_device(tensor, name)
-    if adapter.device_kwargs(tensor):
-        raise exceptions.NotSupportedError(
-            "%s of tensor '%s': point-to-point runs on host memory; copy the tensor to the CPU"
-            % (label, name)
-        )
+    # CUDA tensors go through the core's NCCL module: the adapter has synchronized the
+    # tensor's stream, so the data is ready (hvdlite_p2p's contract).
+    device = adapter.device_kwargs(tensor).get("device", -1)
     work = tensor if adapter.is_direct(tensor) else adapter.contiguous_copy(tensor)
     code = adapter.dtype_code(work)
     if code is None:
@@ -87,7 +88,7 @@ def post(adapter, kind, tensor, peer, tag=0, process_set=global_process_set, nam
         peer,
         tag,
         resolve(process_set),
-        -1,
+        device,
     )
     exceptions.raise_for_status(status, message)
 

@@ -2,7 +2,7 @@
 (process sets for pipeline, data, expert, context and tensor parallel axes) and pipeline schedules as
 checked per-rank action lists. The framework layers (hvdlite.torch.parallel) run them."""
 
-from hvdlite.parallel.mesh import AXES, Mesh, MeshCoords, MeshLayout, pair_process_set
+from hvdlite.parallel.mesh import AXES, Mesh, MeshCoords, MeshLayout
 from hvdlite.parallel.schedules import SCHEDULES, Action, PipelineSchedule, ScheduleError, build, check
 
 __all__ = [
@@ -16,5 +16,4 @@ __all__ = [
     "ScheduleError",
     "build",
     "check",
-    "pair_process_set",
 ]

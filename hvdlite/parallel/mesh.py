@@ -9,9 +9,9 @@ placed host by host), then cp, then ep, then dp, and pp outermost (Megatron-Core
 ``MeshLayout`` is the pure arithmetic (no runtime needed). ``Mesh`` registers, at
 construction, one process set for every group of every single axis, of the axis combinations
 add-ons use (``COMBINATIONS``: ("dp", "ep") for MoE statistics, ("dp", "cp") for gradient
-averaging under context parallelism) and of any the caller names, plus one two-rank set per
-pair of adjacent pipeline stages (the pipeline's transfer channels); a group equal to one
-already registered is not registered again. Construction is collective: every rank must build
+averaging under context parallelism) and of any the caller names; a group equal to one
+already registered is not registered again. Pipelines need no sets of their own: stages
+send to each other point-to-point on their pp group's set. Construction is collective: every rank must build
 the same Mesh at the same point of its program, because hvd.add_process_set is. The first
 ``process_set`` of any other combination registers its groups then, and so is collective too.
 """
@@ -107,22 +107,10 @@ class MeshLayout:
         ranges = [range(self.sizes[a]) if a in axes else (fixed[a],) for a in AXES]
         return sorted(self.rank_of(**dict(zip(AXES, idx))) for idx in itertools.product(*ranges))
 
-    def pipeline_pairs(self):
-        """The two-rank groups of adjacent pipeline stages (stage k and k+1 of every pp group,
-        and the last with the first, which interleaved schedules use), ascending, distinct."""
-        pairs = set()
-        pp = self.sizes["pp"]
-        if pp < 2:
-            return []
-        for group in self.groups("pp"):
-            for k in range(pp):
-                pairs.add(tuple(sorted((group[k], group[(k + 1) % pp]))))
-        return sorted(pairs)
-
     def all_groups(self, combinations=None):
         """Every distinct rank group of every single axis and of each combination of axes in
-        `combinations` (default ``COMBINATIONS``; "all" for every non-empty combination), then
-        the pipeline pairs: the order in which Mesh registers them (the same on every rank)."""
+        `combinations` (default ``COMBINATIONS``; "all" for every non-empty combination): the
+        order in which Mesh registers them (the same on every rank)."""
         if combinations == "all":
             combos = [c for n in range(2, len(AXES) + 1) for c in itertools.combinations(AXES, n)]
         else:
@@ -133,10 +121,6 @@ class MeshLayout:
                 if tuple(g) not in seen:
                     seen.add(tuple(g))
                     out.append(g)
-        for g in self.pipeline_pairs():
-            if tuple(g) not in seen:
-                seen.add(tuple(g))
-                out.append(list(g))
         return out
 
     def describe(self):
@@ -159,23 +143,6 @@ def _groups_text(groups, limit=8):
     return text + (" ... (%d groups)" % len(groups) if len(groups) > limit else "")
 
 
-# Two-rank pipeline channels registered by every Mesh, by (low rank, high rank): how a
-# pipeline stage finds the set it shares with its neighbour. Filled and emptied collectively.
-_PAIR_SETS: dict[tuple[int, int], ProcessSet] = {}
-
-
-def pair_process_set(a, b):
-    """The registered two-rank process set of ranks a and b (adjacent pipeline stages)."""
-    key = (min(a, b), max(a, b))
-    ps = _PAIR_SETS.get(key)
-    if ps is None or ps.process_set_id is None:
-        raise exceptions.PreconditionError(
-            "no pipeline channel between ranks %d and %d: build the pipeline's ranks with "
-            "hvd.Mesh(pp=...) (collectively, on every rank) before creating pipeline stages" % key
-        )
-    return ps
-
-
 class Mesh:
     """hvd.Mesh(pp=1, dp=-1, ep=1, tp=1, cp=1, combinations=None): this job's ranks as a
     5-axis mesh (-1: whatever is left). Collective: every rank must construct it with the same
@@ -188,8 +155,6 @@ class Mesh:
         self.coords = self.layout.coords_of(self._rank)
         self._sets: dict[tuple[int, ...], ProcessSet] = {}
         self._register(self.layout.all_groups(list(COMBINATIONS) + list(combinations)))
-        for a, b in self.layout.pipeline_pairs():
-            _PAIR_SETS[(a, b)] = self._sets[(a, b)]
 
     @property
     def sizes(self):
@@ -251,11 +216,9 @@ class Mesh:
 
     def remove(self):
         """Unregisters every process set of the mesh (collective, like construction)."""
-        for key, ps in self._sets.items():
+        for ps in self._sets.values():
             if ps is not global_process_set and ps.process_set_id is not None:
                 remove_process_set(ps)
-            if len(key) == 2 and _PAIR_SETS.get(key) is ps:
-                del _PAIR_SETS[key]
         self._sets.clear()
 
 

@@ -196,9 +196,51 @@ void TestWaitsSerialize() {
   Check(Deserialize(Serialize(RequestList{}), &none).ok() && !none.has_waits, "no waits: none read back");
 }
 
+WaitKey Recv(const std::string& name, int src, int32_t tag) {
+  WaitKey k{0, name};
+  k.p2p_src = src;
+  k.tag = tag;
+  return k;
+}
+
+// Rank 0 receives from rank 1, which waits in an allreduce only it submitted:
+// only rank 0 gets the receive's error (a kRecv response naming the pair);
+// both get the allreduce's. A receive whose source is computing is no deadlock.
+void TestCoordinatorFailsADeadlockedRecv() {
+  Harness h(2);
+  h.Send(1, {Allreduce("b", 1)}, {});
+  h.Send(0, {}, {{Recv("act", 1, 7)}});
+  Check(h.Drain().empty(), "rank 1 is computing: rank 0's recv may still come");
+  h.Send(1, {}, {{Key("b")}});
+  auto out = h.Drain();
+  Check(out.size() == 2, "the deadlock is reported at once");
+  const Response* recv = nullptr;
+  for (const auto& resp : out[0].responses) recv = resp.type == OpType::kRecv ? &resp : recv;
+  Check(recv != nullptr && recv->names == std::vector<std::string>{"act"} &&
+            recv->first_dims == std::vector<int64_t>{1, 7} && recv->error_code == StatusCode::kMismatch,
+        "rank 0's recv fails, naming source and tag");
+  Check(recv && Contains(recv->error, "rank 0 waits in recv of tensor 'act' from rank 1 with tag 7") &&
+            Contains(recv->error, "rank 1 waits in allreduce 'b'") &&
+            Contains(recv->error, "post every send a peer waits for"),
+        "the message names the pair, the peer's wait and the fix: " + (recv ? recv->error : std::string()));
+  for (const auto& resp : out[1].responses) Check(resp.type != OpType::kRecv, "rank 1 posted no recv");
+}
+
+void TestRecvWaitsSerialize() {
+  RequestList list;
+  list.has_waits = true;
+  list.waits = {{Recv("x", 3, 9)}};
+  RequestList got;
+  Check(Deserialize(Serialize(list), &got).ok() && got.waits.size() == 1 && got.waits[0].size() == 1 &&
+            got.waits[0][0] == Recv("x", 3, 9),
+        "a recv's source and tag survive serialization");
+}
+
 }  // namespace
 
 int main() {
+  TestCoordinatorFailsADeadlockedRecv();
+  TestRecvWaitsSerialize();
   TestCycleOfTwo();
   TestBarrierAgainstReducescatter();
   TestSlowRankIsNoDeadlock();

@@ -86,6 +86,16 @@ NcclBackend::~NcclBackend() {
   for (auto& kv : comms_) ncclCommDestroy(kv.second);
   if (device_ < 0) return;
   cudaSetDevice(device_);
+  for (auto& kv : pairs_) {  // point-to-point (nccl_p2p.cc): transfers end, then their events go
+    if (kv.second.stream) cudaStreamSynchronize(kv.second.stream);
+  }
+  for (auto& kv : transfers_) {
+    if (kv.second.done) cudaEventDestroy(kv.second.done);
+  }
+  for (auto& kv : pairs_) {
+    if (kv.second.comm) ncclCommDestroy(kv.second.comm);
+    if (kv.second.stream) cudaStreamDestroy(kv.second.stream);
+  }
   if (stream_) cudaStreamSynchronize(stream_);
   if (fusion_) cudaFree(fusion_);
   if (ready_) cudaEventDestroy(ready_);

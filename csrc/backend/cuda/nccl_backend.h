@@ -22,8 +22,20 @@ class NcclBackend : public GpuBackend {
   Status Allreduce(const CollectiveContext& ctx, const GpuOp& op) override;
   Status Broadcast(const CollectiveContext& ctx, const GpuOp& op) override;
   void RemoveProcessSet(int32_t id) override;
+  Status StartP2p(const GpuP2p& op, int64_t* ticket) override;
+  Status PollP2p(int64_t ticket, bool* done) override;
 
  private:
+  struct PairChannel {  // point-to-point between this process and one peer (or itself)
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+    Status failed;  // its set-up failed: every transfer of the pair fails so
+  };
+  struct Transfer {
+    ncclComm_t comm = nullptr;
+    cudaEvent_t done = nullptr;  // null: nothing was queued (0 bytes)
+  };
+  Status Channel(const GpuP2p& op, PairChannel** out);
   Status Prepare(int device);
   Status Comm(const CollectiveContext& ctx, ncclComm_t* out);
   Status WaitForInputs(const GpuOp& op);
@@ -40,6 +52,9 @@ class NcclBackend : public GpuBackend {
   size_t fusion_bytes_ = 0;
   std::map<int32_t, ncclComm_t> comms_;
   std::map<int32_t, uint64_t> generation_;  // communicators created so far, per process set id
+  std::map<int, PairChannel> pairs_;        // by peer's global rank (this rank: to self)
+  std::map<int64_t, Transfer> transfers_;   // queued point-to-point transfers, by ticket
+  int64_t next_ticket_ = 1;
 };
 
 }  // namespace cuda

@@ -83,7 +83,10 @@ int hvdlite_submit_wait(const hvdlite_op* op, double slice_s, int64_t* handle, i
  * of the job), matched with the other side by (process set, source, tag >= 0).
  * No coordinator and no other rank takes part; `data` must stay valid until
  * the handle completes (a send: once its buffer may be reused, not when the
- * receiver has it). Host memory only (device -1). Wait with hvdlite_wait. */
+ * receiver has it). device -1: host memory; device >= 0: CUDA memory on that
+ * device, ready (the caller synchronized its stream), moved by the NCCL module
+ * (NotSupported when it is absent); a CUDA send waits for its recv. Wait with
+ * hvdlite_wait. */
 int hvdlite_p2p(int32_t kind, const char* name, void* data, int64_t nbytes, int32_t peer, int32_t tag,
                 int32_t process_set, int32_t device, int64_t* handle, char* err, size_t err_len);
 /* Moves a completed op's output out and forgets the handle. */
