@@ -93,7 +93,12 @@ Status P2pEngine::TakePosted() {
     p->self = std::prev(ops_.end());
     p->since = Clock::now();
     if (p->op.send) {
-      outboxes_[static_cast<size_t>(p->peer)].sends.push_back(p);
+      Outbox& box = outboxes_[static_cast<size_t>(p->peer)];
+      box.sends.push_back(p);
+      if (!box.active) {
+        box.active = true;
+        active_peers_.push_back(p->peer);
+      }
     } else {
       HVD_RETURN_IF_ERROR(PostRecv(p));
     }
@@ -147,17 +152,31 @@ Status P2pEngine::Progress() {
   if (HasNew()) HVD_RETURN_IF_ERROR(TakePosted());
   if (!device_running_.empty() || !device_sends_.empty()) PollDevice();
   bool sending = !device_running_.empty();
-  for (size_t peer = 0; peer < outboxes_.size(); ++peer) {
-    Outbox& box = outboxes_[peer];
-    if (!box.sends.empty()) HVD_RETURN_IF_ERROR(SendSome(static_cast<int>(peer), &box));
-    sending = sending || !box.sends.empty() || box.unacked > 0;
+  for (size_t i = 0; i < active_peers_.size();) {
+    const int peer = active_peers_[i];
+    Outbox& box = outboxes_[static_cast<size_t>(peer)];
+    if (!box.sends.empty()) HVD_RETURN_IF_ERROR(SendSome(peer, &box));
+    if (box.sends.empty() && box.unacked == 0) {  // idle: off the list (order does not matter)
+      box.active = false;
+      active_peers_[i] = active_peers_.back();
+      active_peers_.pop_back();
+      continue;
+    }
+    sending = true;
+    ++i;
   }
   // Sending lasts a grace past the last acknowledgement: the receiver's report
   // that its receive completed (sent after that acknowledgement) must reach
-  // the coordinator before this rank's report of being blocked can.
+  // the coordinator before this rank's report of being blocked can. An idle
+  // engine that already said so reads no clock.
+  if (!sending && !reported_sending_) {
+    if (!posted_recvs_.empty()) CheckRecvDeadlines();
+    return Status::OK();
+  }
   const Clock::time_point now = Clock::now();
   if (sending) last_sending_ = now;
-  queue_->SetP2pSending(sending || now - last_sending_ < kSendingGrace);
+  reported_sending_ = sending || now - last_sending_ < kSendingGrace;
+  queue_->SetP2pSending(reported_sending_);
   if (!posted_recvs_.empty()) CheckRecvDeadlines();
   return Status::OK();
 }

@@ -170,6 +170,7 @@ class P2pEngine {
     std::deque<Pending*> sends;
     size_t unacked = 0;
     Clock::time_point waiting_since;  // for an acknowledgement, while the window is full
+    bool active = false;              // listed in active_peers_
   };
 
   Status TakePosted();
@@ -210,6 +211,9 @@ class P2pEngine {
   // Engine state. Pending objects are owned here (std::list: stable addresses).
   std::list<Pending> ops_;
   std::vector<Outbox> outboxes_;      // by global rank
+  std::vector<int> active_peers_;     // ranks whose outbox has sends or unacknowledged bytes:
+                                      // Progress walks these, not every rank (O(busy peers) a turn)
+  bool reported_sending_ = false;     // the queue was last told this rank is sending
   std::vector<Incoming> incoming_;    // by global rank
   std::list<Pending*> posted_recvs_;  // unmatched receives, in posting order
   std::list<Unexpected> unexpected_;  // unmatched messages, in arrival order
