@@ -89,10 +89,8 @@ def test_executable_class_execute_and_execute_single(cluster):
         executor.shutdown()
 
 
-def test_elastic_form_is_refused_with_the_reason():
+def test_elastic_form_needs_min_workers_and_is_one_or_the_other():
     from hvdlite.ray import RayExecutor
 
-    with pytest.raises(NotImplementedError, match="elastic"):
-        RayExecutor(RayExecutor.create_settings(), min_workers=1, max_workers=2)
     with pytest.raises(ValueError, match="num_workers or num_hosts"):
         RayExecutor(RayExecutor.create_settings())
