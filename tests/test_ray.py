@@ -118,8 +118,11 @@ def _ray_train_loop(config):
 def test_ray_train_data_parallel_trainer_with_the_hvdlite_backend(cluster, tmp_path):
     """Ray Train (v2, this Ray's default) runs a loop that calls hvd.init() and an allreduce,
     the backend being hvdlite's: hvdlite's ranks are Ray Train's world ranks."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+    try:
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+    except ImportError as e:
+        pytest.skip("Ray Train needs ray[train] (pip install hvdlite[ray]): %s" % e)
 
     from hvdlite.ray.train import HvdliteConfig
 
