@@ -193,15 +193,12 @@ class ElasticDriver:
             )
         return env
 
-    # The three methods below are how workers are started, stopped and described: processes,
-    # local or over ssh, here; Ray actors in hvdlite/ray/elastic.py, which overrides them.
+    # The methods below are how workers are started, stopped and described: processes, local or
+    # over ssh, here; srun steps in elastic_srun.py; Ray actors in hvdlite/ray/elastic.py.
     def _spawn(self, w, record):
         """Starts worker w into generation `record`: sets w.proc (whose wait() returns the exit
         status) and puts ("exit", w, status) on the event queue once it ends."""
-        env = self._worker_env(w, record)
-        argv, popen_env, data = remote.rank_launch(
-            w.host, self.command, env, self.ssh_options, self.is_local(w.host), self.base_env
-        )
+        argv, popen_env, data = self._launch(w, self._worker_env(w, record))
         w.proc = job.start_rank(argv, popen_env, data)
         for pipe, name, sink in ((w.proc.stdout, "stdout", self._out), (w.proc.stderr, "stderr", self._err)):
             prefix = ("[%s]<%s>:" % (w.id, name)).encode()
@@ -209,6 +206,13 @@ class ElasticDriver:
             reader.start()
             self._readers.append(reader)
         threading.Thread(target=self._reap, args=(w,), daemon=True).start()
+
+    def _launch(self, w, env):
+        """(argv, environment, stdin bytes or None) of the process that runs worker w: the
+        command itself on a local host, ssh on another (hvdlite/runner/elastic_srun.py: srun)."""
+        return remote.rank_launch(
+            w.host, self.command, env, self.ssh_options, self.is_local(w.host), self.base_env
+        )
 
     def _reap(self, w):
         self._events.put(("exit", w, w.proc.wait()))
