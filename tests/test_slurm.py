@@ -135,3 +135,34 @@ def test_elastic_under_slurm_a_killed_task_leaves_survivors_that_go_on(slurm):
     ) and (time.monotonic() < deadline):
         time.sleep(0.5)
     assert left == "", left
+
+
+def test_elastic_sbatch_example_inside_an_allocation(slurm, tmp_path):
+    """examples/slurm/elastic.sbatch: the workers are steps of the allocation (--exact), hosts and
+    slots come from it; one task killed, the other node's workers finish the training."""
+    from test_elastic import SCRIPT as ELASTIC_SCRIPT
+    from test_elastic import check_exactly_once
+
+    out = tmp_path / "elastic.out"
+    b = slurm.cluster.hosts[1].name
+    env = slurm.env(
+        clean_env(
+            PYTHON=sys.executable,
+            SCRIPT=ELASTIC_SCRIPT,
+            ELASTIC_STEPS="30",
+            ELASTIC_SLEEP="0.05",
+            ELASTIC_KILL="%s[1]:8" % b,
+        )
+    )
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--output", str(out), "examples/slurm/elastic.sbatch"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = out.read_text() if out.exists() else "(no output file)"
+    assert proc.returncode == 0, proc.stdout + proc.stderr + text[-4000:]
+    log = check_exactly_once(subprocess.CompletedProcess([], 0, text, text), 30)
+    assert log[0][1] == 4 and log[-1][1] == 2, log
