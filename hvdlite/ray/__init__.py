@@ -115,7 +115,7 @@ class RayExecutor:
         elastic_timeout: int = 600,
         override_discovery: bool = True,
     ) -> None:
-        self._elastic: Any = None
+        self._elastic: ElasticAdapter | None = None
         if max_workers is not None and not min_workers:
             raise exceptions.InvalidArgumentError("max_workers needs a positive min_workers (elastic jobs)")
         if min_workers is not None:

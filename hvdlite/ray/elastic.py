@@ -26,7 +26,7 @@ does the same).
 import collections
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from hvdlite.common import exceptions
 from hvdlite.runner import elastic_discovery
@@ -92,6 +92,7 @@ class _ActorRun:
 
         try:
             code, self.value = ray.get(self.ref)
+            code = int(code)
             if code:
                 self.reason = "raised:\n%s" % self.value if isinstance(self.value, str) else ""
         except ray.exceptions.RayError as e:
@@ -119,7 +120,7 @@ class _RayElasticDriver(ElasticDriver):
         import ray
 
         self._fn, self._resources = fn, resources
-        self._actor_cls = ray.remote(_ElasticWorker)
+        self._actor_cls: Any = ray.remote(_ElasticWorker)
         self.messages: list[str] = []
 
     def log(self, msg: str) -> None:
@@ -140,7 +141,7 @@ class _RayElasticDriver(ElasticDriver):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         env = self._worker_env(w, record)
-        actor = self._actor_cls.options(
+        actor: Any = self._actor_cls.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(w.host, soft=False), **self._resources
         ).remote()
         w.proc = _ActorRun(actor, actor.run.remote(env, self._fn))
@@ -343,7 +344,7 @@ class ElasticAdapter:
             bool(getattr(self.settings, "verbose", False)),
         )
 
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise exceptions.NotSupportedError(
             "elastic RayExecutor: only run() is supported; run_remote, execute and execute_single "
             "need a fixed set of workers"

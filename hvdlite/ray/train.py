@@ -75,11 +75,19 @@ class HvdliteConfig(BackendConfig):
         return {"timeout_s": self.timeout_s}
 
 
+def _four(local: Any) -> tuple[int, int, int, int]:
+    """(local rank, local size, cross rank, cross size) of one row of jobs.topology()."""
+    local_rank, local_size, cross_rank, cross_size = local
+    return local_rank, local_size, cross_rank, cross_size
+
+
 class _HvdliteBackend(Backend):
     """Hands Ray Train's workers their hvdlite job (module doc)."""
 
-    def on_start(self, worker_group: Any, backend_config: HvdliteConfig) -> None:
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         import ray
+
+        timeout_s = getattr(backend_config, "timeout_s", HvdliteConfig.timeout_s)
 
         nodes = worker_group.execute(_node)
         size = len(nodes)
@@ -92,12 +100,12 @@ class _HvdliteBackend(Backend):
                 worker_group.execute_single_async(
                     rank,
                     _set_job,
-                    jobs.Job(rank, size, *topology[rank], store_addr=store_addr, secret=secret),
-                    backend_config.timeout_s,
+                    jobs.Job(rank, size, *_four(topology[rank]), store_addr=store_addr, secret=secret),
+                    timeout_s,
                 )
                 for rank in range(size)
             ]
         )
 
-    def on_shutdown(self, worker_group: Any, backend_config: HvdliteConfig) -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         worker_group.execute(_shutdown)

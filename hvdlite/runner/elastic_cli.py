@@ -127,7 +127,7 @@ def run_elastic(args):
         sys.exit(
             "hvdliterun: want 1 <= --min-np <= -np <= --max-np, got %s <= %s <= %s" % (min_np, np, max_np)
         )
-    discovery: elastic_discovery.DiscoveryScript | elastic_discovery.FixedHosts
+    discovery: elastic_discovery.DiscoveryScript | elastic_discovery.FixedHosts | elastic_srun.AllocationHosts
     try:
         if args.host_discovery_script:
             discovery = elastic_discovery.DiscoveryScript(args.host_discovery_script, args.slots_per_host)
