@@ -90,7 +90,7 @@ def test_executable_class_execute_and_execute_single(cluster):
         executor.shutdown()
 
 
-def test_elastic_form_needs_min_workers_and_is_one_or_the_other():
+def test_static_form_needs_num_workers_or_num_hosts():
     from hvdlite.ray import RayExecutor
 
     with pytest.raises(ValueError, match="num_workers or num_hosts"):
