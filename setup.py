@@ -172,6 +172,7 @@ setup(
     install_requires=["numpy"],
     # hvdlite.spark.run (Spark barrier mode: BarrierTaskContext.allGather needs Spark 3.0+);
     # hvdlite.ray.RayExecutor (placement groups and scheduling strategies: Ray 2.x).
-    extras_require={"spark": ["pyspark>=3.0"], "ray": ["ray>=2.0"]},
+    # hvdlite.ray.train.HvdliteConfig: Ray Train (ray[train]).
+    extras_require={"spark": ["pyspark>=3.0"], "ray": ["ray[train]>=2.0"]},
     entry_points={"console_scripts": ["hvdliterun = hvdlite.runner.launch:main"]},
 )

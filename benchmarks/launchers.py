@@ -10,9 +10,12 @@ script's start, so it includes the launcher's work inside init(): detection, the
 agent-store exchange under torchrun). --slurm also builds tests/simslurm.py's cluster (2
 simulated hosts) and times `srun -N1 -n2`; --ray and --spark start a local Ray (2 CPUs) and a
 Spark local-cluster[2,1,1024] once, before the repetitions, and time a job in them (RayExecutor
-start + run + shutdown with 2 actors; hvdlite.spark.run with 2 tasks): the engine's own start-up
-is not in their numbers, and hvd.init() there is timed from the call itself. Prints a markdown
-table with the ratio to hvdliterun; asserts nothing about time.
+start + run + shutdown with 2 actors; ElasticRayExecutor's run with 2 actors, its elastic driver
+and stores included; a Ray Train v2 DataParallelTrainer fit with hvdlite's backend and 2 workers;
+hvdlite.spark.run with 2 tasks): the engine's own start-up is not in their numbers, and hvd.init()
+there is timed from the call itself. Prints a markdown table of medians with their spread
+(min-max over the repetitions) and the ratio of medians to hvdliterun's; asserts nothing about
+time.
 """
 
 import argparse
@@ -133,6 +136,49 @@ def _ray_run():
         executor.shutdown()
 
 
+def _elastic_ray_run():
+    from hvdlite.ray import ElasticRayExecutor
+
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1)
+    executor.start()
+    return executor.run(_engine_rank)
+
+
+def _ray_train_rank(config):
+    import json
+
+    init_s = _engine_rank()
+    with open(config["out"] % os.environ["HVDLITE_RANK"], "w") as f:
+        json.dump(init_s, f)
+
+
+def _ray_train_run():
+    """Ray Train v2's DataParallelTrainer with hvdlite's backend, 2 workers (storage in a
+    temporary directory; each rank writes its init time to a file there)."""
+    import json
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from hvdlite.ray.train import HvdliteConfig
+
+    with tempfile.TemporaryDirectory(prefix="hvdlite-raytrain-") as d:
+        out = os.path.join(d, "init-%s.json")
+        DataParallelTrainer(
+            _ray_train_rank,
+            train_loop_config={"out": out},
+            backend_config=HvdliteConfig(),
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(storage_path=d, name="bench"),
+        ).fit()
+        inits = []
+        for r in range(2):
+            with open(out % r) as f:
+                inits.append(json.load(f))
+        return inits
+
+
 @contextlib.contextmanager
 def engines(use_ray, use_spark):
     """{name: run} of the engines asked for, each started once (their own start-up is not timed:
@@ -146,6 +192,8 @@ def engines(use_ray, use_spark):
             ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env})
             stops.append(ray.shutdown)
             out["RayExecutor (2 actors)"] = lambda: _timed(_ray_run)
+            out["ElasticRayExecutor (2 actors)"] = lambda: _timed(_elastic_ray_run)
+            out["Ray Train, HvdliteConfig (2 workers)"] = lambda: _timed(_ray_train_run)
         if use_spark:
             from pyspark.sql import SparkSession
 
@@ -169,12 +217,28 @@ def engines(use_ray, use_spark):
 
 
 def table(samples):
+    """Medians with their spread (min-max over the repetitions); the ratio is of medians."""
     base = statistics.median(w for w, _ in samples["hvdliterun"])
-    rows = ["| launcher | wall, launch to exit | hvd.init() | wall / hvdliterun's |", "|---|---|---|---|"]
+    rows = [
+        "| launcher | wall, launch to exit: median [min-max] | hvd.init(): median [min-max] | wall / hvdliterun's |",
+        "|---|---|---|---|",
+    ]
     for name, got in samples.items():
-        wall = statistics.median(w for w, _ in got)
-        init = statistics.median(i for _, i in got)
-        rows.append("| %s | %.2f s | %.3f s | %.2f |" % (name, wall, init, wall / base))
+        walls, inits = [w for w, _ in got], [i for _, i in got]
+        wall = statistics.median(walls)
+        rows.append(
+            "| %s | %.2f s [%.2f-%.2f] | %.3f s [%.3f-%.3f] | %.2f |"
+            % (
+                name,
+                wall,
+                min(walls),
+                max(walls),
+                statistics.median(inits),
+                min(inits),
+                max(inits),
+                wall / base,
+            )
+        )
     return "\n".join(rows)
 
 

@@ -98,6 +98,8 @@ def test_torch_and_common_aliases_are_hvdlite_modules(installed):
         ("horovod.common.process_sets", "hvdlite.common.process_sets"),
         ("horovod.spark", "hvdlite.spark"),  # horovod.spark.run (pyspark is imported by run())
         ("horovod.ray", "hvdlite.ray"),  # horovod.ray.RayExecutor (ray is imported by start())
+        ("horovod.ray.elastic", "hvdlite.ray.elastic"),  # ElasticRayExecutor
+        ("horovod.ray.elastic_v2", "hvdlite.ray.elastic_v2"),  # ElasticAdapter
     ]
     got = _json(_IDENTITY % (pairs,), installed)
     for h, t in pairs:

@@ -1,5 +1,6 @@
 """hvd.init() under launchers other than hvdlite's own, for real: torchrun from the installed torch
-(one node, an elastic restart, and two simulated hosts with the c10d rendezvous), torch's variables
+(one node, an elastic restart, and two simulated hosts with the c10d rendezvous), the digits demo
+under torchrun and under mpirun, torch's variables
 without the agent (Kubeflow PyTorchJob's pods), and srun's variables (the Slurm cluster itself:
 tests/test_slurm.py). Each runs tests/launched_allreduce.py, which has nothing launcher-specific."""
 
@@ -12,6 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from mpi_helpers import MPIRUN, skip_without_mpi
+
+from hvdlite.runner import mpi_launch
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = str(REPO / "tests" / "launched_allreduce.py")
@@ -147,6 +151,20 @@ def test_torchrun_trains_the_digits_demo_unchanged():
         capture_output=True,
         text=True,
         timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "on 2 ranks" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+@skip_without_mpi
+def test_mpirun_trains_the_digits_demo_unchanged():
+    """The demo (what `make demo` runs) under a plain `mpirun -n 2`: hvd.init() takes the job
+    from Open MPI's variables."""
+    demo = str(REPO / "examples" / "pytorch_digits.py")
+    argv = mpi_launch.mpirun_command(2, [sys.executable, demo, "--epochs", "1"], mpirun=MPIRUN)
+    proc = subprocess.run(
+        argv, env=mpi_launch.mpirun_env(clean_env()), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "on 2 ranks" in proc.stdout, proc.stdout

@@ -1,6 +1,7 @@
 """hvdlite.ray.RayExecutor on a real local multi-node Ray cluster (ray.cluster_utils.Cluster: a
 head and a second raylet, 2 CPUs each). Skipped where ray is not installed."""
 
+import json
 import os
 from pathlib import Path
 
@@ -89,10 +90,50 @@ def test_executable_class_execute_and_execute_single(cluster):
         executor.shutdown()
 
 
-def test_elastic_form_is_refused_with_the_reason():
+def test_static_form_needs_num_workers_or_num_hosts():
     from hvdlite.ray import RayExecutor
 
-    with pytest.raises(NotImplementedError, match="elastic"):
-        RayExecutor(RayExecutor.create_settings(), min_workers=1, max_workers=2)
     with pytest.raises(ValueError, match="num_workers or num_hosts"):
         RayExecutor(RayExecutor.create_settings())
+
+
+def _ray_train_loop(config):
+    import numpy as np
+    import ray.train
+
+    import hvdlite as hvd
+    from hvdlite.common.objects import allgather_object
+
+    hvd.init()
+    total = hvd.allreduce(np.array([float(hvd.rank() + 1)]), op=hvd.Sum, name="train")
+    context = ray.train.get_context()
+    mine = [context.get_world_rank(), hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_size()]
+    rows = allgather_object(mine + [float(total[0]) * config["scale"]])
+    if hvd.rank() == 0:  # Ray Train v2 keeps reported metrics only with a checkpoint
+        with open(config["out"], "w") as f:
+            json.dump(rows, f)
+
+
+@pytest.mark.slow
+def test_ray_train_data_parallel_trainer_with_the_hvdlite_backend(cluster, tmp_path):
+    """Ray Train (v2, this Ray's default) runs a loop that calls hvd.init() and an allreduce,
+    the backend being hvdlite's: hvdlite's ranks are Ray Train's world ranks."""
+    try:
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+    except ImportError as e:
+        pytest.skip("Ray Train needs ray[train] (pip install hvdlite[ray]): %s" % e)
+
+    from hvdlite.ray.train import HvdliteConfig
+
+    trainer = DataParallelTrainer(
+        _ray_train_loop,
+        train_loop_config={"scale": 2.0, "out": str(tmp_path / "rows.json")},
+        backend_config=HvdliteConfig(timeout_s=60),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), name="hvdlite_backend"),
+    )
+    trainer.fit()
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r[:3] for r in rows] == [[0, 0, 2], [1, 1, 2]]
+    assert [r[5] for r in rows] == [6.0, 6.0]

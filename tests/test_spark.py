@@ -116,3 +116,69 @@ def test_the_digits_demo_trains_unchanged(spark):
 
     printed = hvdlite.spark.run(_digits_demo, args=(1,), num_proc=2, env={"OMP_NUM_THREADS": "1"})
     assert "on 2 ranks" in printed[0], printed
+
+
+def _elastic_loop(marker, steps):
+    """An hvd.elastic.run loop; rank 1 kills itself mid-training (after step 3's commit) on the
+    first attempt only. Returns (rank, size, the (step, size) log, the weights)."""
+    import signal
+
+    import numpy as np
+
+    import hvdlite as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0, w=np.zeros(4), log=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            grad = np.full(4, (state.step + 1) * 0.01 + hvd.rank())
+            state.w = state.w - 0.1 * hvd.allreduce(grad, op=hvd.Average, name="grad")
+            state.log.append((state.step, hvd.size()))
+            state.step += 1
+            state.commit()
+            if hvd.rank() == 1 and state.step == 4 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return state.w
+
+    w = train(state)
+    return hvd.rank(), hvd.size(), state.log, w.tolist()
+
+
+def test_run_elastic_a_rank_killed_mid_training_retries_the_job(spark, tmp_path):
+    """run_elastic's semantics on barrier mode: the killed rank fails its task, Spark runs the
+    whole stage again, and the retried job's result is the full training's."""
+    import numpy as np
+
+    import hvdlite.spark
+
+    marker = str(tmp_path / "killed-once")
+    got = hvdlite.spark.run_elastic(
+        _elastic_loop, args=(marker, 10), num_proc=2, min_num_proc=2, max_num_proc=2, start_timeout=60
+    )
+    assert os.path.exists(marker)
+    w = np.zeros(4)
+    for step in range(10):
+        w = w - 0.1 * np.mean([np.full(4, (step + 1) * 0.01 + r) for r in range(2)], axis=0)
+    assert [g[:2] for g in got] == [(0, 2), (1, 2)]
+    assert got[0][2] == got[1][2] == [(s, 2) for s in range(10)]
+    np.testing.assert_allclose(got[0][3], w, rtol=1e-6)
+    assert got[0][3] == got[1][3]
+
+
+def test_run_elastic_reset_limit_and_sizes(spark, tmp_path):
+    import hvdlite.spark
+
+    with pytest.raises(ValueError, match="min_num_proc <= num_proc"):
+        hvdlite.spark.run_elastic(_elastic_loop, num_proc=2, min_num_proc=3)
+    # With reset_limit the driver resubmits the job: 0 allows no retry, 1 lets the second run
+    # (rank 1 killed only once) complete.
+    marker = str(tmp_path / "killed-once")
+    with pytest.raises(RuntimeError, match="exceeded limit: 0"):
+        hvdlite.spark.run_elastic(_elastic_loop, args=(marker, 6), num_proc=2, reset_limit=0)
+    got = hvdlite.spark.run_elastic(
+        _elastic_loop, args=(str(tmp_path / "again"), 6), num_proc=2, reset_limit=1
+    )
+    assert [g[2] for g in got] == [[(s, 2) for s in range(6)]] * 2

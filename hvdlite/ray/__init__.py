@@ -10,8 +10,10 @@ for the executor's lifetime; every actor gets the job description in its environ
 hvdlite.common.job.write, so the function it runs calls hvd.init() as under hvdliterun. Ray
 schedules and places everything; hvdlite starts no process of its own.
 
-Not here: the elastic form (min_workers/max_workers, ElasticRayExecutor) and `callbacks`
-(accepted, never called).
+With min_workers (and max_workers) the executor is elastic: start() and run() go to
+hvdlite.ray.elastic.ElasticAdapter (Horovod's elastic_v2), which runs hvdlite's elastic driver with
+Ray actors as workers; ElasticRayExecutor (Horovod's older elastic API) is there too.
+`callbacks` are accepted and never called.
 """
 
 import collections
@@ -22,6 +24,9 @@ from typing import Any
 
 from hvdlite.common import exceptions
 from hvdlite.common import job as jobs
+from hvdlite.ray.elastic import ElasticAdapter, ElasticRayExecutor, RayHostDiscovery
+
+__all__ = ["ElasticAdapter", "ElasticRayExecutor", "RayExecutor", "RayHostDiscovery"]
 
 MiniSettings = collections.namedtuple(
     "MiniSettings", "ssh_identity_file timeout_s placement_group_timeout_s nics elastic"
@@ -110,10 +115,27 @@ class RayExecutor:
         elastic_timeout: int = 600,
         override_discovery: bool = True,
     ) -> None:
-        if min_workers is not None or max_workers is not None:
-            raise exceptions.NotSupportedError(
-                "hvdlite.ray: the elastic RayExecutor (min_workers/max_workers) is not built yet"
+        self._elastic: ElasticAdapter | None = None
+        if max_workers is not None and not min_workers:
+            raise exceptions.InvalidArgumentError("max_workers needs a positive min_workers (elastic jobs)")
+        if min_workers is not None:
+            if num_workers is not None or num_hosts is not None:
+                raise exceptions.InvalidArgumentError(
+                    "give either min_workers (elastic) or num_workers/num_hosts (static), not both"
+                )
+            self._elastic = ElasticAdapter(
+                settings,
+                min_workers,
+                max_workers,
+                use_gpu,
+                cpus_per_worker,
+                gpus_per_worker,
+                override_discovery,
+                reset_limit,
+                cooldown_range,
+                elastic_timeout,
             )
+            return
         if (num_workers is None) == (num_hosts is None):
             raise exceptions.InvalidArgumentError(
                 "give either num_workers or num_hosts (with num_workers_per_host)"
@@ -150,6 +172,8 @@ class RayExecutor:
     ) -> None:
         """Starts the workers (one actor each), forms the job's description and hands it to them;
         then creates executable_cls(*executable_args, **executable_kwargs) in every worker."""
+        if self._elastic is not None:
+            return self._elastic.start(executable_cls, executable_args, executable_kwargs, extra_env_vars)
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -188,6 +212,8 @@ class RayExecutor:
         self, fn: Callable[[Any], Any], callbacks: list[Callable[..., Any]] | None = None
     ) -> list[Any]:
         """fn(executable) on every worker; the results in rank order."""
+        if self._elastic is not None:
+            return self._elastic.execute(fn)
         import ray
 
         return list(ray.get([w.execute.remote(fn) for w in self.workers]))
@@ -200,6 +226,8 @@ class RayExecutor:
         callbacks: list[Callable[..., Any]] | None = None,
     ) -> list[Any]:
         """fn(*args, **kwargs) on every worker; the results in rank order."""
+        if self._elastic is not None:
+            return self._elastic.run(fn, args, kwargs, callbacks)
         import ray
 
         return list(ray.get(self.run_remote(fn, args, kwargs)))
@@ -208,16 +236,22 @@ class RayExecutor:
         self, fn: Callable[..., Any], args: list[Any] | None = None, kwargs: dict[str, Any] | None = None
     ) -> list[Any]:
         """As run(), without waiting: the ObjectRefs in rank order (ray.get them)."""
+        if self._elastic is not None:
+            return self._elastic.run_remote(fn, args, kwargs)
         return [w.run.remote(fn, args, kwargs) for w in self.workers]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """fn(executable) on rank 0 only."""
+        if self._elastic is not None:
+            return self._elastic.execute_single(fn)
         import ray
 
         return ray.get(self.workers[0].execute.remote(fn))
 
     def shutdown(self) -> None:
         """Ends the workers (the store goes with rank 0's) and frees the placement group."""
+        if self._elastic is not None:
+            return self._elastic.shutdown()
         import ray
         from ray.util.placement_group import remove_placement_group
 

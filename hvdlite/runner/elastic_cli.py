@@ -1,6 +1,6 @@
 """hvdliterun's elastic flags (Horovod's names) and the entry into the elastic driver.
 
-Elastic mode is on when --host-discovery-script, --min-np or --max-np is given. Hosts come from
+Elastic mode is on when --host-discovery-script, --min-np, --max-np or --srun is given. Hosts come from
 the discovery script, or from -H host[:slots],... (fault tolerance without discovery).
 """
 
@@ -8,7 +8,7 @@ import os
 import sys
 
 from hvdlite.common.exceptions import InvalidArgumentError
-from hvdlite.runner import elastic_discovery, remote
+from hvdlite.runner import elastic_discovery, elastic_srun, remote
 from hvdlite.runner.elastic_driver import ElasticDriver
 
 DEFAULT_ELASTIC_TIMEOUT_S = 600.0
@@ -94,9 +94,18 @@ def add_elastic_args(parser):
         "between MIN and MAX); default: for good",
     )
 
+    _add(
+        group,
+        "--srun",
+        dest="srun",
+        action="store_true",
+        help="elastic under Slurm: start each worker as a one-task srun step on its node (hosts: "
+        "-H, the discovery script, else the allocation's nodes); see docs/launchers.md",
+    )
+
 
 def is_elastic(args):
-    return bool(args.host_discovery_script or args.min_np is not None or args.max_np is not None)
+    return bool(args.host_discovery_script or args.min_np is not None or args.max_np is not None or args.srun)
 
 
 def _ssh_options(args):
@@ -118,22 +127,24 @@ def run_elastic(args):
         sys.exit(
             "hvdliterun: want 1 <= --min-np <= -np <= --max-np, got %s <= %s <= %s" % (min_np, np, max_np)
         )
-    discovery: elastic_discovery.DiscoveryScript | elastic_discovery.FixedHosts
+    discovery: elastic_discovery.DiscoveryScript | elastic_discovery.FixedHosts | elastic_srun.AllocationHosts
     try:
         if args.host_discovery_script:
             discovery = elastic_discovery.DiscoveryScript(args.host_discovery_script, args.slots_per_host)
+        elif args.srun and not getattr(args, "hosts", None):
+            discovery = elastic_srun.AllocationHosts()
         else:
             hosts_text = getattr(args, "hosts", None) or "localhost:%d" % (max_np or np)
             discovery = elastic_discovery.FixedHosts(
                 elastic_discovery.parse_hosts(hosts_text, args.slots_per_host or 1)
             )
         manager = elastic_discovery.HostManager(discovery, args.cooldown_range)
-    except InvalidArgumentError as e:
+    except InvalidArgumentError as e:  # launchers.LauncherEnvError (AllocationHosts) is one
         sys.exit("hvdliterun: %s" % e)
     timeout = args.elastic_timeout
     if timeout is None:
         timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT_S))
-    driver = ElasticDriver(
+    driver = (elastic_srun.SrunElasticDriver if args.srun else ElasticDriver)(
         args.command,
         np,
         min_np,

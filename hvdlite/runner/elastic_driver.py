@@ -174,7 +174,9 @@ class ElasticDriver:
             self._local[host] = is_local_host(host)
         return self._local[host]
 
-    def _spawn(self, w, record):
+    def _worker_env(self, w, record):
+        """The environment of worker w started into generation `record`: base_env, its job in
+        that generation and the elastic driver's store (hvdlite/elastic/worker.py)."""
         me = record["workers"][w.id]
         env = jobs.write(dict(self.base_env), jobs.generation_job(record, w.id))
         env.update(
@@ -189,9 +191,14 @@ class ElasticDriver:
             self.log(
                 "starting %s as rank %d of %d (generation %d)" % (w.id, me["rank"], me["size"], record["gen"])
             )
-        argv, popen_env, data = remote.rank_launch(
-            w.host, self.command, env, self.ssh_options, self.is_local(w.host), self.base_env
-        )
+        return env
+
+    # The methods below are how workers are started, stopped and described: processes, local or
+    # over ssh, here; srun steps in elastic_srun.py; Ray actors in hvdlite/ray/elastic.py.
+    def _spawn(self, w, record):
+        """Starts worker w into generation `record`: sets w.proc (whose wait() returns the exit
+        status) and puts ("exit", w, status) on the event queue once it ends."""
+        argv, popen_env, data = self._launch(w, self._worker_env(w, record))
         w.proc = job.start_rank(argv, popen_env, data)
         for pipe, name, sink in ((w.proc.stdout, "stdout", self._out), (w.proc.stderr, "stderr", self._err)):
             prefix = ("[%s]<%s>:" % (w.id, name)).encode()
@@ -199,6 +206,13 @@ class ElasticDriver:
             reader.start()
             self._readers.append(reader)
         threading.Thread(target=self._reap, args=(w,), daemon=True).start()
+
+    def _launch(self, w, env):
+        """(argv, environment, stdin bytes or None) of the process that runs worker w: the
+        command itself on a local host, ssh on another (hvdlite/runner/elastic_srun.py: srun)."""
+        return remote.rank_launch(
+            w.host, self.command, env, self.ssh_options, self.is_local(w.host), self.base_env
+        )
 
     def _reap(self, w):
         self._events.put(("exit", w, w.proc.wait()))
@@ -209,6 +223,13 @@ class ElasticDriver:
                 os.killpg(w.proc.pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def _describe_exit(self, w, code):
+        return job.describe_exit(code) if self.is_local(w.host) else job.describe_remote_exit(code)
+
+    def _store_host(self, found):
+        """Where the stores listen, for the hosts found at start (module doc)."""
+        return hostlib.store_address([h for h in found if not self.is_local(h)], self.network_interfaces)
 
     # -- assignment --------------------------------------------------------------------------
     def _assign(self):
@@ -267,9 +288,7 @@ class ElasticDriver:
 
         found = self.hosts.discovery.find()  # a failure here is fatal
         try:
-            self.store_host = hostlib.store_address(
-                [h for h in found if not self.is_local(h)], self.network_interfaces
-            )
+            self.store_host = self._store_host(found)
         except (InvalidArgumentError, OSError) as e:
             self.log(str(e))
             return 2
@@ -377,7 +396,7 @@ class ElasticDriver:
                     continue
                 if self.first_failure is None:
                     self.first_failure = (w.id, code)
-                how = job.describe_exit(code) if self.is_local(w.host) else job.describe_remote_exit(code)
+                how = self._describe_exit(w, code)
                 self.log("%s %s; blacklisting host %s" % (w.id, how, w.host))
                 self.hosts.blacklist(w.host)
                 if not finishing:

@@ -33,6 +33,7 @@ from hvdlite.common import exceptions
 from hvdlite.common import job as jobs
 
 STDERR_TAIL = 4000  # characters of a failed rank's stderr put in the task's error
+RESET_LIMIT_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
 
 
 def _pickler() -> Any:
@@ -99,7 +100,11 @@ def _run_rank(payload: bytes, env: dict[str, str], executable: str) -> bytes:
 
 
 def _task_body(
-    payload: bytes, num_proc: int, secret_hex: str, extra_env: dict[str, str], executable: str
+    payload: bytes,
+    num_proc: int,
+    secret_hex: str,
+    extra_env: dict[str, str],
+    executable: str,
 ) -> Callable[[Iterable[int]], Iterator[tuple[int, bytes]]]:
     """The function of the barrier stage's tasks (runs on the executors)."""
 
@@ -147,24 +152,113 @@ def run(
     (default sys.executable). Horovod's use_mpi, use_gloo, extra_mpi_args, stdout, stderr, nics and
     prefix_output_with_timestamp have no effect (the ranks' output goes to the executors' logs);
     start_timeout bounds hvd.init()'s wait for the other ranks (HVDLITE_START_TIMEOUT)."""
+    sc = _spark_context("run")
+    num_proc = num_proc or sc.defaultParallelism
+    return _run_stage(sc, fn, args, kwargs, num_proc, _rank_env(env, start_timeout, verbose), executable)
+
+
+def _spark_context(caller: str) -> Any:
     import pyspark
 
     sc = pyspark.SparkContext._active_spark_context
     if sc is None:
         raise exceptions.PreconditionError(
-            "hvdlite.spark.run: no active SparkContext; start a SparkSession first"
+            "hvdlite.spark.%s: no active SparkContext; start a SparkSession first" % caller
         )
-    num_proc = num_proc or sc.defaultParallelism
+    return sc
+
+
+def _rank_env(env: dict[str, str] | None, start_timeout: int | None, verbose: int) -> dict[str, str]:
+    """The variables run()'s arguments add to each rank's environment."""
     extra = {k: str(v) for k, v in (env or {}).items()}
     if start_timeout is not None:
         extra["HVDLITE_START_TIMEOUT"] = str(start_timeout)
     if verbose >= 2:
         extra.setdefault("HVDLITE_LOG_LEVEL", "debug")
+    return extra
+
+
+def _run_stage(
+    sc: Any,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    num_proc: int,
+    extra: dict[str, str],
+    executable: str | None,
+    spark_retries: bool = True,
+) -> list[Any]:
+    """fn on num_proc ranks in one barrier stage (module doc); the results in rank order.
+    spark_retries: Spark retries the stage when a task fails; else the job fails at once."""
     payload = _pickler().dumps((fn, tuple(args), dict(kwargs or {})))
-    body = _task_body(payload, num_proc, os.urandom(32).hex(), extra, executable or sys.executable)
+    secret = os.urandom(32).hex()
+    body = _task_body(payload, num_proc, secret, extra, executable or sys.executable)
     # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries as a
-    # whole when a task fails (spark.stage.maxConsecutiveAttempts); a barrier ResultStage would be
+    # whole when a task fails (spark.stage.maxConsecutiveAttempts); a barrier ResultStage is
     # aborted at the first failure.
     ranks = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(body)
-    pairs = ranks.partitionBy(1).collect()
+    pairs = ranks.partitionBy(1).collect() if spark_retries else ranks.collect()
     return [pickle.loads(result) for _, result in sorted(pairs)]
+
+
+def run_elastic(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    num_proc: int | None = None,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
+    start_timeout: int | None = None,
+    elastic_timeout: int | None = None,
+    reset_limit: int | None = None,
+    env: dict[str, str] | None = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    verbose: int = 1,
+    nics: Any = None,
+    prefix_output_with_timestamp: bool = False,
+    min_np: int | None = None,
+    max_np: int | None = None,
+    executable: str | None = None,
+) -> list[Any]:
+    """Horovod's horovod.spark.run_elastic() on barrier mode: fn(*args, **kwargs) on num_proc
+    ranks (default spark.default.parallelism), results in rank order.
+
+    Semantics (docs/launchers.md, "Spark"): a barrier stage's tasks run together or not at all,
+    and when one fails Spark kills the others and runs the whole stage again; a stage cannot go on
+    with fewer tasks. So a rank that dies does not leave survivors to continue at a smaller size:
+    the job is retried as a whole, a new job of num_proc ranks with a new store, and fn starts
+    again from its beginning (the state committed in the failed attempt is in the failed
+    processes' memory and is lost; persist it yourself, e.g. a checkpoint fn reloads, to resume).
+    The result is that of the attempt that completes. Retries: without reset_limit, Spark retries
+    the stage (spark.stage.maxConsecutiveAttempts, as run()); with reset_limit, this driver
+    submits the job again, at most reset_limit times after the first, then raises
+    HvdliteInternalError with Horovod's reset-limit message and the last attempt's error.
+    min_num_proc/max_num_proc (min_np/max_np: Horovod's deprecated names) are checked
+    (min <= num_proc <= max) and otherwise have no effect; elastic_timeout has none (Spark
+    schedules the retried stage); the other arguments are run()'s."""
+    min_num_proc = min_np if min_np is not None else min_num_proc
+    max_num_proc = max_np if max_np is not None else max_num_proc
+    sc = _spark_context("run_elastic")
+    num_proc = num_proc or sc.defaultParallelism
+    low = num_proc if min_num_proc is None else min_num_proc
+    high = num_proc if max_num_proc is None else max_num_proc
+    if not 1 <= low <= num_proc <= high:
+        raise exceptions.InvalidArgumentError(
+            "hvdlite.spark.run_elastic: want 1 <= min_num_proc <= num_proc <= max_num_proc, got "
+            "%s <= %s <= %s (a barrier stage runs exactly num_proc tasks)" % (low, num_proc, high)
+        )
+    extra = _rank_env(env, start_timeout, verbose)
+    if reset_limit is None:
+        return _run_stage(sc, fn, args, kwargs, num_proc, extra, executable)
+    for _ in range(reset_limit):
+        try:
+            return _run_stage(sc, fn, args, kwargs, num_proc, extra, executable, spark_retries=False)
+        except Exception as e:  # py4j's error of the failed Spark job: retried as a whole
+            sys.stderr.write("hvdlite.spark.run_elastic: the job failed, retrying it: %s\n" % str(e)[:500])
+    try:
+        return _run_stage(sc, fn, args, kwargs, num_proc, extra, executable, spark_retries=False)
+    except Exception as e:
+        raise exceptions.HvdliteInternalError(
+            "%s; the last attempt's error: %s" % (RESET_LIMIT_MESSAGE.format(reset_limit), e)
+        ) from e
