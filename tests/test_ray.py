@@ -90,6 +90,57 @@ def test_executable_class_execute_and_execute_single(cluster):
         executor.shutdown()
 
 
+def _log_steps(steps):
+    """Each rank logs (rank, step) for each step through Horovod's ray_logger."""
+    import hvdlite as hvd
+    from hvdlite.ray import ray_logger
+
+    hvd.init()
+    for step in range(steps):
+        ray_logger.log({"rank": hvd.rank(), "step": step})
+    return hvd.rank()
+
+
+@pytest.mark.slow
+def test_callbacks_get_every_value_the_workers_log(cluster):
+    """run() and execute() pass each value a worker logs to every callback, each worker's in
+    the order logged, all of them before the call returns; a callback's exception reaches the
+    caller; without callbacks log() only warns."""
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+    executor.start(executable_cls=_Model, executable_args=[10.0])
+    seen, doubled = [], []
+    try:
+        assert executor.run(_log_steps, args=[3], callbacks=[seen.append, lambda v: doubled.append(v)]) == [
+            0,
+            1,
+        ]
+
+        def log_base(model):
+            from hvdlite.ray import ray_logger
+
+            ray_logger.log(model.base)
+            return model.base
+
+        on_execute = []
+        assert executor.execute(log_base, callbacks=[on_execute.append]) == [10.0, 10.0]
+
+        def broken(value):
+            raise KeyError("callback failed")
+
+        with pytest.raises(KeyError, match="callback failed"):
+            executor.run(_log_steps, args=[1], callbacks=[broken])
+        assert executor.run(_log_steps, args=[1]) == [0, 1]  # no queue: log() warns, run() goes on
+    finally:
+        executor.shutdown()
+    assert sorted((v["rank"], v["step"]) for v in seen) == [(r, s) for r in range(2) for s in range(3)]
+    for rank in range(2):
+        assert [v["step"] for v in seen if v["rank"] == rank] == [0, 1, 2]
+    assert doubled == seen
+    assert on_execute == [10.0, 10.0]
+
+
 def test_static_form_needs_num_workers_or_num_hosts():
     from hvdlite.ray import RayExecutor
 

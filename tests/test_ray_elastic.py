@@ -122,6 +122,41 @@ def test_elastic_ray_executor_v2_form_uses_every_node(cluster):
     assert got == [(r, 3, 12.0, "yes") for r in range(3)]
 
 
+class _Replica:
+    """An executable class: its constructor joins the job (each elastic worker makes its own)."""
+
+    def __init__(self, base):
+        import hvdlite as hvd
+
+        hvd.init()
+        self.base = base
+
+    def step(self):
+        import hvdlite as hvd
+        from hvdlite.ray import ray_logger
+
+        total = float(hvd.allreduce(np.array([self.base + hvd.rank()]), op=hvd.Sum, name="replica")[0])
+        ray_logger.log({"rank": hvd.rank(), "total": total})
+        return total
+
+
+@pytest.mark.slow
+def test_elastic_execute_with_an_executable_class_and_callbacks(cluster):
+    """The elastic RayExecutor (Horovod's elastic_v2) creates start()'s executable class in every
+    worker and execute(fn) calls fn on it; what the workers log reaches the callbacks."""
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), min_workers=2, max_workers=2)
+    executor.start(executable_cls=_Replica, executable_args=[5.0])
+    seen = []
+    try:
+        got = executor.execute(_Replica.step, callbacks=[seen.append])
+    finally:
+        executor.shutdown()
+    assert got == [11.0, 11.0]
+    assert sorted(v["rank"] for v in seen) == [0, 1] and {v["total"] for v in seen} == {11.0}
+
+
 @pytest.mark.slow
 def test_node_removed_mid_training_survivors_go_on(cluster, tmp_path):
     from hvdlite.ray import ElasticRayExecutor
@@ -165,3 +200,16 @@ def test_bad_worker_counts_are_refused():
     executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2))
     with pytest.raises(ValueError, match="min_workers <= max_workers"):
         executor.run(lambda: None)
+
+
+def test_elastic_run_remote_and_execute_single_are_refused_as_in_horovod():
+    """Horovod's elastic_v2 raises NotImplementedError for both (its workers are ephemeral);
+    hvdlite's NotSupportedError is one."""
+    from hvdlite.common.exceptions import NotSupportedError
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), min_workers=1)
+    with pytest.raises(NotSupportedError, match="ObjectRefs cannot be returned"):
+        executor.run_remote(_sum_of_ranks, args=[1.0])
+    with pytest.raises(NotImplementedError, match="does not support execute_single"):
+        executor.execute_single(lambda executable: None)
