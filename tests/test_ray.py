@@ -141,6 +141,40 @@ def test_callbacks_get_every_value_the_workers_log(cluster):
     assert on_execute == [10.0, 10.0]
 
 
+def _inside_a_placement_group():
+    """Runs in a Ray task inside the caller's placement group (as a Ray Tune trial does): the
+    executor's workers go into that group, and shutdown leaves the group to its owner."""
+    from ray.util.placement_group import get_current_placement_group
+
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+    executor.start()
+    try:
+        got = executor.run(_allreduce, args=[1.0])
+        inherited = executor.strategy.placement_group.id == get_current_placement_group().id
+    finally:
+        executor.shutdown()
+    return [g[6] for g in got], inherited
+
+
+@pytest.mark.slow
+def test_workers_go_into_the_current_placement_group(cluster):
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
+    ray.get(pg.ready(), timeout=60)
+    try:
+        task = ray.remote(num_cpus=0)(_inside_a_placement_group).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        )
+        assert ray.get(task.remote(), timeout=120) == ([3.0, 3.0], True)
+        assert placement_group_table(pg)["state"] == "CREATED"  # not removed by the executor
+    finally:
+        remove_placement_group(pg)
+
+
 def test_static_form_needs_num_workers_or_num_hosts():
     from hvdlite.ray import RayExecutor
 

@@ -157,6 +157,28 @@ def test_elastic_execute_with_an_executable_class_and_callbacks(cluster):
     assert sorted(v["rank"] for v in seen) == [0, 1] and {v["total"] for v in seen} == {11.0}
 
 
+def _log_rank():
+    import hvdlite as hvd
+    from hvdlite.ray import ray_logger
+
+    hvd.init()
+    ray_logger.log(("rank", hvd.rank()))
+    return hvd.rank()
+
+
+@pytest.mark.slow
+def test_elastic_ray_executor_calls_the_callbacks(cluster):
+    """Horovod's older elastic API: run(worker_fn, callbacks) passes what the workers log to each
+    callback."""
+    from hvdlite.ray import ElasticRayExecutor
+
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2))
+    executor.start()
+    seen, also = [], []
+    assert executor.run(_log_rank, callbacks=[seen.append, also.append]) == [0, 1]
+    assert sorted(seen) == [("rank", 0), ("rank", 1)] and also == seen
+
+
 @pytest.mark.slow
 def test_node_removed_mid_training_survivors_go_on(cluster, tmp_path):
     from hvdlite.ray import ElasticRayExecutor
