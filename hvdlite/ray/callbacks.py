@@ -81,5 +81,6 @@ class CallbackQueue:
         if self._thread is not None:
             self._thread.join(timeout=60)
         self.queue.shutdown(force=True)
-        if exc is None and self._error is not None:
-            raise self._error
+        failed = self._error
+        if exc is None and failed is not None:
+            raise failed  # the callback's own exception, as it raised it

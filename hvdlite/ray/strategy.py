@@ -64,11 +64,11 @@ class BaseStrategy:
     gpus_per_worker = 1
 
     def create_workers(self) -> tuple[list[Any], list[Any]]:
-        raise NotImplementedError
+        raise exceptions.NotSupportedError("%s does not define create_workers" % type(self).__name__)
 
     @property
     def num_workers(self) -> int:
-        raise NotImplementedError
+        raise exceptions.NotSupportedError("%s does not define num_workers" % type(self).__name__)
 
     @classmethod
     def get_node_workers(cls, workers: list[Any]) -> list[Any]:
