@@ -235,3 +235,17 @@ def test_elastic_run_remote_and_execute_single_are_refused_as_in_horovod():
         executor.run_remote(_sum_of_ranks, args=[1.0])
     with pytest.raises(NotImplementedError, match="does not support execute_single"):
         executor.execute_single(lambda executable: None)
+
+
+def test_settings_are_mutable_and_a_discovery_set_on_them_is_used():
+    """Horovod's examples set settings.discovery and pass override_discovery=False."""
+    from hvdlite.ray import ElasticRayExecutor, RayExecutor, RayHostDiscovery
+
+    mine = RayHostDiscovery(cpus_per_slot=2)
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, verbose=2)
+    settings.discovery = mine
+    assert ElasticRayExecutor(settings, override_discovery=False).discovery is mine
+    assert ElasticRayExecutor(settings).discovery is not mine
+    static = RayExecutor.create_settings(timeout_s=5)
+    static.discovery = mine
+    assert RayExecutor(static, min_workers=1, override_discovery=False)._elastic.discovery is mine

@@ -27,7 +27,7 @@ set, so its constructor may call hvd.init()) and execute(fn) calls fn(executable
 execute_single are refused as in Horovod (the workers are ephemeral).
 """
 
-import collections
+import dataclasses
 import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -37,10 +37,20 @@ from hvdlite.ray.callbacks import CallbackQueue
 from hvdlite.runner import elastic_discovery
 from hvdlite.runner.elastic_driver import ElasticDriver
 
-ElasticSettings = collections.namedtuple(
-    "ElasticSettings",
-    "min_num_proc max_num_proc reset_limit elastic_timeout timeout_s cooldown_range discovery verbose",
-)
+
+@dataclasses.dataclass
+class ElasticSettings:
+    """ElasticRayExecutor's settings; mutable, as Horovod's (Horovod's examples set
+    `settings.discovery` and pass override_discovery=False)."""
+
+    min_num_proc: int = 1
+    max_num_proc: int | None = None
+    reset_limit: int | None = None
+    elastic_timeout: float = 600
+    timeout_s: int = 30
+    cooldown_range: Any = None
+    discovery: Any = None
+    verbose: bool = False
 
 
 class RayHostDiscovery:

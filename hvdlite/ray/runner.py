@@ -21,7 +21,7 @@ hvdlite.ray.elastic.ElasticAdapter (Horovod's elastic_v2), which runs hvdlite's 
 with Ray actors as workers.
 """
 
-import collections
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,9 +34,19 @@ from hvdlite.ray.strategy import BaseStrategy, ColocatedStrategy, PGStrategy
 
 __all__ = ["MiniSettings", "RayExecutor"]
 
-MiniSettings = collections.namedtuple(
-    "MiniSettings", "ssh_identity_file timeout_s placement_group_timeout_s nics elastic"
-)
+
+@dataclasses.dataclass
+class MiniSettings:
+    """Horovod's RayExecutor settings; mutable, as Horovod's (scripts set fields such as
+    `discovery`, which the elastic form reads with override_discovery=False)."""
+
+    ssh_identity_file: str | None = None
+    timeout_s: int = 30
+    placement_group_timeout_s: int = 100
+    nics: Any = None
+    elastic: bool = False
+    verbose: int = 1
+    discovery: Any = None
 
 
 def _topology(nodes: list[str]) -> list[tuple[int, int, int, int]]:
