@@ -179,6 +179,25 @@ def test_elastic_ray_executor_calls_the_callbacks(cluster):
     assert sorted(seen) == [("rank", 0), ("rank", 1)] and also == seen
 
 
+class _AddressDiscovery:
+    """A discovery written for Horovod: only find_available_hosts_and_slots, hosts named by node
+    address (all raylets of this test cluster share one)."""
+
+    def find_available_hosts_and_slots(self):
+        return {ray.util.get_node_ip_address(): 2}
+
+
+@pytest.mark.slow
+def test_a_horovod_style_discovery_set_on_the_settings_is_used(cluster):
+    from hvdlite.ray import ElasticRayExecutor
+
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2)
+    settings.discovery = _AddressDiscovery()
+    executor = ElasticRayExecutor(settings, override_discovery=False)
+    executor.start()
+    assert executor.run(_log_rank) == [0, 1]
+
+
 @pytest.mark.slow
 def test_node_removed_mid_training_survivors_go_on(cluster, tmp_path):
     from hvdlite.ray import ElasticRayExecutor

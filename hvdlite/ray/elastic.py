@@ -9,7 +9,9 @@ from hvdliterun's elastic mode, and they live here:
   - hosts are the alive Ray nodes, named by Ray node id (raylets may share an address), with
     slots = CPU // cpus_per_slot (and at most GPU // gpus_per_slot with use_gpu), read from
     ray.nodes() every second (RayHostDiscovery), so nodes that join or leave the Ray cluster
-    join or leave the job;
+    join or leave the job; a discovery of the caller's (settings.discovery with
+    override_discovery=False) may be written for Horovod (find_available_hosts_and_slots) and
+    name hosts by node address, as Horovod does;
   - a worker is one Ray actor pinned to its node (NodeAffinitySchedulingStrategy, hard) that
     takes the worker's environment and calls the function. Its exit status, as the driver sees
     it: 0 when the function returned or the worker left the job (the SystemExit(0) of
@@ -28,6 +30,7 @@ execute_single are refused as in Horovod (the workers are ephemeral).
 """
 
 import dataclasses
+import re
 import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -61,6 +64,12 @@ class RayHostDiscovery:
         self.use_gpu, self.cpus_per_slot, self.gpus_per_slot = use_gpu, cpus_per_slot, gpus_per_slot
 
     def find(self) -> dict[str, int]:
+        """What the elastic driver calls: Horovod's method, so a subclass that overrides
+        find_available_hosts_and_slots (as Horovod's examples do) is what the driver sees."""
+        return self.find_available_hosts_and_slots()
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        """{Ray node id: slots} of the alive nodes with at least one slot (class doc)."""
         import ray
 
         hosts = {}
@@ -75,7 +84,33 @@ class RayHostDiscovery:
                 hosts[node["NodeID"]] = slots
         return hosts
 
-    find_available_hosts_and_slots = find  # Horovod's name
+
+class HorovodDiscovery:
+    """A discovery object written for Horovod (a horovod.runner.elastic.discovery.HostDiscovery:
+    only find_available_hosts_and_slots() -> {host: slots}) as the elastic driver's discovery
+    (its find()). Its hosts may be Ray node ids or node addresses (Horovod's names; _placement)."""
+
+    def __init__(self, discovery: Any) -> None:
+        self.discovery = discovery
+
+    def find(self) -> dict[str, int]:
+        return dict(self.discovery.find_available_hosts_and_slots())
+
+
+def _as_driver_discovery(discovery: Any) -> Any:
+    """discovery itself when it has find(), else HorovodDiscovery around it."""
+    return discovery if hasattr(discovery, "find") else HorovodDiscovery(discovery)
+
+
+def _placement(host: str, resources: dict[str, Any]) -> dict[str, Any]:
+    """Ray actor options that put a worker on `host`: a Ray node id (RayHostDiscovery's names)
+    pins it there (hard NodeAffinitySchedulingStrategy); any other name is taken as a node
+    address, as Horovod names hosts, and asks for a sliver of Ray's `node:<address>` resource."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if re.fullmatch(r"[0-9a-f]{56}", host):
+        return dict(resources, scheduling_strategy=NodeAffinitySchedulingStrategy(host, soft=False))
+    return dict(resources, resources={"node:%s" % host: 0.001})
 
 
 class _ElasticWorker:
@@ -172,12 +207,8 @@ class _RayElasticDriver(ElasticDriver):
     def _spawn(self, w: Any, record: dict[str, Any]) -> None:
         import threading
 
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         env = self._worker_env(w, record)
-        actor: Any = self._actor_cls.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(w.host, soft=False), **self._resources
-        ).remote()
+        actor: Any = self._actor_cls.options(**_placement(w.host, self._resources)).remote()
         w.proc = _ActorRun(actor, actor.run.remote(env, self._fn, self._executable, self._queue))
         threading.Thread(target=self._reap, args=(w,), daemon=True).start()
 
@@ -215,7 +246,7 @@ def run_elastic(
             % (min_workers, max_workers)
         )
     hosts = elastic_discovery.HostManager(
-        discovery, tuple(cooldown_range) if cooldown_range is not None else None
+        _as_driver_discovery(discovery), tuple(cooldown_range) if cooldown_range is not None else None
     )
     with CallbackQueue(callbacks) as calls:
         driver = _RayElasticDriver(
