@@ -100,12 +100,48 @@ def test_torch_and_common_aliases_are_hvdlite_modules(installed):
         ("horovod.ray", "hvdlite.ray"),  # horovod.ray.RayExecutor (ray is imported by start())
         ("horovod.ray.elastic", "hvdlite.ray.elastic"),  # ElasticRayExecutor
         ("horovod.ray.elastic_v2", "hvdlite.ray.elastic_v2"),  # ElasticAdapter
+        ("horovod.ray.runner", "hvdlite.ray.runner"),  # RayExecutor, MiniSettings
+        ("horovod.ray.strategy", "hvdlite.ray.strategy"),  # ColocatedStrategy, PGStrategy
+        ("horovod.ray.worker", "hvdlite.ray.worker"),  # BaseHorovodWorker
+        ("horovod.ray.ray_logger", "hvdlite.ray.ray_logger"),  # log() for the callbacks
     ]
     got = _json(_IDENTITY % (pairs,), installed)
     for h, t in pairs:
         assert got[h] == [True, True, t, t], h
     assert got["attr"] is True
     assert got["duplicates"] == []
+
+
+# Horovod 0.28.1's public names per horovod.ray module, as its users import them.
+_RAY_NAMES = {
+    "horovod.ray": ["RayExecutor", "BaseHorovodWorker", "ElasticRayExecutor"],
+    "horovod.ray.runner": ["RayExecutor", "MiniSettings"],
+    "horovod.ray.strategy": ["BaseStrategy", "ColocatedStrategy", "PGStrategy", "create_placement_group"],
+    "horovod.ray.worker": ["BaseHorovodWorker"],
+    "horovod.ray.elastic": ["ElasticRayExecutor", "RayHostDiscovery"],
+    "horovod.ray.elastic_v2": ["ElasticAdapter", "RayHostDiscovery"],
+    "horovod.ray.ray_logger": ["configure", "log"],
+}
+
+
+def test_horovod_ray_modules_have_horovods_public_names(installed):
+    """`from horovod.ray.runner import RayExecutor` and the like import, without importing ray,
+    and name one class wherever Horovod re-exports it."""
+    code = (
+        "import importlib, json, sys\n"
+        "names = %r\n"
+        "got = {m: [n for n in ns if not hasattr(importlib.import_module(m), n)] for m, ns in names.items()}\n"
+        "from horovod.ray import RayExecutor, BaseHorovodWorker\n"
+        "from horovod.ray.runner import RayExecutor as R\n"
+        "from horovod.ray.worker import BaseHorovodWorker as W\n"
+        "got['same'] = [R is RayExecutor, W is BaseHorovodWorker]\n"
+        "got['ray_imported'] = 'ray' in sys.modules\n"
+        "print(json.dumps(got))\n"
+    ) % (_RAY_NAMES,)
+    got = _json(code, installed)
+    assert got.pop("same") == [True, True]
+    assert got.pop("ray_imported") is False
+    assert got == {m: [] for m in _RAY_NAMES}
 
 
 @pytest.mark.skipif(not HAVE_TF, reason="tensorflow is not installed")

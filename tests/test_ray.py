@@ -90,6 +90,91 @@ def test_executable_class_execute_and_execute_single(cluster):
         executor.shutdown()
 
 
+def _log_steps(steps):
+    """Each rank logs (rank, step) for each step through Horovod's ray_logger."""
+    import hvdlite as hvd
+    from hvdlite.ray import ray_logger
+
+    hvd.init()
+    for step in range(steps):
+        ray_logger.log({"rank": hvd.rank(), "step": step})
+    return hvd.rank()
+
+
+@pytest.mark.slow
+def test_callbacks_get_every_value_the_workers_log(cluster):
+    """run() and execute() pass each value a worker logs to every callback, each worker's in
+    the order logged, all of them before the call returns; a callback's exception reaches the
+    caller; without callbacks log() only warns."""
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+    executor.start(executable_cls=_Model, executable_args=[10.0])
+    seen, doubled = [], []
+    try:
+        assert executor.run(_log_steps, args=[3], callbacks=[seen.append, lambda v: doubled.append(v)]) == [
+            0,
+            1,
+        ]
+
+        def log_base(model):
+            from hvdlite.ray import ray_logger
+
+            ray_logger.log(model.base)
+            return model.base
+
+        on_execute = []
+        assert executor.execute(log_base, callbacks=[on_execute.append]) == [10.0, 10.0]
+
+        def broken(value):
+            raise KeyError("callback failed")
+
+        with pytest.raises(KeyError, match="callback failed"):
+            executor.run(_log_steps, args=[1], callbacks=[broken])
+        assert executor.run(_log_steps, args=[1]) == [0, 1]  # no queue: log() warns, run() goes on
+    finally:
+        executor.shutdown()
+    assert sorted((v["rank"], v["step"]) for v in seen) == [(r, s) for r in range(2) for s in range(3)]
+    for rank in range(2):
+        assert [v["step"] for v in seen if v["rank"] == rank] == [0, 1, 2]
+    assert doubled == seen
+    assert on_execute == [10.0, 10.0]
+
+
+def _inside_a_placement_group():
+    """Runs in a Ray task inside the caller's placement group (as a Ray Tune trial does): the
+    executor's workers go into that group, and shutdown leaves the group to its owner."""
+    from ray.util.placement_group import get_current_placement_group
+
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+    executor.start()
+    try:
+        got = executor.run(_allreduce, args=[1.0])
+        inherited = executor.strategy.placement_group.id == get_current_placement_group().id
+    finally:
+        executor.shutdown()
+    return [g[6] for g in got], inherited
+
+
+@pytest.mark.slow
+def test_workers_go_into_the_current_placement_group(cluster):
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
+    ray.get(pg.ready(), timeout=60)
+    try:
+        task = ray.remote(num_cpus=0)(_inside_a_placement_group).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        )
+        assert ray.get(task.remote(), timeout=120) == ([3.0, 3.0], True)
+        assert placement_group_table(pg)["state"] == "CREATED"  # not removed by the executor
+    finally:
+        remove_placement_group(pg)
+
+
 def test_static_form_needs_num_workers_or_num_hosts():
     from hvdlite.ray import RayExecutor
 

@@ -122,6 +122,82 @@ def test_elastic_ray_executor_v2_form_uses_every_node(cluster):
     assert got == [(r, 3, 12.0, "yes") for r in range(3)]
 
 
+class _Replica:
+    """An executable class: its constructor joins the job (each elastic worker makes its own)."""
+
+    def __init__(self, base):
+        import hvdlite as hvd
+
+        hvd.init()
+        self.base = base
+
+    def step(self):
+        import hvdlite as hvd
+        from hvdlite.ray import ray_logger
+
+        total = float(hvd.allreduce(np.array([self.base + hvd.rank()]), op=hvd.Sum, name="replica")[0])
+        ray_logger.log({"rank": hvd.rank(), "total": total})
+        return total
+
+
+@pytest.mark.slow
+def test_elastic_execute_with_an_executable_class_and_callbacks(cluster):
+    """The elastic RayExecutor (Horovod's elastic_v2) creates start()'s executable class in every
+    worker and execute(fn) calls fn on it; what the workers log reaches the callbacks."""
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), min_workers=2, max_workers=2)
+    executor.start(executable_cls=_Replica, executable_args=[5.0])
+    seen = []
+    try:
+        got = executor.execute(_Replica.step, callbacks=[seen.append])
+    finally:
+        executor.shutdown()
+    assert got == [11.0, 11.0]
+    assert sorted(v["rank"] for v in seen) == [0, 1] and {v["total"] for v in seen} == {11.0}
+
+
+def _log_rank():
+    import hvdlite as hvd
+    from hvdlite.ray import ray_logger
+
+    hvd.init()
+    ray_logger.log(("rank", hvd.rank()))
+    return hvd.rank()
+
+
+@pytest.mark.slow
+def test_elastic_ray_executor_calls_the_callbacks(cluster):
+    """Horovod's older elastic API: run(worker_fn, callbacks) passes what the workers log to each
+    callback."""
+    from hvdlite.ray import ElasticRayExecutor
+
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2))
+    executor.start()
+    seen, also = [], []
+    assert executor.run(_log_rank, callbacks=[seen.append, also.append]) == [0, 1]
+    assert sorted(seen) == [("rank", 0), ("rank", 1)] and also == seen
+
+
+class _AddressDiscovery:
+    """A discovery written for Horovod: only find_available_hosts_and_slots, hosts named by node
+    address (all raylets of this test cluster share one)."""
+
+    def find_available_hosts_and_slots(self):
+        return {ray.util.get_node_ip_address(): 2}
+
+
+@pytest.mark.slow
+def test_a_horovod_style_discovery_set_on_the_settings_is_used(cluster):
+    from hvdlite.ray import ElasticRayExecutor
+
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2)
+    settings.discovery = _AddressDiscovery()
+    executor = ElasticRayExecutor(settings, override_discovery=False)
+    executor.start()
+    assert executor.run(_log_rank) == [0, 1]
+
+
 @pytest.mark.slow
 def test_node_removed_mid_training_survivors_go_on(cluster, tmp_path):
     from hvdlite.ray import ElasticRayExecutor
@@ -165,3 +241,30 @@ def test_bad_worker_counts_are_refused():
     executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2))
     with pytest.raises(ValueError, match="min_workers <= max_workers"):
         executor.run(lambda: None)
+
+
+def test_elastic_run_remote_and_execute_single_are_refused_as_in_horovod():
+    """Horovod's elastic_v2 raises NotImplementedError for both (its workers are ephemeral);
+    hvdlite's NotSupportedError is one."""
+    from hvdlite.common.exceptions import NotSupportedError
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(), min_workers=1)
+    with pytest.raises(NotSupportedError, match="ObjectRefs cannot be returned"):
+        executor.run_remote(_sum_of_ranks, args=[1.0])
+    with pytest.raises(NotImplementedError, match="does not support execute_single"):
+        executor.execute_single(lambda executable: None)
+
+
+def test_settings_are_mutable_and_a_discovery_set_on_them_is_used():
+    """Horovod's examples set settings.discovery and pass override_discovery=False."""
+    from hvdlite.ray import ElasticRayExecutor, RayExecutor, RayHostDiscovery
+
+    mine = RayHostDiscovery(cpus_per_slot=2)
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, verbose=2)
+    settings.discovery = mine
+    assert ElasticRayExecutor(settings, override_discovery=False).discovery is mine
+    assert ElasticRayExecutor(settings).discovery is not mine
+    static = RayExecutor.create_settings(timeout_s=5)
+    static.discovery = mine
+    assert RayExecutor(static, min_workers=1, override_discovery=False)._elastic.discovery is mine

@@ -9,7 +9,9 @@ from hvdliterun's elastic mode, and they live here:
   - hosts are the alive Ray nodes, named by Ray node id (raylets may share an address), with
     slots = CPU // cpus_per_slot (and at most GPU // gpus_per_slot with use_gpu), read from
     ray.nodes() every second (RayHostDiscovery), so nodes that join or leave the Ray cluster
-    join or leave the job;
+    join or leave the job; a discovery of the caller's (settings.discovery with
+    override_discovery=False) may be written for Horovod (find_available_hosts_and_slots) and
+    name hosts by node address, as Horovod does;
   - a worker is one Ray actor pinned to its node (NodeAffinitySchedulingStrategy, hard) that
     takes the worker's environment and calls the function. Its exit status, as the driver sees
     it: 0 when the function returned or the worker left the job (the SystemExit(0) of
@@ -17,25 +19,41 @@ from hvdliterun's elastic mode, and they live here:
     removed, or it was killed). An ended worker's actor is killed at once.
 The stores listen on the driver's Ray node address, which every Ray node reaches.
 
-run() blocks until the job ends and returns the return values of the last generation's workers
-in rank order; a failed job raises HvdliteError with the driver's message (Horovod raises
-RuntimeError, its base class). `callbacks` are accepted and never called (the static executor
-does the same).
+run() (and the elastic RayExecutor's execute()) blocks until the job ends and returns the return
+values of the last generation's workers in rank order; a failed job raises HvdliteError with the
+driver's message (Horovod raises RuntimeError, its base class). `callbacks`: every value a worker
+of any generation passes to hvdlite.ray.ray_logger.log is passed to every callback in the driver
+while the job runs (hvdlite/ray/callbacks.py), as in Horovod. The elastic RayExecutor creates its
+start() executable class in every worker of every generation (after the worker's environment is
+set, so its constructor may call hvd.init()) and execute(fn) calls fn(executable); run_remote and
+execute_single are refused as in Horovod (the workers are ephemeral).
 """
 
-import collections
+import dataclasses
+import re
 import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from hvdlite.common import exceptions
+from hvdlite.ray.callbacks import CallbackQueue
 from hvdlite.runner import elastic_discovery
 from hvdlite.runner.elastic_driver import ElasticDriver
 
-ElasticSettings = collections.namedtuple(
-    "ElasticSettings",
-    "min_num_proc max_num_proc reset_limit elastic_timeout timeout_s cooldown_range discovery verbose",
-)
+
+@dataclasses.dataclass
+class ElasticSettings:
+    """ElasticRayExecutor's settings; mutable, as Horovod's (Horovod's examples set
+    `settings.discovery` and pass override_discovery=False)."""
+
+    min_num_proc: int = 1
+    max_num_proc: int | None = None
+    reset_limit: int | None = None
+    elastic_timeout: float = 600
+    timeout_s: int = 30
+    cooldown_range: Any = None
+    discovery: Any = None
+    verbose: bool = False
 
 
 class RayHostDiscovery:
@@ -46,6 +64,12 @@ class RayHostDiscovery:
         self.use_gpu, self.cpus_per_slot, self.gpus_per_slot = use_gpu, cpus_per_slot, gpus_per_slot
 
     def find(self) -> dict[str, int]:
+        """What the elastic driver calls: Horovod's method, so a subclass that overrides
+        find_available_hosts_and_slots (as Horovod's examples do) is what the driver sees."""
+        return self.find_available_hosts_and_slots()
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        """{Ray node id: slots} of the alive nodes with at least one slot (class doc)."""
         import ray
 
         hosts = {}
@@ -60,19 +84,56 @@ class RayHostDiscovery:
                 hosts[node["NodeID"]] = slots
         return hosts
 
-    find_available_hosts_and_slots = find  # Horovod's name
+
+class HorovodDiscovery:
+    """A discovery object written for Horovod (a horovod.runner.elastic.discovery.HostDiscovery:
+    only find_available_hosts_and_slots() -> {host: slots}) as the elastic driver's discovery
+    (its find()). Its hosts may be Ray node ids or node addresses (Horovod's names; _placement)."""
+
+    def __init__(self, discovery: Any) -> None:
+        self.discovery = discovery
+
+    def find(self) -> dict[str, int]:
+        return dict(self.discovery.find_available_hosts_and_slots())
+
+
+def _as_driver_discovery(discovery: Any) -> Any:
+    """discovery itself when it has find(), else HorovodDiscovery around it."""
+    return discovery if hasattr(discovery, "find") else HorovodDiscovery(discovery)
+
+
+def _placement(host: str, resources: dict[str, Any]) -> dict[str, Any]:
+    """Ray actor options that put a worker on `host`: a Ray node id (RayHostDiscovery's names)
+    pins it there (hard NodeAffinitySchedulingStrategy); any other name is taken as a node
+    address, as Horovod names hosts, and asks for a sliver of Ray's `node:<address>` resource."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if re.fullmatch(r"[0-9a-f]{56}", host):
+        return dict(resources, scheduling_strategy=NodeAffinitySchedulingStrategy(host, soft=False))
+    return dict(resources, resources={"node:%s" % host: 0.001})
 
 
 class _ElasticWorker:
     """The actor of one elastic worker (made a Ray actor class by _RayElasticDriver)."""
 
-    def run(self, env: dict[str, str], fn: Callable[[], Any]) -> tuple[int, Any]:
-        """(0, fn's value), (SystemExit's status, None) or (1, the traceback)."""
+    def run(
+        self, env: dict[str, str], fn: Callable[[Any], Any], executable: Any, queue: Any
+    ) -> tuple[int, Any]:
+        """Sets env and the callback queue, creates the executable (cls, args, kwargs) if any, and
+        calls fn(executable or None): (0, its value), (SystemExit's status, None) or (1, the
+        traceback)."""
         import os
 
+        from hvdlite.ray import ray_logger
+
         os.environ.update(env)
+        ray_logger.configure(queue)
         try:
-            return 0, fn()
+            instance = None
+            if executable is not None:
+                cls, args, kwargs = executable
+                instance = cls(*(args or ()), **(kwargs or {}))
+            return 0, fn(instance)
         except SystemExit as e:
             return (e.code if isinstance(e.code, int) else int(e.code is not None)), None
         except BaseException:  # the driver reports it; the actor itself must not die of it
@@ -115,11 +176,19 @@ class _ActorRun:
 class _RayElasticDriver(ElasticDriver):
     """ElasticDriver whose workers are Ray actors on Ray nodes (module doc)."""
 
-    def __init__(self, fn: Callable[[], Any], resources: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        resources: dict[str, Any],
+        executable: Any = None,
+        queue: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(command=[], **kwargs)
         import ray
 
         self._fn, self._resources = fn, resources
+        self._executable, self._queue = executable, queue
         self._actor_cls: Any = ray.remote(_ElasticWorker)
         self.messages: list[str] = []
 
@@ -138,13 +207,9 @@ class _RayElasticDriver(ElasticDriver):
     def _spawn(self, w: Any, record: dict[str, Any]) -> None:
         import threading
 
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         env = self._worker_env(w, record)
-        actor: Any = self._actor_cls.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(w.host, soft=False), **self._resources
-        ).remote()
-        w.proc = _ActorRun(actor, actor.run.remote(env, self._fn))
+        actor: Any = self._actor_cls.options(**_placement(w.host, self._resources)).remote()
+        w.proc = _ActorRun(actor, actor.run.remote(env, self._fn, self._executable, self._queue))
         threading.Thread(target=self._reap, args=(w,), daemon=True).start()
 
     def _signal(self, w: Any, signum: int) -> None:
@@ -160,7 +225,7 @@ class _RayElasticDriver(ElasticDriver):
 
 
 def run_elastic(
-    fn: Callable[[], Any],
+    fn: Callable[[Any], Any],
     discovery: Any,
     min_workers: int,
     max_workers: int | None,
@@ -170,29 +235,36 @@ def run_elastic(
     cooldown_range: Any = None,
     elastic_timeout: float = 600.0,
     verbose: bool = False,
+    executable: tuple[type, Any, Any] | None = None,
+    callbacks: list[Callable[..., Any]] | None = None,
 ) -> list[Any]:
-    """Runs fn() elastically on Ray actors (module doc); blocks until the job ends."""
+    """Runs fn(executable instance, or None) elastically on Ray actors, each callback called on
+    every value the workers log (module doc); blocks until the job ends."""
     if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
         raise exceptions.InvalidArgumentError(
             "elastic Ray job: want 1 <= min_workers <= max_workers, got %s and %s"
             % (min_workers, max_workers)
         )
     hosts = elastic_discovery.HostManager(
-        discovery, tuple(cooldown_range) if cooldown_range is not None else None
+        _as_driver_discovery(discovery), tuple(cooldown_range) if cooldown_range is not None else None
     )
-    driver = _RayElasticDriver(
-        fn,
-        resources,
-        np=min_workers,
-        min_np=min_workers,
-        max_np=max_workers,
-        hosts=hosts,
-        elastic_timeout=elastic_timeout,
-        reset_limit=reset_limit,
-        base_env={k: str(v) for k, v in (env_vars or {}).items()},
-        verbose=verbose,
-    )
-    if driver.run() != 0:
+    with CallbackQueue(callbacks) as calls:
+        driver = _RayElasticDriver(
+            fn,
+            resources,
+            executable,
+            calls.queue,
+            np=min_workers,
+            min_np=min_workers,
+            max_np=max_workers,
+            hosts=hosts,
+            elastic_timeout=elastic_timeout,
+            reset_limit=reset_limit,
+            base_env={k: str(v) for k, v in (env_vars or {}).items()},
+            verbose=verbose,
+        )
+        code = driver.run()
+    if code != 0:
         raise exceptions.HvdliteError(
             "elastic Ray job failed: %s" % (driver.messages[-1] if driver.messages else "see the log")
         )
@@ -262,7 +334,7 @@ class ElasticRayExecutor:
         """worker_fn() on every worker, elastically; the last generation's values in rank order."""
         s = self.settings
         return run_elastic(
-            worker_fn,
+            lambda _: worker_fn(),
             self.discovery,
             getattr(s, "min_num_proc", 1),
             getattr(s, "max_num_proc", None),
@@ -272,6 +344,7 @@ class ElasticRayExecutor:
             getattr(s, "cooldown_range", None),
             getattr(s, "elastic_timeout", 600),
             getattr(s, "verbose", False),
+            callbacks=callbacks,
         )
 
 
@@ -306,6 +379,7 @@ class ElasticAdapter:
             elastic_timeout,
         )
         self.env_vars: dict[str, str] = {}
+        self.executable: tuple[type, Any, Any] | None = None
 
     def start(
         self,
@@ -314,12 +388,12 @@ class ElasticAdapter:
         executable_kwargs: dict[str, Any] | None = None,
         extra_env_vars: dict[str, str] | None = None,
     ) -> None:
-        """Keeps extra_env_vars for the workers; an executable class has no elastic meaning
-        (Horovod's elastic adapter has no execute either) and is refused."""
-        if executable_cls is not None:
-            raise exceptions.NotSupportedError(
-                "elastic RayExecutor: executable_cls is not supported (use run(fn))"
-            )
+        """Keeps extra_env_vars and the executable class for the workers: nothing runs before
+        run()/execute(), and every worker of every generation creates its own
+        executable_cls(*executable_args, **executable_kwargs) (module doc)."""
+        self.executable = (
+            (executable_cls, executable_args, executable_kwargs) if executable_cls is not None else None
+        )
         self.env_vars = {k: str(v) for k, v in (extra_env_vars or {}).items()}
 
     def run(
@@ -331,8 +405,15 @@ class ElasticAdapter:
     ) -> list[Any]:
         """fn(*args, **kwargs) on every worker, elastically; values in rank order."""
         a, kw = list(args or ()), dict(kwargs or {})
+        return self.execute(lambda _: fn(*a, **kw), callbacks)
+
+    def execute(
+        self, fn: Callable[[Any], Any], callbacks: list[Callable[..., Any]] | None = None
+    ) -> list[Any]:
+        """fn(executable) on every worker, elastically (the executable of start(), created in
+        each worker; None without one); values in rank order."""
         return run_elastic(
-            lambda: fn(*a, **kw),
+            fn,
             self.discovery,
             self.min_workers,
             self.max_workers,
@@ -342,15 +423,22 @@ class ElasticAdapter:
             self.cooldown_range,
             self.elastic_timeout,
             bool(getattr(self.settings, "verbose", False)),
+            self.executable,
+            callbacks,
         )
 
-    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+    def run_remote(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused, as in Horovod: no ObjectRefs outlive an elastic run's workers."""
         raise exceptions.NotSupportedError(
-            "elastic RayExecutor: only run() is supported; run_remote, execute and execute_single "
-            "need a fixed set of workers"
+            "elastic RayExecutor: ObjectRefs cannot be returned from Elastic runs as the workers "
+            "are ephemeral; use run() (it returns the values)"
         )
 
-    run_remote = execute = execute_single = _refuse
+    def execute_single(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused, as in Horovod: an elastic job has no fixed rank-0 worker between calls."""
+        raise exceptions.NotSupportedError(
+            "Elastic mode does not support execute_single. Please use the execute method instead"
+        )
 
     def shutdown(self) -> None:
         """Nothing outlives run()."""
