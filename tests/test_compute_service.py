@@ -1,7 +1,7 @@
 """The compute service (hvdlite/runner/compute_service.py) that hvdlite.tensorflow.data's
 dispatchers, workers and training ranks meet through, in one process with threads: real store
 server, real clients. The tf.data servers on top of it run in Horovod's test_compute_worker.py
-(tests/test_horovod_suites.py, slow) and test_tf_data_service below (slow: imports TensorFlow)."""
+(tests/test_horovod_suites.py, slow) and tests/test_tf_data_service.py (slow: TensorFlow)."""
 
 import os
 import threading
