@@ -82,14 +82,21 @@ def _reused_ids():
     r = hvd.rank()
     a, b, c = (hvd.add_process_set(ranks) for ranks in ([0, 1], [1, 2], [0, 2]))
     out = {"first": [a.process_set_id, b.process_set_id, c.process_set_id]}
-    if r in a.ranks:
-        out["x_before"] = hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum, name="x", process_set=a).tolist()
+    # Three times, so that the core caches (set 3, "x") and then sends it as a cache id.
+    if r in c.ranks:
+        out["x_before"] = [
+            hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum, name="x", process_set=c).tolist() for _ in range(3)
+        ]
     assert hvd.remove_process_set(c) and hvd.remove_process_set(a)  # frees 3, then 1
     d, e, f = (hvd.add_process_set(ranks) for ranks in ([2], [0], [0, 1]))
     out["reused"] = [d.process_set_id, e.process_set_id, f.process_set_id]
-    # The same name on a reused id with other members: the core must not mix up the two sets.
+    # The same name on the reused id 3, now of other members: the core must not mix the two sets up.
     if r in d.ranks:
-        out["x_after"] = hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum, name="x", process_set=d).tolist()
+        out["x_after"] = [
+            hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum, name="x", process_set=d).tolist() for _ in range(3)
+        ]
+    if r in f.ranks:  # and a set that got a new id
+        out["f_sum"] = hvd.allreduce(np.full(1, r + 1.0), op=hvd.Sum, name="x", process_set=f).tolist()
     out["table"] = hvd.common.basics._get_process_set_ids_and_ranks()
     hvd.shutdown()
     return out
@@ -102,10 +109,12 @@ def test_removed_ids_are_reused_oldest_first_as_in_horovod():
         assert out["first"] == [1, 2, 3]
         assert out["reused"] == [3, 1, 4]
         assert out["table"] == {0: [0, 1, 2], 1: [0], 2: [1, 2], 3: [2], 4: [0, 1]}
-        if r < 2:
-            assert out["x_before"] == [3.0, 3.0]
+        if r in (0, 2):
+            assert out["x_before"] == [[4.0, 4.0]] * 3
         if r == 2:
-            assert out["x_after"] == [3.0, 3.0]
+            assert out["x_after"] == [[3.0, 3.0]] * 3
+        if r < 2:
+            assert out["f_sum"] == [3.0]
 
 
 def _reversed_order():
