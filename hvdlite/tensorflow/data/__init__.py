@@ -6,5 +6,6 @@ and WorkerServer) for other training jobs or for themselves: compute_worker.main
 hvdlite's compute service (hvdlite/runner/compute_service.py); a training rank reads the config
 file it writes (TfDataServiceConfig.read) and then either sends its dataset to the service
 (Dataset.send_to_data_service, dispatchers on the compute side) or runs the dispatcher itself
-(the tf_data_service context manager, dispatchers on the training side). See docs/tensorflow.md.
+(the tf_data_service context manager, dispatchers on the training side). See the README's
+TensorFlow section and docs/horovod_compat.md.
 """
