@@ -36,9 +36,11 @@ _PREFIX = "compute/"
 
 
 def _interfaces(nics):
-    """{interface name: IPv4 address} of this host's interfaces (only those in `nics` if given)."""
+    """{interface name: IPv4 address} of this host's interfaces (only those in `nics` if given),
+    loopback last: a client on another host tries the others first (loopback would reach its own
+    host, and a connection refused there is retried for seconds)."""
     out = {}
-    for _, name in socket.if_nameindex():
+    for _, name in sorted(socket.if_nameindex(), key=lambda i: i[1] == "lo"):
         if nics and name not in nics:
             continue
         addr = interface_address([name])
