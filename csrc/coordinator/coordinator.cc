@@ -282,13 +282,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     return;
   }
   if (r0.type == OpType::kAddProcessSet) {
-    int32_t id = next_set_id_;
-    if (free_set_ids_.empty()) {
-      ++next_set_id_;
-    } else {
-      id = free_set_ids_.front();
-      free_set_ids_.pop_front();
-    }
+    int32_t id = TakeSetId();
     std::vector<int> members(r0.set_members.begin(), r0.set_members.end());
     sets_->Add(id, members);
     d.response.new_set_id = id;
