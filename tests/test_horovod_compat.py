@@ -482,3 +482,40 @@ print(json.dumps([len(ds), list(img.shape), label == int(y_test[0]), 0.5 < float
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [256, [1, 28, 28], True, True, 1024]
+
+
+def test_python_dash_m_runs_an_aliased_module(installed):
+    """`python -m horovod.<aliased module>` runs the hvdlite module as __main__ (as
+    `python -m horovod.tensorflow.data.compute_worker CONFIGFILE` does), with its file as argv[0]."""
+    out = subprocess.run(
+        [sys.executable, "-m", "horovod.common.exceptions"],
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    code = (
+        "import horovod, importlib.util; print(importlib.util.find_spec('horovod.common.exceptions').origin)"
+    )
+    assert _python(code, installed).stdout.strip().endswith("hvdlite/common/exceptions.py")  # runpy's argv[0]
+
+
+_COMPUTE = """
+import json
+from horovod.runner.common.service.compute_service import ComputeClient, ComputeService
+from horovod.runner.common.util import secret
+key = secret.make_secret_key()
+service = ComputeService(1, 1, key=key)
+client = ComputeClient(service.addresses(), key)
+client.register_dispatcher(0, "grpc://localhost:1")
+address = client.wait_for_dispatcher_registration(0, 5)
+service.shutdown()
+print(json.dumps([len(key), address, secret.check_digest(key, b"m", secret.compute_digest(key, b"m"))]))
+"""
+
+
+def test_horovods_compute_service_and_secret(installed):
+    """horovod.runner.common.service.compute_service (hvdlite's compute service, which
+    horovod.tensorflow.data uses) and horovod.runner.common.util.secret."""
+    assert _json(_COMPUTE, installed) == [32, "grpc://localhost:1", True]

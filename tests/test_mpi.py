@@ -214,16 +214,16 @@ def _comm_process_sets():
     world = MPI.COMM_WORLD
     halves = hvd.ProcessSet(world.Split(world.rank % 2, world.rank))  # differs per rank, as in Horovod
     hvd.init(process_sets=[halves])
-    everyone = hvd.add_process_set(hvd.ProcessSet(world))
+    low = hvd.add_process_set(hvd.ProcessSet(world.Split(int(world.rank < 2), world.rank)))  # [0, 1], [2]
     out = {
         "halves": halves.ranks,
-        "everyone": everyone.ranks,
+        "low": (low.process_set_id, low.ranks),
         "rank_in": halves.rank(),
         "sum": hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, process_set=halves).tolist(),
-        "all": hvd.allreduce(np.array([1.0]), op=hvd.Sum, process_set=everyone).tolist(),
+        "low_sum": hvd.allreduce(np.array([1.0]), op=hvd.Sum, process_set=low).tolist(),
         "mpi4py_too": world.allreduce(1),
     }  # the user's own MPI traffic beside hvdlite's
-    assert hvd.remove_process_set(halves) and hvd.remove_process_set(everyone)
+    assert hvd.remove_process_set(halves) and hvd.remove_process_set(low)
     out["after"] = hvd.allreduce(np.array([1.0]), op=hvd.Sum).tolist()
     hvd.shutdown()
     return out
@@ -236,8 +236,49 @@ def test_process_set_from_mpi4py_communicator(cpu_ops):
         mine = [0, 2] if r % 2 == 0 else [1]
         assert out["halves"] == mine and out["rank_in"] == mine.index(r)
         assert out["sum"] == [float(sum(m + 1 for m in mine))]
-        assert out["everyone"] == [0, 1, 2] and out["all"] == [3.0] and out["mpi4py_too"] == 3
+        assert out["low"] == ((3, [0, 1]) if r < 2 else (4, [2])) and out["mpi4py_too"] == 3
+        assert out["low_sum"] == [2.0 if r < 2 else 1.0]
         assert out["after"] == [3.0]
+
+
+def _comm_duplicates():
+    from mpi4py import MPI
+
+    import hvdlite as hvd
+
+    world = MPI.COMM_WORLD
+    hvd.init()
+    pair = hvd.add_process_set([0, 2])
+    out = {}
+    for case, comm in (
+        ("world", world.Dup()),  # the global set
+        ("split", world.Split(world.rank % 2, world.rank)),  # [0, 2] on even ranks only, [1] is new
+    ):
+        try:
+            hvd.add_process_set(hvd.ProcessSet(comm))
+            out[case] = None
+        except ValueError as e:
+            out[case] = str(e)
+    out["ids"] = hvd.common.basics._get_process_set_ids_and_ranks()  # nothing half-registered
+    odd = hvd.add_process_set(hvd.ProcessSet(world.Split(world.rank % 2, world.rank)), allow_duplicate=True)
+    out["allowed"] = odd.process_set_id
+    assert hvd.remove_process_set(pair) and hvd.remove_process_set(odd)
+    hvd.shutdown()
+    return out
+
+
+def test_a_communicator_set_that_duplicates_a_registered_set_is_a_value_error():
+    """As add_process_set([ranks]) is: the communicator's groups are gathered from every rank, so
+    every rank raises alike, naming the ranks whose communicator is the duplicate."""
+    for r, out in enumerate(run_mpi_ranks(_comm_duplicates, 3)):
+        assert (
+            "rank(s) [0, 1, 2] has ranks [0, 1, 2], a duplicate of the registered process set 0"
+            in out["world"]
+        )
+        assert "rank(s) [0, 2] has ranks [0, 2], a duplicate of the registered process set 1" in out["split"]
+        assert "has ranks [1]," not in out["split"]  # the odd rank's group is new
+        assert out["ids"] == {0: [0, 1, 2], 1: [0, 2]}
+        assert out["allowed"] == (2 if r % 2 == 0 else 3)  # allow_duplicate: each group its own id
 
 
 def test_process_set_from_comm_needs_an_mpi_job():

@@ -70,9 +70,51 @@ def test_process_sets_on_four_ranks():
         assert out["bcast"] == [members[-1]] * 2
         assert out["non_member"] is not None and "not a member" in out["non_member"]
         assert out["removed"] == "PreconditionError"
-        assert out["again"] == 3
+        assert out["again"] == 1  # even's id, freed first (Horovod's rule: see the test below)
         if r < 3:
             assert out["again_sum"] == [3.0]
+
+
+def _reused_ids():
+    import hvdlite as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    a, b, c = (hvd.add_process_set(ranks) for ranks in ([0, 1], [1, 2], [0, 2]))
+    out = {"first": [a.process_set_id, b.process_set_id, c.process_set_id]}
+    # Three times, so that the core caches (set 3, "x") and then sends it as a cache id.
+    if r in c.ranks:
+        out["x_before"] = [
+            hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum, name="x", process_set=c).tolist() for _ in range(3)
+        ]
+    assert hvd.remove_process_set(c) and hvd.remove_process_set(a)  # frees 3, then 1
+    d, e, f = (hvd.add_process_set(ranks) for ranks in ([2], [0], [0, 1]))
+    out["reused"] = [d.process_set_id, e.process_set_id, f.process_set_id]
+    # The same name on the reused id 3, now of other members: the core must not mix the two sets up.
+    if r in d.ranks:
+        out["x_after"] = [
+            hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum, name="x", process_set=d).tolist() for _ in range(3)
+        ]
+    if r in f.ranks:  # and a set that got a new id
+        out["f_sum"] = hvd.allreduce(np.full(1, r + 1.0), op=hvd.Sum, name="x", process_set=f).tolist()
+    out["table"] = hvd.common.basics._get_process_set_ids_and_ranks()
+    hvd.shutdown()
+    return out
+
+
+def test_removed_ids_are_reused_oldest_first_as_in_horovod():
+    """Horovod's ProcessSetTable: a removed set's id goes to a FIFO queue; a new set takes the
+    queue's head, else the next unused id."""
+    for r, out in enumerate(run_pooled(_reused_ids, 3, timeout=60)):
+        assert out["first"] == [1, 2, 3]
+        assert out["reused"] == [3, 1, 4]
+        assert out["table"] == {0: [0, 1, 2], 1: [0], 2: [1, 2], 3: [2], 4: [0, 1]}
+        if r in (0, 2):
+            assert out["x_before"] == [[4.0, 4.0]] * 3
+        if r == 2:
+            assert out["x_after"] == [[3.0, 3.0]] * 3
+        if r < 2:
+            assert out["f_sum"] == [3.0]
 
 
 def _reversed_order():

@@ -290,11 +290,12 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     return;
   }
   if (r0.type == OpType::kAddProcessSet) {
-    int32_t id = next_set_id_++;
+    int32_t id = TakeSetId();
     std::vector<int> members(r0.set_members.begin(), r0.set_members.end());
     sets_->Add(id, members);
     d.response.new_set_id = id;
   } else if (r0.type == OpType::kRemoveProcessSet) {
+    if (r0.target_set != 0 && sets_->Exists(r0.target_set)) free_set_ids_.push_back(r0.target_set);
     sets_->Remove(r0.target_set);
   }
   d.response.cache_ids.push_back(Cacheable(r0.type) ? cache_.Bind(p.reqs) : -1);

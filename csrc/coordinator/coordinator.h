@@ -130,7 +130,16 @@ class Coordinator {
   std::set<int> joined_ranks_;  // ranks inside join(), until every rank has joined
   int last_joined_ = -1;
   bool shutdown_announced_ = false;
+  // Process set ids as Horovod hands them out: a removed set's id is reused,
+  // the longest-free first; otherwise the next unused one.
+  int32_t TakeSetId() {
+    if (free_set_ids_.empty()) return next_set_id_++;
+    const int32_t id = free_set_ids_.front();
+    free_set_ids_.pop_front();
+    return id;
+  }
   int32_t next_set_id_ = 1;
+  std::deque<int32_t> free_set_ids_;  // removed ids, in the order they were freed
   std::atomic<int64_t> cache_entries_{0}, cache_evictions_{0};
   ScheduleLearner learner_;
   bool schedule_active_ = false;  // announced, and rank 0 has not left it yet

@@ -174,12 +174,8 @@ def add_process_set(process_set, allow_duplicate=False):
             "process set ranks %r must be a non-empty list of ranks in [0, %d)" % (ps.ranks, world)
         )
     if ps.mpi_comm is not None:
-        return _add_comm_process_set(ps)
-    same = (
-        []
-        if allow_duplicate
-        else [i for i, r in ids_and_ranks().items() if r == ps.ranks and i not in _addon_ids]
-    )
+        return _add_comm_process_set(ps, allow_duplicate)
+    same = [] if allow_duplicate else _registered_as(ps.ranks)
     if same:  # every rank holds the same table, so every rank raises here alike
         raise exceptions.InvalidArgumentError(
             "process set %r is a duplicate of the registered process set %d, as in Horovod"
@@ -194,20 +190,41 @@ def add_process_set(process_set, allow_duplicate=False):
     return ps
 
 
-def _add_comm_process_set(ps):
+def _registered_as(ranks):
+    """Ids of the registered sets with exactly `ranks` (the global set included), leaving out the
+    add-ons' own sets (_addon_ids)."""
+    return [i for i, r in ids_and_ranks().items() if r == ranks and i not in _addon_ids]
+
+
+def _add_comm_process_set(ps, allow_duplicate=False):
     """ProcessSet(comm) where comm may differ per rank (e.g. COMM_WORLD.Split(color)), as in
     Horovod: every distinct member list any rank brings is registered, in the same order on
     every rank; `ps` gets the id of its own. (Horovod gives all the parts one id; here each
-    part has its own id, and remove_process_set(ps) removes them all.)"""
+    part has its own id, and remove_process_set(ps) removes them all.) A part with the ranks of
+    a registered set is a duplicate (InvalidArgumentError, on every rank alike: the parts are
+    gathered), unless allow_duplicate."""
     tag = "__comm_process_set__.%d" % len(_registry)
     lengths = _allgather_ints([len(ps.ranks)], tag + ".n")
     flat = _allgather_ints(ps.ranks, tag + ".ranks")
+    holders: dict[tuple[int, ...], list[int]] = {}  # member list -> the ranks whose comm has it
     groups, start = [], 0
-    for n in lengths:
+    for holder, n in enumerate(lengths):
         group = flat[start : start + n]
         start += n
         if group not in groups:
             groups.append(group)
+        holders.setdefault(tuple(group), []).append(holder)
+    duplicates = [] if allow_duplicate else [(g, _registered_as(g)) for g in groups if _registered_as(g)]
+    if duplicates:
+        raise exceptions.InvalidArgumentError(
+            "add_process_set(ProcessSet(comm)): %s, as in Horovod; register each distinct "
+            "communicator once"
+            % "; ".join(
+                "the communicator of rank(s) %s has ranks %s, a duplicate of the registered process set %d"
+                % (holders[tuple(g)], g, ids[0])
+                for g, ids in duplicates
+            )
+        )
     ids = []
     for group in groups:
         code, message, set_id = _core.add_process_set(group)

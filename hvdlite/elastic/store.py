@@ -26,24 +26,29 @@ _OK, _NOT_FOUND, _BAD_REQUEST = 0, 1, 2
 
 
 class StoreError(HvdliteError):
-    """The elastic driver's store cannot be reached, rejected us, or a wait on it expired."""
+    """A store client's store (the elastic driver's, or the compute service) cannot be reached,
+    rejected us, or a wait on it expired."""
 
 
-def _read_exact(sock, n):
+def _read_exact(sock, n, name="the elastic driver's store"):
     out = b""
     while len(out) < n:
         chunk = sock.recv(n - len(out))
         if not chunk:
-            raise StoreError("the elastic driver's store closed the connection")
+            raise StoreError("%s closed the connection" % name)
         out += chunk
     return out
 
 
 class StoreClient:
-    def __init__(self, addr, secret, connect_timeout=30.0, io_timeout=30.0):
-        """addr: "host:port"; secret: raw bytes. Retries the connection until connect_timeout."""
+    def __init__(
+        self, addr, secret, connect_timeout=30.0, io_timeout=30.0, name="the elastic driver's store"
+    ):
+        """addr: "host:port"; secret: raw bytes. Retries the connection until connect_timeout.
+        name: what error messages call the store's host."""
         host, _, port = addr.rpartition(":")
         self.addr = addr
+        self.name = name
         self._lock = threading.Lock()
         deadline = time.monotonic() + connect_timeout
         while True:
@@ -52,20 +57,20 @@ class StoreClient:
                 break
             except OSError as e:
                 if time.monotonic() >= deadline:
-                    raise StoreError("cannot reach the elastic driver's store at %s: %s" % (addr, e)) from e
+                    raise StoreError("cannot reach %s at %s: %s" % (name, addr, e)) from e
                 time.sleep(0.05)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            challenge = _read_exact(self._sock, len(_MAGIC) + _NONCE_LEN)
+            challenge = _read_exact(self._sock, len(_MAGIC) + _NONCE_LEN, self.name)
             if not challenge.startswith(_MAGIC):
                 raise StoreError("%s is not an hvdlite rendezvous store" % addr)
             proof = hmac.new(secret, challenge[len(_MAGIC) :] + _PROOF_CONTEXT, hashlib.sha256).digest()
             self._sock.sendall(proof)
-            if _read_exact(self._sock, 1) != b"\x01":
-                raise StoreError("the elastic driver's store at %s rejected our secret" % addr)
+            if _read_exact(self._sock, 1, self.name) != b"\x01":
+                raise StoreError("%s at %s rejected our secret" % (name, addr))
         except (OSError, StoreError) as e:
             self._sock.close()
-            raise StoreError("cannot join the elastic driver's store at %s: %s" % (addr, e)) from e
+            raise StoreError("cannot join %s at %s: %s" % (name, addr, e)) from e
 
     def close(self):
         self._sock.close()
@@ -76,10 +81,10 @@ class StoreClient:
         with self._lock:
             try:
                 self._sock.sendall(request)
-                status, length = struct.unpack("<BI", _read_exact(self._sock, 5))
-                payload = _read_exact(self._sock, length) if length else b""
+                status, length = struct.unpack("<BI", _read_exact(self._sock, 5, self.name))
+                payload = _read_exact(self._sock, length, self.name) if length else b""
             except OSError as e:
-                raise StoreError("lost the elastic driver's store at %s: %s" % (self.addr, e)) from e
+                raise StoreError("lost %s at %s: %s" % (self.name, self.addr, e)) from e
         if status == _BAD_REQUEST:
             raise StoreError(payload.decode(errors="replace"))
         return status, payload
@@ -102,9 +107,7 @@ class StoreClient:
                 return value
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StoreError(
-                    "timed out after %.0f s waiting for '%s' in the elastic driver's store" % (timeout, key)
-                )
+                raise StoreError("timed out after %.0f s waiting for '%s' in %s" % (timeout, key, self.name))
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.05)
 

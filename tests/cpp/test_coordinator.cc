@@ -267,6 +267,17 @@ void TestProcessSetFieldsAndWire() {
   h.SubmitAll(rm, {0, 1});
   h.Drain();
   Check(h.sets.Ranks(1).empty(), "remove_process_set removes target_set");
+  add.set_members = {1};
+  h.SubmitAll(add, {0, 1});
+  out = h.Drain();
+  Check(out.size() == 2 && out[1].responses.size() == 1 && out[1].responses[0].new_set_id == 1 &&
+            h.sets.Ranks(1) == std::vector<int>({1}),
+        "a removed set's id is reused (Horovod's rule: freed ids first, oldest first)");
+  add.set_members = {0};
+  h.SubmitAll(add, {0, 1});
+  out = h.Drain();
+  Check(out.size() == 2 && out[1].responses.size() == 1 && out[1].responses[0].new_set_id == 2,
+        "with no freed id, the next unused one");
 }
 
 }  // namespace

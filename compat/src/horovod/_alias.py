@@ -56,6 +56,13 @@ class _AliasLoader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         module.__spec__ = self._spec  # the hvdlite module's own spec (importlib.reload needs it)
 
+    def get_code(self, fullname: str) -> types.CodeType | None:
+        """The hvdlite module's code: what `python -m horovod.<module>` runs as __main__ (runpy
+        asks the loader for it; e.g. horovod.tensorflow.data.compute_worker)."""
+        spec = importlib.util.find_spec(self.target)
+        get_code = getattr(spec.loader, "get_code", None) if spec is not None else None
+        return get_code(self.target) if get_code is not None else None
+
 
 class AliasFinder(importlib.abc.MetaPathFinder):
     """First on sys.meta_path, so that it answers before the path finder could load a second
@@ -70,7 +77,9 @@ class AliasFinder(importlib.abc.MetaPathFinder):
         hvdlite_name = target_of(fullname)
         if hvdlite_name is None:
             return None
-        if hvdlite_name not in sys.modules:
+        loaded = sys.modules.get(hvdlite_name)
+        found = getattr(loaded, "__spec__", None)
+        if loaded is None:
             try:
                 found = importlib.util.find_spec(hvdlite_name)
             except ModuleNotFoundError:
@@ -81,7 +90,9 @@ class AliasFinder(importlib.abc.MetaPathFinder):
                     "which hvdlite does not have" % (fullname, hvdlite_name),
                     name=fullname,
                 )
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(hvdlite_name))
+        # origin: the hvdlite file, which `python -m horovod.<module>` shows as sys.argv[0].
+        origin = getattr(found, "origin", None)
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(hvdlite_name), origin=origin)
 
 
 def install() -> None:

@@ -1,1 +1,1 @@
-"""Horovod's horovod.runner.common.util package (env)."""
+"""Horovod's horovod.runner.common.util package (env, secret)."""

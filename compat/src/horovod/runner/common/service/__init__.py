@@ -1,0 +1,1 @@
+"""Horovod's horovod.runner.common.service package (compute_service)."""
