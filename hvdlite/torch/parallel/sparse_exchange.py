@@ -104,6 +104,15 @@ class Exchange:
         self.bases = torch.tensor(bases, dtype=torch.int64)
         self.widths = torch.tensor([lay.col_range(self.me)[1] - lay.col_range(self.me)[0] for lay in layouts])
         self.row_starts = torch.tensor([lay.row_range(self.me)[0] for lay in layouts], dtype=torch.int64)
+        self.local_bases = self.bases + self.row_starts  # key - local_bases[table]: the shard's row
+        widths = [int(w) for w in self.widths]
+        # the one width of every table this member holds (None when they differ: column shards):
+        # then served rows go by row index into a (keys x width) matrix, else by element
+        held_widths = {w for w, lay in zip(widths, layouts) if lay.shard_shape(self.me)[0]}
+        self.row_width = held_widths.pop() if len(held_widths) == 1 else None
+        self.columns = [torch.arange(w) for w in widths]
+        # what a table not touched this step updates with (Adam still counts the step)
+        self.untouched = [(torch.zeros(0, dtype=torch.int64), torch.zeros(0, w)) for w in widths]
         self.traffic = Traffic()
 
     # ---- forward -------------------------------------------------------------------------
@@ -213,23 +222,30 @@ class Exchange:
 
     def _serve(self, keys, got, step):
         """The flat rows for the received `keys` (grouped by requester, then by table), and
-        how many fp32 elements go back to each requester."""
+        how many fp32 elements go back to each requester. The keys are grouped by table with
+        one stable sort, so each held table costs one gather and one scatter."""
         table = torch.searchsorted(self.bases, keys, right=True) - 1
         width = self.widths[table]
         ends = torch.cumsum(width, 0)
         starts = ends - width
         flat = torch.empty(int(ends[-1]) if keys.numel() else 0, dtype=torch.float32)
+        local_rows = keys - self.local_bases[table]
+        counts = torch.bincount(table, minlength=len(self.shards)).tolist()
+        by_table = torch.split(torch.argsort(table, stable=True), counts)
         step.held = []
-        for t, shard in enumerate(self.shards):
-            mine = torch.nonzero(table == t).reshape(-1)
-            if mine.numel() == 0:
+        for t, (mine, shard) in enumerate(zip(by_table, self.shards)):
+            if not counts[t]:
                 step.held.append(None)
                 continue
-            local = keys[mine] - self.bases[t] - self.row_starts[t]
-            w = int(self.widths[t])
-            positions = (starts[mine].unsqueeze(1) + torch.arange(w)).reshape(-1)
-            flat[positions] = shard[local.to(shard.device)].reshape(-1).cpu()
-            step.held.append((local, positions))
+            local = local_rows[mine]
+            rows = shard[local.to(shard.device)].cpu()
+            if self.row_width is not None:  # every key's rows are one row of a matrix
+                flat.view(-1, self.row_width)[mine] = rows
+                step.held.append((local, mine))
+            else:
+                positions = (starts[mine].unsqueeze(1) + self.columns[t]).reshape(-1)
+                flat[positions] = rows.reshape(-1)
+                step.held.append((local, positions))
         bounds = torch.cumsum(torch.tensor([0] + got), 0)
         served = [
             int(ends[bounds[r + 1] - 1] - starts[bounds[r]]) if got[r] else 0 for r in range(self.members)
@@ -286,10 +302,13 @@ class Exchange:
         updates = []
         for t, held in enumerate(step.held):
             if held is None:
-                updates.append((t, torch.zeros(0, dtype=torch.int64), torch.zeros(0, int(self.widths[t]))))
+                updates.append((t, *self.untouched[t]))
                 continue
-            local, positions = held
-            g = got[positions].view(local.numel(), -1)
+            local, index = held  # as _serve placed the rows
+            if self.row_width is not None:
+                g = got.view(-1, self.row_width)[index]
+            else:
+                g = got[index].view(local.numel(), -1)
             rows, inverse = torch.unique(local, return_inverse=True)
             summed = torch.zeros(rows.numel(), g.shape[1]).index_add_(0, inverse, g)
             updates.append((t, rows, summed.div_(self.average_over)))
@@ -298,8 +317,9 @@ class Exchange:
             self._apply(*self.pending.popleft())
 
     def _apply(self, updates, sq_means):
-        for t, rows, g in updates:
-            self.optimizers[t].update(rows, g, sq_means.get(t))
+        with torch.no_grad():  # once, not per table: a step updates every table
+            for t, rows, g in updates:
+                self.optimizers[t].update(rows, g, sq_means.get(t))
 
     def _row_square_means(self, updates):
         """mean(g**2) over full rows for column-sharded tables whose optimizer needs it: each
