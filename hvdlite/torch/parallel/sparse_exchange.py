@@ -101,7 +101,8 @@ class Exchange:
         for layout in layouts:
             bases.append(total)
             total += layout.rows
-        self.bases = torch.tensor(bases, dtype=torch.int64)
+        self.bases, self.base_list = torch.tensor(bases, dtype=torch.int64), bases
+        self.table_rows = torch.tensor([lay.rows for lay in layouts], dtype=torch.int64)
         self.widths = torch.tensor([lay.col_range(self.me)[1] - lay.col_range(self.me)[0] for lay in layouts])
         self.row_starts = torch.tensor([lay.row_range(self.me)[0] for lay in layouts], dtype=torch.int64)
         self.local_bases = self.bases + self.row_starts  # key - local_bases[table]: the shard's row
