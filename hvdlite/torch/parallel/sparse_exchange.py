@@ -1,9 +1,9 @@
 """The lookup and gradient exchange of sharded embedding tables (hvd.parallel.ShardedEmbedding*).
 
 One step, for all tables of a collection at once, on every member of the process set:
-  forward   each member deduplicates its ids per table (torch.unique), and sends each unique id
-            once to each member that holds part of its row (one alltoall of int64 keys, key =
-            table base + id). Each holder looks the rows up in its shard and sends them back
+  forward   each member deduplicates its ids (sparse.py: one torch.unique over all tables), and
+            sends each unique id once to each member that holds part of its row (one alltoall
+            of int64 keys, key = table base + id, with the last backward's gradients). Each holder looks the rows up in its shard and sends them back
             (one alltoall of fp32, flat, so tables of different widths and column slices share
             it). The requester assembles a (unique ids x dim) matrix per table.
   backward  the gradient of those matrices (autograd summed duplicate ids already) goes back
