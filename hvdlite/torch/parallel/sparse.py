@@ -338,9 +338,10 @@ def _unique_ids(parsed, specs, exchange_):
     ids = torch.cat(flat)
     table = torch.repeat_interleave(torch.arange(len(flat)), torch.tensor(counts))
     if bool(((ids < 0) | (ids >= exchange_.table_rows[table])).any()):
-        uniques, per_table = zip(*[torch.unique(f, return_inverse=True) for f in flat])
-        shift = torch.tensor([0] + [u.numel() for u in uniques]).cumsum(0)[:-1]
-        return list(uniques), torch.cat(per_table) + shift[table], list(per_table)
+        pairs = [torch.unique(f, return_inverse=True) for f in flat]
+        shift = torch.tensor([0] + [u.numel() for u, _ in pairs]).cumsum(0)[:-1]
+        inverses = [inv for _, inv in pairs]
+        return [u for u, _ in pairs], torch.cat(inverses) + shift[table], inverses
     keys, inverse = torch.unique(ids + exchange_.bases[table], return_inverse=True)
     bounds = torch.searchsorted(keys, exchange_.bases).tolist() + [keys.numel()]
     uniques = [keys[a:b] - base for a, b, base in zip(bounds, bounds[1:], exchange_.base_list)]
