@@ -3,14 +3,15 @@ hvdlite's sharded tables (planner, and every table row-sharded) against Horovod'
 (replicated tables, sparse gradients allgathered) and sparse_as_dense (tables allreduced whole).
 
     python benchmarks/sparse_embeddings.py [--steps 20] [--batch 512] [--max-rows 100000] [--ranks 2] [--quick]
-        [--torchrec-python /work/venv-torchrec/bin/python] [--hosts 4 --ranks 4 --modes sharded]
+        [--torchrec-python /work/venv-torchrec/bin/python] [--rounds 3] [--hosts 4 --ranks 4 --modes sharded]
 
 Model and data: examples/dlrm_sparse.py (13 dense features, 26 power-law categorical features,
 tables log-spaced from --min-rows to --max-rows rows x --dim), SGD everywhere, fwd + bwd + update.
 All rows run here, one after the other, in one invocation; each row is a fresh job of
 benchmarks/_sparse_worker.py (its docstring says how bytes are counted). Per step the max over
 ranks; the table shows the median and min over --steps steps, and each row's median relative to
-the sharded row. Horovod's sparse path is hvdlite's DistributedOptimizer path for sparse
+the sharded row (of the same round: --rounds R runs every mode once per round, in turn, and adds
+each mode's median over the rounds with its range and its ratios to sharded). Horovod's sparse path is hvdlite's DistributedOptimizer path for sparse
 gradients (coalesce, allgather indices and values), the algorithm Horovod 0.28.1 runs; Horovod
 itself is not built here. TorchRec runs in an interpreter of its own (--torchrec-python: a venv
 whose torch matches its fbgemm-gpu-cpu; this repository's torch 2.13 loads fbgemm-gpu-cpu 1.8.0,
@@ -70,7 +71,8 @@ def run_row(mode, args, cluster=None):
 
 
 def table(results):
-    base = next((r["median_s"] for r in results if r["mode"] == "sharded" and "median_s" in r), None)
+    """One line per row; "vs sharded" against the sharded row of the same round."""
+    bases = {r.get("round"): r["median_s"] for r in results if r["mode"] == "sharded" and "median_s" in r}
     lines = [
         "| mode | median step | min / max step | vs sharded | sent / rank / step | tables / rank | others |",
         "|---|---|---|---|---|---|---|",
@@ -79,10 +81,11 @@ def table(results):
         if "median_s" not in r:
             lines.append("| %s | error: %s | | | | | |" % (r["mode"], r["error"].replace("|", "/")))
             continue
+        base = bases.get(r.get("round"))
         lines.append(
             "| %s | %.1f ms | %.1f / %.1f ms | %s | %s | %.1f MB | %s |"
             % (
-                r["mode"],
+                r["mode"] if r.get("round") is None else "%s, round %d" % (r["mode"], r["round"]),
                 r["median_s"] * 1e3,
                 r["min_s"] * 1e3,
                 r["max_s"] * 1e3,
@@ -93,6 +96,43 @@ def table(results):
             )
         )
     return lines
+
+
+def summary(results):
+    """Per mode over the rounds: the median of its round medians with their range, and its
+    ratio to the sharded row of the same round (median and range)."""
+    lines = [
+        "| mode | median of %d rounds | range | vs sharded, same round: median (range) |"
+        % len({r["round"] for r in results}),
+        "|---|---|---|---|",
+    ]
+    sharded = {r["round"]: r["median_s"] for r in results if r["mode"] == "sharded" and "median_s" in r}
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        rows = [r for r in results if r["mode"] == mode and "median_s" in r]
+        if not rows:
+            continue
+        times = sorted(r["median_s"] for r in rows)
+        ratios = sorted(r["median_s"] / sharded[r["round"]] for r in rows if r["round"] in sharded)
+        lines.append(
+            "| %s | %.1f ms | %.1f-%.1f ms | %s |"
+            % (
+                mode,
+                times[len(times) // 2] * 1e3,
+                times[0] * 1e3,
+                times[-1] * 1e3,
+                "%.2fx (%.2f-%.2fx)" % (ratios[len(ratios) // 2], ratios[0], ratios[-1]) if ratios else "",
+            )
+        )
+    return lines
+
+
+def alternating_rounds(args):
+    """Every mode once per round, in order, --rounds rounds (peers side by side, alternating)."""
+    results = []
+    for r in range(args.rounds):
+        for mode in args.modes:
+            results.append(dict(run_row(mode, args), round=r + 1))
+    return results
 
 
 @contextlib.contextmanager
@@ -155,7 +195,12 @@ def main(argv=None):
     p.add_argument(
         "--hosts", type=int, default=1, help="also run on K simulated hosts (root; tests/simhosts.py)"
     )
-    p.add_argument("--rounds", type=int, default=3, help="with --hosts: alternating one-host / K-host rounds")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of every mode in turn (default 1); with --hosts: one-host / K-host rounds (default 3)",
+    )
     add_driver_args(p, idle_wait=10.0, quick="3 steps, small tables, no idle wait")
     args = p.parse_args(argv)
     if args.quick:
@@ -167,8 +212,15 @@ def main(argv=None):
         args.modes = [m for m in MODES if m != "torchrec" or args.torchrec_python]
     if "torchrec" in args.modes and not args.torchrec_python:
         sys.exit("the torchrec row needs --torchrec-python PATH")
+    if args.rounds is None:
+        args.rounds = 3 if args.hosts > 1 else 1
     if args.hosts > 1:
         results, ratio_lines = hosts_rounds(args)
+    elif args.rounds > 1:
+        results = alternating_rounds(args)
+        ratio_lines = ["", "Over the rounds (each round runs every mode once, in turn):", ""] + summary(
+            results
+        )
     else:
         results, ratio_lines = [run_row(mode, args) for mode in args.modes], []
     torchrec = next((r.get("version") for r in results if r.get("version")), None)
@@ -191,8 +243,8 @@ def main(argv=None):
         + table(results)
         + (
             ["", "Step time on %d simulated hosts against one host (medians):" % args.hosts, ""] + ratio_lines
-            if ratio_lines
-            else []
+            if ratio_lines and args.hosts > 1
+            else ratio_lines
         )
     )
     write_outputs(args.out_dir, "sparse_embeddings", text, data=results)

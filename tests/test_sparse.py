@@ -297,3 +297,60 @@ def test_planner_places_by_size_and_budget():
     assert wide["w"].sharding == "column"
     with pytest.raises(exceptions.InvalidArgumentError, match="'big'"):
         plan_tables(tables, 4, memory_budget=10**6)
+
+
+def _alike_bags_body(include_last):
+    """Three bags of one mode and width (forward pools them by one embedding_bag): 2-D ids and
+    (ids, offsets) with empty bags, against dense nn.EmbeddingBag modules on the whole batch."""
+    import torch
+    import torch.nn.functional as F
+
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    torch.manual_seed(3)
+    dense = {
+        k: torch.nn.EmbeddingBag(v, D, mode="sum", include_last_offset=include_last)
+        for k, v in (("x", 31), ("y", 17), ("z", 53))
+    }
+    tables = hvd.parallel.ShardedEmbeddingCollection(dense, sharding="row", optimizer="sgd", lr=LR)
+    g = torch.Generator().manual_seed(11)
+    grid = {k: torch.randint(0, dense[k].num_embeddings, (BAGS * n, 2), generator=g) for k in ("x", "z")}
+    lengths = torch.tensor([0, 3, 1, 0, 2] * n)
+    ids_y = torch.randint(0, 17, (int(lengths.sum()),), generator=g)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    y = {k: torch.randn(BAGS * n, D, generator=g) for k in dense}
+
+    def bags(k, lo, hi):  # bags [lo, hi) of table k as its module takes them
+        if k != "y":
+            ids = grid[k][lo:hi]
+            if not include_last:
+                return (ids,)
+            return ids.reshape(-1), torch.arange(0, ids.numel() + 1, 2)
+        offsets = starts[lo : hi + 1] - starts[lo]
+        return ids_y[starts[lo] : starts[hi]], offsets if include_last else offsets[:-1]
+
+    mine = tables({k: _one(bags(k, me * BAGS, (me + 1) * BAGS)) for k in dense})
+    sum(F.mse_loss(mine[k], y[k][me * BAGS : (me + 1) * BAGS]) for k in dense).backward()
+    whole = {k: dense[k](*bags(k, 0, BAGS * n)) for k in dense}
+    sum(F.mse_loss(whole[k], y[k]) for k in dense).backward()
+    out_err = max(float((mine[k] - whole[k][me * BAGS : (me + 1) * BAGS]).abs().max()) for k in dense)
+    errs = {}
+    for k, m in dense.items():
+        want = m.weight.detach() - LR * m.weight.grad
+        errs[k] = float((tables.full_weight(k) - want).abs().max() / want.abs().max())
+    hvd.shutdown()
+    return {"fused": tables.pooled_alike, "out_err": out_err, "errs": errs}
+
+
+def _one(args):
+    return args[0] if len(args) == 1 else args
+
+
+@pytest.mark.parametrize("include_last", [False, True])
+def test_alike_bags_pooled_at_once_equal_one_process(include_last):
+    for rank, r in enumerate(run_pooled(_alike_bags_body, 2, args=(include_last,), timeout=120)):
+        assert r["fused"], rank
+        assert r["out_err"] <= 1e-5, (rank, r)
+        assert max(r["errs"].values()) <= 1e-6, (rank, r)

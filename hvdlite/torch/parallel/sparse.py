@@ -179,6 +179,10 @@ class ShardedEmbeddingCollection(nn.Module):
         )
         for spec in self.specs.values():
             spec.weight = None  # the dense initial table is not kept
+        # every table a bag of one mode, width and offsets rule: forward pools them all at once
+        kinds = {(s.mode, s.dim, s.include_last_offset) for s in self.specs.values()}
+        self.pooled_alike = len(kinds) == 1 and next(iter(kinds))[0] is not None
+        self.include_last = next(iter(kinds))[2]
         # the last world these tables were formed in (rejoin(), hvdlite/torch/parallel/sparse_elastic.py)
         self.joined, self.last_members = False, len(ps.ranks)
         self.last_holder_ranks = [ps.ranks[p] for p in (self.holders or range(len(ps.ranks)))]
@@ -242,11 +246,13 @@ class ShardedEmbeddingCollection(nn.Module):
                 "%s takes ids for every table %s, got %s" % (self.name, sorted(self.specs), sorted(inputs))
             )
         parsed = [_parse(n, spec, inputs[n]) for n, spec in self.specs.items()]
-        uniques, inverses = zip(*[torch.unique(ids.reshape(-1), return_inverse=True) for ids, _, _ in parsed])
+        uniques, inverse, per_table = _unique_ids(parsed, self.specs, self.exchange)
         anchor = torch.zeros(0, requires_grad=torch.is_grad_enabled())
         rows = Lookup.apply(anchor, self.exchange, list(uniques))
+        if self.pooled_alike and all(weights is None for _, _, weights in parsed):
+            return self._pool_all(parsed, inverse, rows)
         out = {}
-        for (n, spec), (ids, offsets, weights), inv, r in zip(self.specs.items(), parsed, inverses, rows):
+        for (n, spec), (ids, offsets, weights), inv, r in zip(self.specs.items(), parsed, per_table, rows):
             inv = inv.view(ids.shape)
             if spec.mode is None:
                 out[n] = r[inv]
@@ -260,6 +266,23 @@ class ShardedEmbeddingCollection(nn.Module):
                     include_last_offset=spec.include_last_offset,
                 )
         return out
+
+    def _pool_all(self, parsed, inverse, rows):
+        """Every table's bags by one embedding_bag over the rows of all tables (stacked; the
+        ids' positions in them are `inverse`), as FBGEMM's table-batched kernel pools: one op
+        forward and one backward instead of one per table. Same sums, in the same order."""
+        offsets, counts, start = [], [], 0
+        for ids, given, _ in parsed:
+            if given is None:  # 2-D ids: one bag per row
+                given = torch.arange(ids.shape[0]) * ids.shape[1]
+            elif self.include_last:
+                given = given[:-1]
+            offsets.append(given + start)
+            counts.append(given.numel())
+            start += ids.numel()
+        mode = next(iter(self.specs.values())).mode
+        pooled = F.embedding_bag(inverse, torch.cat(rows), torch.cat(offsets), mode=mode)
+        return dict(zip(self.specs, torch.split(pooled, counts)))
 
     def full_weight(self, table):
         """Table `table` whole, gathered from its holders (a collective over the set), with the
@@ -301,6 +324,29 @@ def _server_positions(ps, servers):
             "servers %s must be some, not all, of the set's ranks %s" % (sorted(ranks), ps.ranks)
         )
     return tuple(sorted(ps.ranks.index(r) for r in ranks))
+
+
+def _unique_ids(parsed, specs, exchange_):
+    """(sorted unique ids per table, every id's position in their concatenation, the same per
+    table as a position in its own uniques) by one torch.unique over all tables (an id's key
+    is its table's base + id). Ids outside their table take one unique per table instead, so
+    that the exchange reports them on every member."""
+    flat = [ids.reshape(-1) for ids, _, _ in parsed]
+    counts = [f.numel() for f in flat]
+    if not flat:
+        return [], torch.zeros(0, dtype=torch.int64), []
+    ids = torch.cat(flat)
+    table = torch.repeat_interleave(torch.arange(len(flat)), torch.tensor(counts))
+    if bool(((ids < 0) | (ids >= exchange_.table_rows[table])).any()):
+        pairs = [torch.unique(f, return_inverse=True) for f in flat]
+        shift = torch.tensor([0] + [u.numel() for u, _ in pairs]).cumsum(0)[:-1]
+        inverses = [inv for _, inv in pairs]
+        return [u for u, _ in pairs], torch.cat(inverses) + shift[table], inverses
+    keys, inverse = torch.unique(ids + exchange_.bases[table], return_inverse=True)
+    bounds = torch.searchsorted(keys, exchange_.bases).tolist() + [keys.numel()]
+    uniques = [keys[a:b] - base for a, b, base in zip(bounds, bounds[1:], exchange_.base_list)]
+    per_table = [inv - bounds[t] for t, inv in enumerate(torch.split(inverse, counts))]
+    return uniques, inverse, per_table
 
 
 def _parse(name, spec, given):

@@ -71,7 +71,7 @@ def rejoin(coll):
             _drop_shards(coll, me)
         coll.is_server = me in holders
     old = coll.exchange
-    old.in_flight = None  # its collective died with the last world
+    old.unsent = None  # gradients of the last world's step (settle() sent any committed ones)
     coll.exchange = Exchange(
         list(coll.specs),
         [coll.layouts[n] for n in coll.specs],

@@ -1,15 +1,18 @@
 """The lookup and gradient exchange of sharded embedding tables (hvd.parallel.ShardedEmbedding*).
 
 One step, for all tables of a collection at once, on every member of the process set:
-  forward   each member deduplicates its ids per table (torch.unique), and sends each unique id
-            once to each member that holds part of its row (one alltoall of int64 keys, key =
-            table base + id). Each holder looks the rows up in its shard and sends them back
+  forward   each member deduplicates its ids (sparse.py: one torch.unique over all tables), and
+            sends each unique id once to each member that holds part of its row (one alltoall
+            of int64 keys, key = table base + id, with the last backward's gradients). Each holder looks the rows up in its shard and sends them back
             (one alltoall of fp32, flat, so tables of different widths and column slices share
             it). The requester assembles a (unique ids x dim) matrix per table.
   backward  the gradient of those matrices (autograd summed duplicate ids already) goes back
-            along the same path (one alltoall); each holder sums the rows every requester sent
-            for one id, divides by the set size (the average DistributedOptimizer takes), and
-            its RowOptimizer updates them in place. Row-wise Adagrad on a column-sharded table
+            along the same path; each holder sums the rows every requester sent for one id,
+            divides by the set size (the average DistributedOptimizer takes), and its
+            RowOptimizer updates them in place. The gradients ride the next forward's ids
+            message (one alltoall carries both, so a step is two dependent alltoalls, not three);
+            settle() sends them alone when something must see the tables first. With servers
+            (parameter-server mode) every backward sends its gradients alone, at once. Row-wise Adagrad on a column-sharded table
             adds one allreduce of one float per touched row (the row's mean square spans
             members).
 So per step a member sends its unique ids (8 bytes each, times the holders of a column-sharded
@@ -20,7 +23,9 @@ optimizer state may live on a CUDA device, and rows and gradients are copied acr
 holder (lookup, update) and at the requester (the rows returned, the gradients sent).
 Every call is a collective over the set: every member must run forward and backward of the
 same collection in the same order (a member with no ids sends nothing but still takes part).
-Each exchange blocks until it completes; a missing member is found by the core's stall check.
+Each exchange blocks until it completes; a missing member is found by the core's stall check,
+and a member whose backward ran when another's did not is an error naming both (the ids
+message says how many gradient elements it carries).
 """
 
 from collections import deque
@@ -35,6 +40,7 @@ from hvdlite.torch.conjugate import exchange
 # {table: mean square of each full row}, for row-wise Adagrad on column-sharded tables)
 Pending = tuple[list[tuple[int, torch.Tensor, torch.Tensor]], dict[int, torch.Tensor]]
 STOP = -2  # the key every member sends every member to end the step loop (Exchange.stop)
+_EMPTY_F32 = torch.zeros(0, dtype=torch.float32)
 
 
 class Traffic:
@@ -79,7 +85,13 @@ class Exchange:
         self.members, self.me = len(ps.ranks), ps.rank()
         self.average_over = average_over or self.members
         self.staleness = int(staleness)
-        self.in_flight = None  # (alltoall handle, Step) of gradients sent, not yet applied
+        # (flat gradient elements, Step) of the last backward, not yet sent: the next lookup's
+        # ids message carries them (or settle() sends them alone)
+        self.unsent = None
+        # With servers, gradients go in the backward that made them, alone: a server's serve()
+        # loop cannot know whether the workers' next call is a lookup or a settle() (elastic
+        # commits), so both sides send every step's gradients at the same point.
+        self.eager = any(lay.holders is not None for lay in layouts)
         # per table, per member: the rows and columns it holds, and who holds anything
         self.rows = [[lay.row_range(m) for m in range(self.members)] for lay in layouts]
         self.cols = [[lay.col_range(m) for m in range(self.members)] for lay in layouts]
@@ -89,20 +101,28 @@ class Exchange:
         for layout in layouts:
             bases.append(total)
             total += layout.rows
-        self.bases = torch.tensor(bases, dtype=torch.int64)
+        self.bases, self.base_list = torch.tensor(bases, dtype=torch.int64), bases
+        self.table_rows = torch.tensor([lay.rows for lay in layouts], dtype=torch.int64)
         self.widths = torch.tensor([lay.col_range(self.me)[1] - lay.col_range(self.me)[0] for lay in layouts])
         self.row_starts = torch.tensor([lay.row_range(self.me)[0] for lay in layouts], dtype=torch.int64)
+        self.local_bases = self.bases + self.row_starts  # key - local_bases[table]: the shard's row
+        widths = [int(w) for w in self.widths]
+        # the one width of every table this member holds (None when they differ: column shards):
+        # then served rows go by row index into a (keys x width) matrix, else by element
+        held_widths = {w for w, lay in zip(widths, layouts) if lay.shard_shape(self.me)[0]}
+        self.row_width = held_widths.pop() if len(held_widths) == 1 else None
+        self.columns = [torch.arange(w) for w in widths]
+        # what a table not touched this step updates with (Adam still counts the step)
+        self.untouched = [(torch.zeros(0, dtype=torch.int64), torch.zeros(0, w)) for w in widths]
         self.traffic = Traffic()
 
     # ---- forward -------------------------------------------------------------------------
     def lookup(self, uniques, step):
         """Rows of `uniques` (one sorted unique int64 id tensor per table): a list of
         (len(ids) x dim) fp32 tensors; None when the members stop (stop()). Fills `step` for
-        apply_gradients()."""
-        self.settle()
+        apply_gradients(). Lands the last backward's gradients first (they travel with the ids)."""
         keys, splits = self._requests(uniques, step)
-        got_keys, got = exchange(keys, splits, self.name + ".ids", self.ps)
-        self.traffic.id_bytes += _sent_elsewhere(splits, self.me, 8)
+        got_keys, got = self._send_ids(keys, splits)
         if got_keys.numel() and bool((got_keys == STOP).any()):
             self.flush()
             return None
@@ -116,13 +136,47 @@ class Exchange:
     def stop(self):
         """Ends the step loop of every member: the workers of the parameter-server mode call
         it together, the servers' serve() loops see it and return. Applies what is pending."""
-        exchange(
-            torch.full((self.members,), STOP, dtype=torch.int64),
-            [1] * self.members,
-            self.name + ".ids",
-            self.ps,
-        )
+        self._send_ids(torch.full((self.members,), STOP, dtype=torch.int64), [1] * self.members)
         self.flush()
+
+    def _send_ids(self, keys, splits):
+        """One alltoall of int32 words: to each member m, [n][n gradient elements (fp32 bits) of
+        the unsent backward for m][splits[m] int64 keys]. Lands the gradients received (they
+        precede any lookup of the keys) and returns (keys received, keys from each member)."""
+        unsent, self.unsent = self.unsent, None
+        grads, grad_splits = (unsent[0], unsent[1].row_splits) if unsent else (_EMPTY_F32, [0] * self.members)
+        words, word_splits = [], []
+        for m, (g, k) in enumerate(zip(torch.split(grads, grad_splits), torch.split(keys, splits))):
+            words += [
+                torch.tensor([grad_splits[m]], dtype=torch.int32),
+                g.view(torch.int32),
+                k.view(torch.int32),
+            ]
+            word_splits.append(1 + grad_splits[m] + 2 * splits[m])
+        got_words, got = exchange(torch.cat(words), word_splits, self.name + ".ids", self.ps)
+        self.traffic.id_bytes += _sent_elsewhere(splits, self.me, 8)
+        self.traffic.row_bytes += _sent_elsewhere(grad_splits, self.me, 4)
+        self.traffic.other_bytes += _sent_elsewhere([1] * self.members, self.me, 4)
+        expected = unsent[1].served_splits if unsent else [0] * self.members
+        grad_parts, key_parts, key_counts = [], [], []
+        for m, chunk in enumerate(torch.split(got_words, got)):
+            n = int(chunk[0]) if chunk.numel() else -1
+            if n != expected[m]:
+                self._mismatch(m, n, expected[m])
+            grad_parts.append(chunk[1 : 1 + n])
+            key_parts.append(chunk[1 + n :])
+            key_counts.append((chunk.numel() - 1 - n) // 2)
+        if unsent:
+            self._land(torch.cat(grad_parts).view(torch.float32), unsent[1])
+        return torch.cat(key_parts).view(torch.int64), key_counts
+
+    def _mismatch(self, member, sent, expected):
+        raise exceptions.PreconditionError(
+            "%s: rank %d sent %d gradient elements with its ids, rank %d expected %d: the members ran "
+            "different numbers of backward passes through the tables (every member must run each "
+            "forward's backward, or none)"
+            % (self.name, self.ps.ranks[member], sent, self.ps.ranks[self.me], expected)
+        )
 
     def flush(self):
         """Applies every gradient still in flight or held back by the staleness bound."""
@@ -169,23 +223,30 @@ class Exchange:
 
     def _serve(self, keys, got, step):
         """The flat rows for the received `keys` (grouped by requester, then by table), and
-        how many fp32 elements go back to each requester."""
+        how many fp32 elements go back to each requester. The keys are grouped by table with
+        one stable sort, so each held table costs one gather and one scatter."""
         table = torch.searchsorted(self.bases, keys, right=True) - 1
         width = self.widths[table]
         ends = torch.cumsum(width, 0)
         starts = ends - width
         flat = torch.empty(int(ends[-1]) if keys.numel() else 0, dtype=torch.float32)
+        local_rows = keys - self.local_bases[table]
+        counts = torch.bincount(table, minlength=len(self.shards)).tolist()
+        by_table = torch.split(torch.argsort(table, stable=True), counts)
         step.held = []
-        for t, shard in enumerate(self.shards):
-            mine = torch.nonzero(table == t).reshape(-1)
-            if mine.numel() == 0:
+        for t, (mine, shard) in enumerate(zip(by_table, self.shards)):
+            if not counts[t]:
                 step.held.append(None)
                 continue
-            local = keys[mine] - self.bases[t] - self.row_starts[t]
-            w = int(self.widths[t])
-            positions = (starts[mine].unsqueeze(1) + torch.arange(w)).reshape(-1)
-            flat[positions] = shard[local.to(shard.device)].reshape(-1).cpu()
-            step.held.append((local, positions))
+            local = local_rows[mine]
+            rows = shard[local.to(shard.device)].cpu()
+            if self.row_width is not None:  # every key's rows are one row of a matrix
+                flat.view(-1, self.row_width)[mine] = rows
+                step.held.append((local, mine))
+            else:
+                positions = (starts[mine].unsqueeze(1) + self.columns[t]).reshape(-1)
+                flat[positions] = rows.reshape(-1)
+                step.held.append((local, positions))
         bounds = torch.cumsum(torch.tensor([0] + got), 0)
         served = [
             int(ends[bounds[r + 1] - 1] - starts[bounds[r]]) if got[r] else 0 for r in range(self.members)
@@ -207,41 +268,48 @@ class Exchange:
 
     # ---- backward ------------------------------------------------------------------------
     def apply_gradients(self, grads, step):
-        """Starts sending the gradient rows (one (unique ids x dim) tensor per table, as
-        lookup() returned the rows) to their holders and returns; settle() (called first
-        thing by the next lookup, by stop() and by the collection's full_weight and
-        checkpoints) waits for them, and the holders average and apply them. So the exchange
-        overlaps the rest of the backward and the dense optimizer's step. A graph holding
-        several lookups (two forwards, one backward) settles each one's gradients before the
-        next is sent: every backward of a lookup is one optimizer step of the tables."""
+        """Takes the gradient rows (one (unique ids x dim) tensor per table, as lookup()
+        returned the rows) for their holders and returns: the next lookup's ids message carries
+        them, and the holders average and apply them on receipt; settle() (called by the
+        collection's full_weight, checkpoints and stop()) sends them alone. So no exchange of
+        its own runs in the backward (with servers, one does: `eager`). A graph holding several
+        lookups (two forwards, one backward) settles each one's gradients before the next is
+        taken: every backward of a lookup is one optimizer step of the tables."""
         self.settle()
         parts = []
         for m in range(self.members):
             for t, sel in step.sent[m]:
                 c0, c1 = self.cols[t][m]
                 parts.append(grads[t][sel, c0:c1].reshape(-1))
-        flat = torch.cat(parts).float() if parts else torch.zeros(0, dtype=torch.float32)
-        splits = torch.tensor(step.row_splits, dtype=torch.int32)
-        handle = mpi_ops.alltoall_async(flat, splits=splits, name=self.name + ".grads", process_set=self.ps)
-        self.traffic.row_bytes += _sent_elsewhere(step.row_splits, self.me, 4)
-        self.in_flight = (handle, step)
+        flat = torch.cat(parts).float() if parts else _EMPTY_F32
+        self.unsent = (flat.contiguous(), step)
+        if self.eager:
+            self.settle()
 
     def settle(self):
-        """Waits for the gradients apply_gradients() sent and applies them (or holds them back
-        as the staleness bound says). Collective when gradients are in flight: every member
-        settles at the same point of its step sequence."""
-        if self.in_flight is None:
+        """Sends the last backward's gradients, if no lookup has carried them yet, and applies
+        those received (or holds them back as the staleness bound says). Collective when
+        gradients are unsent: every member settles at the same point of its step sequence."""
+        if self.unsent is None:
             return
-        handle, step = self.in_flight
-        self.in_flight = None
-        got, _ = mpi_ops.synchronize(handle)
+        (flat, step), self.unsent = self.unsent, None
+        got, _ = exchange(flat, step.row_splits, self.name + ".grads", self.ps)
+        self.traffic.row_bytes += _sent_elsewhere(step.row_splits, self.me, 4)
+        self._land(got, step)
+
+    def _land(self, got, step):
+        """Sums, averages and applies (or holds back) the gradient elements `got` received for
+        the rows this member served in `step`."""
         updates = []
         for t, held in enumerate(step.held):
             if held is None:
-                updates.append((t, torch.zeros(0, dtype=torch.int64), torch.zeros(0, int(self.widths[t]))))
+                updates.append((t, *self.untouched[t]))
                 continue
-            local, positions = held
-            g = got[positions].view(local.numel(), -1)
+            local, index = held  # as _serve placed the rows
+            if self.row_width is not None:
+                g = got.view(-1, self.row_width)[index]
+            else:
+                g = got[index].view(local.numel(), -1)
             rows, inverse = torch.unique(local, return_inverse=True)
             summed = torch.zeros(rows.numel(), g.shape[1]).index_add_(0, inverse, g)
             updates.append((t, rows, summed.div_(self.average_over)))
@@ -250,8 +318,9 @@ class Exchange:
             self._apply(*self.pending.popleft())
 
     def _apply(self, updates, sq_means):
-        for t, rows, g in updates:
-            self.optimizers[t].update(rows, g, sq_means.get(t))
+        with torch.no_grad():  # once, not per table: a step updates every table
+            for t, rows, g in updates:
+                self.optimizers[t].update(rows, g, sq_means.get(t))
 
     def _row_square_means(self, updates):
         """mean(g**2) over full rows for column-sharded tables whose optimizer needs it: each

@@ -63,12 +63,12 @@ class RowOptimizer:
         """Whether update() needs mean(g**2) over the row's full width (row-wise Adagrad)."""
         return self.kind == "adagrad"
 
-    @torch.no_grad()
     def update(self, rows, grad, row_sq_mean=None):
         """Applies one step to shard rows `rows` (unique, int64) with gradient rows `grad`
         (len(rows) x width). `row_sq_mean`: mean(g**2) over each row's full width, for a
         column-sharded Adagrad table whose row spans several members (default: from `grad`).
-        Adam's step count advances on every call, touched rows or not."""
+        Adam's step count advances on every call, touched rows or not. The caller runs it under
+        torch.no_grad() (Exchange._apply, once for all tables of a step)."""
         if self.kind == "adam":
             self.state["step"] += 1
         if rows.numel() == 0:
