@@ -178,7 +178,7 @@ class Incoming:
         was given); blocks until they are here."""
         if self._data is None:
             self._post_data()
-        for h in self._data:
+        for h in self._data or ():
             mpi_ops.synchronize(h)
         if self._layout is None:
             received = unpack(self._buffers[0])
