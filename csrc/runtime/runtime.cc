@@ -6,6 +6,14 @@
 #include "runtime/affinity.h"
 
 namespace hvdlite {
+namespace {
+
+// Sends of at most this many bytes start from the posting thread when the engine is free
+// (PostP2p): they fit the peer's shared-memory control channel (64 KiB) without waiting
+// for it to drain.
+constexpr size_t kInlineSendBytes = 16 << 10;
+
+}  // namespace
 
 Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime());
@@ -98,6 +106,7 @@ Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stre
 
 Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
   if (op.device >= 0) HVD_RETURN_IF_ERROR(LoadGpu("CUDA tensor '" + op.name + "'"));
+  const bool large_send = op.send && op.device < 0 && op.bytes > kInlineSendBytes;
   {
     std::lock_guard<std::mutex> lock(state_mu_);  // so Break() fails the handle if it runs after this
     if (stopped_) {
@@ -109,6 +118,18 @@ Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
   // Start the transfer from this thread when the engine is free (the background thread
   // stands by after a caller drove, for up to kStandByGrace: a send would wait that long);
   // otherwise its holder takes it up (HasNew, after Post's seq_cst count; Kick wakes a sleeper).
+  // A large send is the background thread's even then: its chunks fill the peer's control
+  // channel, and sending them blocks until the peer's engine drains it, which this caller
+  // would wait for instead of computing while they travel (ring attention's K/V blocks).
+  if (large_send) {
+    {
+      std::lock_guard<std::mutex> lock(standby_mu_);
+      standby_end_ = true;
+    }
+    standby_cv_.notify_one();
+    queue_.Kick();
+    return Status::OK();
+  }
   std::unique_lock<std::mutex> engine(engine_mu_, std::try_to_lock);
   if (!engine.owns_lock()) {
     queue_.Kick();

@@ -158,6 +158,7 @@ class Runtime : private SteadyStateDriver::Host {
   std::mutex standby_mu_;
   std::condition_variable standby_cv_;
   Clock::time_point last_drive_end_;  // guarded by standby_mu_
+  bool standby_end_ = false;          // guarded by standby_mu_: take the engine back now (PostP2p)
 
   std::thread thread_;
   std::mutex state_mu_;

@@ -132,10 +132,12 @@ void Runtime::StandBy(std::unique_lock<std::mutex>* engine) {
     std::unique_lock<std::mutex> lock(standby_mu_);
     for (;;) {
       const Clock::time_point now = Clock::now();
-      const bool grace_over = shutdown_requested_.load() || now >= last_drive_end_ + kStandByGrace;
+      const bool grace_over =
+          standby_end_ || shutdown_requested_.load() || now >= last_drive_end_ + kStandByGrace;
       if (drive_requests_.load() == 0 && grace_over) break;
       standby_cv_.wait_until(lock, std::max(now, last_drive_end_) + kStandByGrace);
     }
+    standby_end_ = false;
   }
   engine->lock();
 }

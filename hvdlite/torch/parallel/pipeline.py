@@ -29,6 +29,12 @@ from hvdlite.common.process_sets import global_process_set
 from hvdlite.parallel import schedules
 from hvdlite.torch.parallel import p2p
 
+# Receives are posted this many actions ahead of the action that needs them: far enough that
+# a transfer's header (and then its tensors) arrive while this rank computes, near enough
+# that a posted receive never waits long (the core times out a receive
+# HVDLITE_TIMEOUT_SECONDS after its post).
+_RECV_LOOKAHEAD = 8
+
 
 class PipelineStage:
     """Stage `stage_index` of `num_stages` running `module`, on pipeline member
@@ -104,6 +110,7 @@ class _PipelineScheduleBase:
         self.schedule = schedules.build(self._kind, p, len(stages), n_microbatches)
         self._actions = self.schedule.actions[ps.rank()]
         self._ps = ps
+        self._recv_at = [i for i, a in enumerate(self._actions) if a.kind.startswith("RECV")]
         self.last_timeline: list[tuple[schedules.Action, float, float]] = []
 
     # ---- one step --------------------------------------------------------------------
@@ -114,9 +121,13 @@ class _PipelineScheduleBase:
         None elsewhere."""
         self._prepare(args, target, kwargs)
         self._outgoing: list[p2p.Outgoing] = []  # posted sends: the core moves them while this rank computes
+        self._incoming: dict[int, p2p.Incoming] = {}  # posted receives by transfer tag
+        self._n_posted = 0  # receive actions (of self._recv_at) posted so far
         timeline = []
         i = 0
         while i < len(self._actions):
+            if self._actions[i].kind in schedules.COMPUTE:
+                self._post_receives_before(i + _RECV_LOOKAHEAD)
             action, start = self._actions[i], time.perf_counter()
             if action.fused:  # this transfer and the next one, in the other direction, as one exchange
                 self._exchange(action, self._actions[i + 1])
@@ -175,10 +186,31 @@ class _PipelineScheduleBase:
         peer = self._ps.ranks.index(self._stages[a.stage].rank_of(to_stage))
         self._outgoing.append(p2p.send(list(payload), peer, self._transfer_tag(a), self._ps))
 
-    def _receive(self, a, from_stage):
+    def _post_receives_before(self, end):
+        """Posts the receives of the receive actions before action index `end` (their headers
+        land while this rank computes), and the tensors' receives of posted transfers whose
+        header is here; never blocks."""
+        for inc in self._incoming.values():
+            inc.poll()
+        while self._n_posted < len(self._recv_at) and self._recv_at[self._n_posted] < end:
+            self._post_next_receive()
+
+    def _post_next_receive(self):
+        """Posts the receive of the next receive action not posted yet (they are posted in order)."""
+        a = self._actions[self._recv_at[self._n_posted]]
+        self._n_posted += 1
         stage = self._stages[a.stage]
-        peer = self._ps.ranks.index(stage.rank_of(from_stage))
-        return p2p.recv(peer, self._transfer_tag(a), self._ps, stage.device)
+        peer = self._ps.ranks.index(stage.rank_of(a.stage + (1 if a.kind == "RECV_B" else -1)))
+        self._incoming[self._transfer_tag(a)] = p2p.Incoming(
+            peer, self._transfer_tag(a), self._ps, stage.device
+        )
+
+    def _receive(self, a):
+        """The tensors of receive action a (posted now, with the ones before it, if not yet)."""
+        tag = self._transfer_tag(a)
+        while tag not in self._incoming:
+            self._post_next_receive()
+        return self._incoming.pop(tag).wait()
 
     def _exchange(self, a, b):
         """Transfers a and b (one SEND, one RECV, same peer): the send is posted first, so
@@ -206,7 +238,7 @@ class _PipelineScheduleBase:
         self._post_send(a, self._outputs[(a.stage, a.mb)], a.stage + 1)
 
     def _do_RECV_F(self, a):
-        self._inputs[(a.stage, a.mb)] = tuple(self._receive(a, a.stage - 1))
+        self._inputs[(a.stage, a.mb)] = tuple(self._receive(a))
 
     def _roots_of(self, a):
         """(tensors to differentiate, their upstream gradients) of stage a.stage, microbatch a.mb."""
@@ -259,7 +291,7 @@ class _PipelineScheduleBase:
         self._post_send(a, self._grad_in.pop((a.stage, a.mb)), a.stage - 1)
 
     def _do_RECV_B(self, a):
-        self._grad_out[(a.stage, a.mb)] = self._receive(a, a.stage + 1)
+        self._grad_out[(a.stage, a.mb)] = self._receive(a)
 
     def idle_fraction(self):
         """Share of the last step's wall time this rank spent outside forward/backward compute
