@@ -45,6 +45,11 @@ class PreconditionError(HvdliteError, ValueError):
     not been initialized", duplicate in-flight names, duplicate process sets)."""
 
 
+class OutOfRangeError(HvdliteError, IndexError):
+    """An index outside its range (a dispatcher id of the tf.data compute service); also an
+    IndexError, which Horovod raises in that case."""
+
+
 class CallOrderError(PreconditionError, AssertionError):
     """An API was called in an order that would race or lose work (zero_grad() between
     backward and step(), more backward passes than backward_passes_per_step); also an

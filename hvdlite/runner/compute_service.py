@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 
-from hvdlite.common.exceptions import HvdliteTimeoutError, InvalidArgumentError
+from hvdlite.common.exceptions import HvdliteTimeoutError, InvalidArgumentError, OutOfRangeError
 from hvdlite.common.native import core as _core
 from hvdlite.elastic.store import StoreClient, StoreError
 from hvdlite.runner.hosts import LOOPBACK, interface_address
@@ -120,7 +120,9 @@ class ComputeClient:
 
     def _check_id(self, dispatcher_id):
         if not 0 <= dispatcher_id < self._dispatchers:
-            raise IndexError(f"Dispatcher id must be within [0..{self._dispatchers - 1}]: {dispatcher_id}")
+            raise OutOfRangeError(
+                f"Dispatcher id must be within [0..{self._dispatchers - 1}]: {dispatcher_id}"
+            )
 
     def register_dispatcher(self, dispatcher_id, dispatcher_address):
         """Registers dispatcher `dispatcher_id` at `dispatcher_address`. Registering it again at the

@@ -28,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvdlite.common import basics
-from hvdlite.common.exceptions import InvalidArgumentError
+from hvdlite.common.exceptions import HvdliteError, InvalidArgumentError
 from hvdlite.runner.compute_service import ComputeClient
 
 SIDES = ("compute", "training")
@@ -135,7 +135,7 @@ def send_to_data_service(
     method Dataset.send_to_data_service). reuse_dataset: every rank shares one job ("job"), so
     ranks split its elements; round_robin (with reuse_dataset): consumer `rank` of `size`."""
     if compute_config.dispatcher_side == "training":
-        raise RuntimeError(
+        raise HvdliteError(  # a RuntimeError, as Horovod's
             "send_to_data_service needs dispatchers on the compute side; with dispatcher_side "
             "'training' use the tf_data_service context manager instead"
         )
