@@ -145,6 +145,7 @@ def test_horovod_ray_modules_have_horovods_public_names(installed):
 
 
 @pytest.mark.skipif(not HAVE_TF, reason="tensorflow is not installed")
+@pytest.mark.slow  # (default suite's 5-minute budget: CI runs it)
 def test_tensorflow_and_keras_aliases_are_hvdlite_modules(installed):
     pairs = [
         ("horovod.tensorflow", "hvdlite.tensorflow"),
@@ -228,6 +229,7 @@ print("finished", state.step, "size", hvd.size())
 """
 
 
+@pytest.mark.slow  # (default suite's 5-minute budget: CI runs it)
 def test_horovodrun_elastic_flags_reach_hvdliteruns_driver(installed, tmp_path):
     script = tmp_path / "elastic.py"
     script.write_text(_ELASTIC_SCRIPT)

@@ -65,6 +65,7 @@ def _train_through_a_dead_worker(hosts, *args):
     return log, {wid: [line for line in lines if line.startswith("ROLE")] for wid, lines in out.items()}
 
 
+@pytest.mark.slow  # (default suite's 5-minute budget: CI runs it)
 def test_a_dead_worker_loses_no_server_state_and_training_goes_on():
     log, roles = _train_through_a_dead_worker(HOSTS3)
     assert [w for _, w in log] == [2] * 4 + [1] * 6, log  # the step the worker died in is redone

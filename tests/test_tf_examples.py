@@ -43,6 +43,7 @@ def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path, keras_environ):
     run_readme_tour("## API tour (TensorFlow)", tmp_path)
 
 
+@pytest.mark.slow  # (default suite's 5-minute budget: CI runs it)
 def test_torch_and_tensorflow_in_one_process():
     """Both adapters import together (torch 2.13 and TensorFlow 2.21) and share one runtime."""
     import subprocess
