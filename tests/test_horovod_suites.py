@@ -118,6 +118,10 @@ def test_horovod_suite_under_horovods_launchers(test_file, launcher):
 TIMING_DEPENDENT = {
     # asserts that hvd.poll() returned False at least once: an op done before the first poll fails it
     "test_horovod_reducescatter_async_fused": "hvd.poll() may find every fused op already done",
+    # the same assertion for 17-element allreduces, polled right after each submission: a 2-rank
+    # steady state finishes one in a few µs, inside the submitting call's Python overhead (it
+    # failed under both launchers in a full CI run and passed 3 of 3 runs of its own)
+    "test_horovod_allreduce_async_fused": "hvd.poll() may find every small allreduce already done",
 }
 
 

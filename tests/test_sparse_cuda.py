@@ -9,6 +9,7 @@ modes sum and mean and plain lookups, duplicate ids and empty bags.
 Marked `gpu`: skipped where torch has no CUDA device (tests/gpu_check.sh runs it on a GPU)."""
 
 import pytest
+from cuda_skip import skip_without_cuda
 from helpers import run_ranks
 
 pytestmark = pytest.mark.gpu
@@ -16,12 +17,6 @@ pytestmark = pytest.mark.gpu
 V, D, BAGS, STEPS, LR, EPS = 37, 6, 8, 3, 0.1, 1e-10
 CASES = [(s, o) for s in ("row", "column", "table") for o in ("sgd", "adagrad")]
 MODES = ("sum", "mean", None)  # one per case, rotating, so every mode meets every sharding
-
-
-def _skip_without_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
 
 
 def _batch(torch, step, mode, dev):
@@ -87,7 +82,7 @@ def _on_one_gpu(sharding, optimizer, mode):
 
 @pytest.mark.parametrize("sharding,optimizer", CASES)
 def test_sharded_tables_on_cuda_equal_dense_on_cuda(sharding, optimizer):
-    _skip_without_cuda()
+    skip_without_cuda(need_nccl_module=False)
     mode = MODES[CASES.index((sharding, optimizer)) % len(MODES)]
     out = run_ranks(_on_one_gpu, 1, args=(sharding, optimizer, mode), timeout=180)[0]
     assert out["shard_on_gpu"] and out["out_on_gpu"] and out["full_on_gpu"], out

@@ -7,24 +7,11 @@ give the right sums or fail with an error that names the shared GPU and the fix 
 two members of one communicator on the same device).
 """
 
-import os
-
 import pytest
+from cuda_skip import skip_without_cuda
 from helpers import run_ranks, spawn_ranks
 
-import hvdlite
-
-MODULE = os.path.join(os.path.dirname(hvdlite.__file__), "libhvdlite_cuda.so")
-
 pytestmark = pytest.mark.gpu
-
-
-def _skip_without_cuda():
-    torch = pytest.importorskip("torch")
-    if not os.path.exists(MODULE):
-        pytest.skip("hvdlite was built without its NCCL module (needs nvcc and the nvidia-nccl-cu13 wheel)")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
 
 
 def _collectives_on_one_rank():
@@ -58,7 +45,7 @@ def _collectives_on_one_rank():
 
 
 def test_collectives_on_cuda_tensors_one_rank():
-    _skip_without_cuda()
+    skip_without_cuda()
     out = run_ranks(_collectives_on_one_rank, 1, timeout=180)[0]
     for key, (on_device, right) in out.items():
         assert on_device, "%s: the result left the GPU" % key
@@ -93,7 +80,7 @@ def _train(distributed, steps):
 
 
 def test_distributed_optimizer_on_a_cuda_model_matches_plain_torch():
-    _skip_without_cuda()
+    skip_without_cuda()
     plain = run_ranks(_train, 1, args=(False, 5), timeout=180)[0]
     dist = run_ranks(_train, 1, args=(True, 5), timeout=180)[0]
     assert dist == plain, "one-rank DistributedOptimizer on CUDA must equal plain SGD bitwise"
@@ -116,7 +103,7 @@ def _two_ranks_one_gpu():
 
 
 def test_two_ranks_on_one_gpu_either_work_or_say_why():
-    _skip_without_cuda()
+    skip_without_cuda()
     results = spawn_ranks(_two_ranks_one_gpu, 2, timeout=240, env={"HVDLITE_START_TIMEOUT": "60"})
     for r in results:
         assert r.traceback is None and r.exitcode == 0, r.traceback

@@ -9,24 +9,11 @@ values or fail with the error that names the shared GPU and the fix, as the coll
 (NCCL refuses two members of one communicator on the same device).
 """
 
-import os
-
 import pytest
+from cuda_skip import skip_without_cuda
 from helpers import run_ranks, spawn_ranks
 
-import hvdlite
-
-MODULE = os.path.join(os.path.dirname(hvdlite.__file__), "libhvdlite_cuda.so")
-
 pytestmark = pytest.mark.gpu
-
-
-def _skip_without_cuda():
-    torch = pytest.importorskip("torch")
-    if not os.path.exists(MODULE):
-        pytest.skip("hvdlite was built without its NCCL module (needs nvcc and the nvidia-nccl-cu13 wheel)")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
 
 
 def _to_self():
@@ -77,7 +64,7 @@ def _to_self():
 
 
 def test_one_rank_sends_cuda_tensors_to_itself():
-    _skip_without_cuda()
+    skip_without_cuda()
     out = run_ranks(_to_self, 1, timeout=180)[0]
     assert out["self"]
     assert out["tags"] == ([1.0] * 5, [2.0] * 5)
@@ -108,7 +95,7 @@ def _two_ranks_one_gpu():
 
 
 def test_two_ranks_on_one_gpu_either_exchange_or_say_why():
-    _skip_without_cuda()
+    skip_without_cuda()
     results = spawn_ranks(_two_ranks_one_gpu, 2, timeout=240, env={"HVDLITE_START_TIMEOUT": "60"})
     for rank, r in enumerate(results):
         assert r.traceback is None and r.exitcode == 0, r.traceback
