@@ -76,11 +76,10 @@ def _bytes_per_step(mode, model, ids, n, rows, dim):
     return 2 * (n - 1) / n * sum(rows) * dim * 4
 
 
-def measure(comm, gate, args):
-    import hvdlite.torch as hvd
-
-    rows = table_rows(args.min_rows, args.max_rows)
-    model, opt = _model(hvd, args.mode, rows, args.dim)
+def time_dlrm_steps(comm, gate, model, opt, rows, args):
+    """Times args.steps training steps of `model` (after 2 warm-up steps) on this rank's 4
+    synthetic batches, in turn; the same data and step for every library's worker. Returns
+    (times, load, batches)."""
     gen = torch.Generator().manual_seed(comm.rank)
     batches = [make_batch(gen, rows, args.batch) for _ in range(4)]
     state = {"i": 0}
@@ -93,6 +92,15 @@ def measure(comm, gate, args):
         opt.step()
 
     times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=2)
+    return times, load, batches
+
+
+def measure(comm, gate, args):
+    import hvdlite.torch as hvd
+
+    rows = table_rows(args.min_rows, args.max_rows)
+    model, opt = _model(hvd, args.mode, rows, args.dim)
+    times, load, batches = time_dlrm_steps(comm, gate, model, opt, rows, args)
     sent = _bytes_per_step(args.mode, model, batches[0][1], comm.size, rows, args.dim)
     table_bytes = sum(b.numel() * 4 for b in model.embeddings.buffers()) + sum(
         p.numel() * 4 for n, p in model.embeddings.named_parameters()

@@ -18,14 +18,12 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-from _machine import timed_steps  # noqa: E402
-from _sparse_worker import LR, _add  # noqa: E402
+from _sparse_worker import LR, _add, time_dlrm_steps  # noqa: E402
 from _worker import run, step_doc  # noqa: E402
-from dlrm_sparse import DLRM, make_batch, table_rows  # noqa: E402
+from dlrm_sparse import DLRM, table_rows  # noqa: E402
 
 
 class TorchRecTables(torch.nn.Module):
@@ -83,18 +81,7 @@ def _local_table_bytes(model):
 def measure(comm, gate, args):
     rows = table_rows(args.min_rows, args.max_rows)
     model, opt, plan = _model(comm, rows, args.dim)
-    gen = torch.Generator().manual_seed(comm.rank)
-    batches = [make_batch(gen, rows, args.batch) for _ in range(4)]
-    state = {"i": 0}
-
-    def step():
-        dense, ids, labels = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        opt.zero_grad()
-        F.binary_cross_entropy_with_logits(model(dense, ids), labels).backward()
-        opt.step()
-
-    times, load = timed_steps(comm, gate, step, args.steps, args.idle_wait, warmup=2)
+    times, load, _ = time_dlrm_steps(comm, gate, model, opt, rows, args)
     import torchrec
 
     shardings = sorted({p.sharding_type for m in plan.plan.values() for p in m.values()})
