@@ -5,6 +5,21 @@
 #include <set>
 
 namespace hvdlite {
+namespace {
+
+// The header fields of a vote-tree message about position `at` (epoch, position); no payload.
+VoteMessage VoteHeader(VoteMessage::Type type, const std::pair<int64_t, int64_t>& at, uint8_t outcome,
+                       uint32_t input_size) {
+  VoteMessage m;
+  m.type = type;
+  m.epoch = at.first;
+  m.position = at.second;
+  m.outcome = outcome;
+  m.input_size = input_size;
+  return m;
+}
+
+}  // namespace
 
 // Replayable: an error-free collective of the global set whose every tensor
 // is cached (so a rank can tell from its local cache that its request is
@@ -170,12 +185,7 @@ int SteadySchedule::ChildIndex(int peer) const {
 
 void SteadySchedule::SendUp(const Slot& at, Ballot& b, VoteMessage::Type type, uint8_t outcome,
                             uint32_t input_size, const char* payload, size_t size) {
-  VoteMessage m;
-  m.type = type;
-  m.epoch = at.first;
-  m.position = at.second;
-  m.outcome = outcome;
-  m.input_size = input_size;
+  const VoteMessage m = VoteHeader(type, at, outcome, input_size);
   outbox_.push_back({VoteTree::Parent(rank_), Serialize(m, payload, size)});
   if (type == VoteMessage::Type::kReport) b.reported = true;
 }
@@ -190,12 +200,7 @@ void SteadySchedule::Decided(const Slot& at, Ballot& b, uint8_t outcome, uint32_
   b.decided.off = 0;
   // Two ranks: rank 1 decides from rank 0's vote itself (PairDecide); only a failure goes down.
   if (children_.empty() || (size_ == 2 && outcome != VoteMessage::kFail)) return;
-  VoteMessage m;
-  m.type = VoteMessage::Type::kDecision;
-  m.epoch = at.first;
-  m.position = at.second;
-  m.outcome = outcome;
-  m.input_size = input_size;
+  const VoteMessage m = VoteHeader(VoteMessage::Type::kDecision, at, outcome, input_size);
   std::string wire = Serialize(m, b.decided.data(), b.decided.size());
   for (int c : children_) outbox_.push_back({c, wire});
 }
@@ -244,12 +249,7 @@ void SteadySchedule::Update(const Slot& at, Ballot& b) {
 }
 
 void SteadySchedule::SendOwn(const Slot& at, Ballot& b, int peer, uint8_t outcome, uint32_t input_size) {
-  VoteMessage m;
-  m.type = VoteMessage::Type::kReport;
-  m.epoch = at.first;
-  m.position = at.second;
-  m.outcome = outcome;
-  m.input_size = input_size;
+  const VoteMessage m = VoteHeader(VoteMessage::Type::kReport, at, outcome, input_size);
   Vote& own = b.own_vote;
   if (own.input_offset + own.input_size == own.wire.size() && RewriteVoteHeader(m, &own.wire)) {
     Outgoing out{peer, std::string(), &own.wire};
@@ -289,10 +289,7 @@ void SteadySchedule::PairDecide(const Slot& at, Ballot& b) {
 void SteadySchedule::Wake(const Slot& at, Ballot& b) {
   if (b.woke) return;
   b.woke = true;
-  VoteMessage m;
-  m.type = VoteMessage::Type::kWake;
-  m.epoch = at.first;
-  m.position = at.second;
+  const VoteMessage m = VoteHeader(VoteMessage::Type::kWake, at, 0, 0);
   std::string wire;
   for (size_t i = 0; i < children_.size(); ++i) {
     if (b.child[i] >= 0 || b.child_stalled[i]) continue;  // reported, or aware already
