@@ -158,15 +158,11 @@ def _hosts(count):
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from simhosts import SimCluster
 
-    work = tempfile.mkdtemp(prefix="hvd-scale-hosts-")
-    cluster = SimCluster(os.path.join(work, "sim"), count)
-    os.makedirs(cluster.workdir)
-    try:
-        cluster.start()
+    with (
+        tempfile.TemporaryDirectory(prefix="hvd-scale-hosts-", ignore_cleanup_errors=True) as work,
+        SimCluster(work, count) as cluster,
+    ):
         yield cluster
-    finally:
-        cluster.close()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _measure(args, jobs, cluster):

@@ -24,7 +24,6 @@ ssh, so ranks on different hosts talk TCP) alternately, --rounds times, and adds
 import argparse
 import contextlib
 import os
-import shutil
 import sys
 import tempfile
 
@@ -141,15 +140,11 @@ def simulated_hosts(count):
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
     from simhosts import SimCluster
 
-    work = tempfile.mkdtemp(prefix="hvd-sparse-hosts-")
-    cluster = SimCluster(os.path.join(work, "sim"), count)
-    os.makedirs(cluster.workdir)
-    try:
-        cluster.start()
+    with (
+        tempfile.TemporaryDirectory(prefix="hvd-sparse-hosts-", ignore_cleanup_errors=True) as work,
+        SimCluster(work, count) as cluster,
+    ):
         yield cluster
-    finally:
-        cluster.close()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def hosts_rounds(args):
