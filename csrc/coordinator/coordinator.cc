@@ -10,29 +10,6 @@
 namespace hvdlite {
 namespace {
 
-int64_t TensorBytes(const Request& r) {
-  int64_t n = 1;
-  for (int64_t d : r.shape) n *= d;
-  return n * static_cast<int64_t>(DataTypeSize(r.dtype));
-}
-
-std::string JoinRanks(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  return os.str();
-}
-
-// Allreduces fuse when set, dtype, op and both scales are equal: the key is
-// those fields' bytes (exact for the doubles, and cheap to build).
-std::string FusionKey(const Request& r) {
-  struct {
-    int32_t set, dtype, op, device;  // CPU and CUDA tensors never fuse together
-    double prescale, postscale;
-  } k{r.process_set, static_cast<int32_t>(r.dtype), static_cast<int32_t>(r.op), r.device, r.prescale,
-      r.postscale};
-  return std::string(reinterpret_cast<const char*>(&k), sizeof(k));
-}
-
 bool Cacheable(OpType t) {
   return t != OpType::kAddProcessSet && t != OpType::kRemoveProcessSet && t != OpType::kShutdown;
 }
@@ -66,25 +43,26 @@ std::string NegotiatePhase(OpType t) {
 }
 }  // namespace
 
-void Coordinator::Add(int rank, const RequestList& list) {
-  cache_.Acknowledge(rank, list.cache_ack);
+void Coordinator::Add(int lo, int hi, const RequestList& list) {
+  for (int rank = lo; rank < hi; ++rank) cache_.Acknowledge(rank, list.cache_ack);
   for (const Request& in : list.requests) {
-    Request r = in;
-    r.rank = rank;
-    if (r.cache_id >= 0) {
-      if (!cache_.Expand(r.cache_id, rank, &r)) {
-        HVD_LOG(kError, "rank " << rank << " sent unknown cache id " << r.cache_id << "; dropped");
-        continue;
-      }
-      r.rank = rank;
+    if (in.cache_id >= 0) {
+      AddHits(lo, hi, in.cache_id);
+      continue;
     }
-    AddOne(std::move(r));
+    for (int rank = lo; rank < hi; ++rank) {
+      Request r = in;
+      r.rank = rank;
+      AddOne(std::move(r));
+    }
   }
   if (list.has_waits) {
-    if (list.waits.empty()) {
-      waits_.erase(rank);
-    } else {
-      waits_[rank] = list.waits;
+    for (int rank = lo; rank < hi; ++rank) {
+      if (list.waits.empty()) {
+        waits_.erase(rank);
+      } else {
+        waits_[rank] = list.waits;
+      }
     }
   }
   // Checked once per Drain, not per Add: a cycle brings up to one list per
@@ -105,7 +83,7 @@ void Coordinator::CheckDeadlock() {
         std::vector<int> ranks = sets_->Ranks(key.process_set);
         for (size_t i = 0; i < ranks.size() && i < p.have.size(); ++i) {
           if (p.have[i]) {
-            t.type = p.reqs[i].type;
+            t.type = p.first.type;
             t.submitted.push_back(ranks[i]);
           } else if (!joined_ranks_.count(ranks[i])) {
             t.missing.push_back(ranks[i]);
@@ -127,8 +105,7 @@ void Coordinator::CheckDeadlock() {
       continue;
     }
     auto it = pending_.find({key.process_set, key.name});
-    const Pending& p = it->second;
-    const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
+    const Request& any = it->second.first;
     if (timeline_) timeline_->End(key.name, NegotiatePhase(any.type));
     DecideError(any, sets_->Ranks(key.process_set), Status::Mismatch(report.message));
     pending_.erase(it);
@@ -140,7 +117,50 @@ void Coordinator::Push(Decided d) {
   decided_.push_back(std::move(d));
 }
 
-void Coordinator::AddOne(Request r) {
+// The slow path of a cache hit: the full request, through AddOne's checks.
+void Coordinator::AddExpanded(int rank, int32_t id) {
+  Request r;
+  if (!cache_.Expand(id, rank, &r)) {
+    HVD_LOG(kError, "rank " << rank << " sent unknown cache id " << id << "; dropped");
+    return;
+  }
+  AddOne(std::move(r), id);
+}
+
+void Coordinator::AddHits(int lo, int hi, int32_t id) {
+  const ResponseCache::Key* key = cache_.KeyOf(id);
+  if (key == nullptr || !shutdown_ranks_.empty()) {
+    for (int rank = lo; rank < hi; ++rank) AddExpanded(rank, id);
+    return;
+  }
+  auto it = pending_.find(*key);
+  if (it == pending_.end()) {  // the first submission this cycle creates the tensor's entry
+    AddExpanded(lo++, id);
+    it = pending_.find(*key);
+  }
+  if (lo == hi) return;
+  const std::shared_ptr<const std::vector<int>> members =
+      it == pending_.end() ? nullptr : sets_->Members(it->first.first);
+  const std::vector<int> none;
+  const std::vector<int>& ranks = members ? *members : none;
+  auto first = std::lower_bound(ranks.begin(), ranks.end(), lo);
+  auto last = std::lower_bound(first, ranks.end(), hi);
+  if (last - first != hi - lo ||
+      ranks.size() != it->second.have.size()) {  // not all members: AddOne words it
+    for (int rank = lo; rank < hi; ++rank) AddExpanded(rank, id);
+    return;
+  }
+  for (auto pos = first; pos != last; ++pos) {
+    const size_t member = static_cast<size_t>(pos - ranks.begin());
+    if (!it->second.have[member]) it->second.hit_ids[member] = id;
+    if (Submit(it, ranks, member, *pos)) {  // complete (or decided early, as joined ranks allow)
+      for (auto rest = pos + 1; rest != last; ++rest) AddExpanded(*rest, id);
+      return;
+    }
+  }
+}
+
+void Coordinator::AddOne(Request r, int32_t hit_id) {
   if (r.type == OpType::kShutdown) {
     OnShutdown(r.rank);
     return;
@@ -151,55 +171,77 @@ void Coordinator::AddOne(Request r) {
   }
   const std::shared_ptr<const std::vector<int>> members = sets_->Members(r.process_set);
   const std::vector<int>& ranks = *members;
-  if (ranks.empty()) {
-    DecideError(r, {r.rank},
-                Status::InvalidArgument(std::string(OpTypeName(r.type)) + " of tensor '" + r.name +
-                                        "': process set " + std::to_string(r.process_set) +
-                                        " does not exist (was it removed, or not added on every rank?)"));
+  const Status admissible = CheckSubmission(r, ranks, shutdown_ranks_);
+  if (!admissible.ok()) {
+    DecideError(r, {r.rank}, admissible);
     return;
   }
   auto pos = std::lower_bound(ranks.begin(), ranks.end(), r.rank);
-  if (pos == ranks.end() || *pos != r.rank) {
-    DecideError(
-        r, {r.rank},
-        Status::InvalidArgument(std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "': rank " +
-                                std::to_string(r.rank) + " is not a member of process set " +
-                                std::to_string(r.process_set) + " (members: " + JoinRanks(ranks) + ")"));
-    return;
-  }
-  for (int gone : shutdown_ranks_) {
-    if (std::binary_search(ranks.begin(), ranks.end(), gone)) {
-      DecideError(
-          r, {r.rank},
-          Status::Aborted(std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "' cannot run: rank " +
-                          std::to_string(gone) +
-                          " has shut down. Every rank must call shutdown() only after its last collective."));
-      return;
-    }
-  }
-  Key key{r.process_set, r.name};
-  Pending& p = pending_[key];
-  if (p.reqs.empty()) {
-    p.reqs.resize(ranks.size());
+  auto it = pending_.try_emplace(Key{r.process_set, r.name}).first;
+  Pending& p = it->second;
+  if (p.have.empty()) {
+    p.first = r;
+    p.hit_ids.assign(ranks.size(), -1);
     p.have.assign(ranks.size(), false);
     p.first_seen = p.last_warned = now_();
     if (timeline_) timeline_->Begin(r.name, NegotiatePhase(r.type));
   }
-  if (timeline_) timeline_->Mark(r.name, "READY", "\"rank\": " + std::to_string(r.rank));
-  int member = static_cast<int>(pos - ranks.begin());
+  const size_t member = static_cast<size_t>(pos - ranks.begin());
+  if (!p.have[member]) {
+    p.hit_ids[member] = hit_id;
+    if (hit_id < 0) {
+      if (p.reqs.empty()) p.reqs.resize(ranks.size());  // (only for requests sent in full)
+      p.reqs[member] = std::move(r);
+    }
+  }
+  Submit(it, ranks, member, ranks[member]);
+}
+
+bool Coordinator::Submit(std::map<Key, Pending>::iterator it, const std::vector<int>& ranks, size_t member,
+                         int rank) {
+  Pending& p = it->second;
+  if (timeline_) timeline_->Mark(it->first.second, "READY", "\"rank\": " + std::to_string(rank));
   if (p.have[member]) {
     // The runtime refuses a second submission of a name in flight, so this is
     // only reachable through a protocol bug; keep the first.
-    HVD_LOG(kError, "rank " << r.rank << " submitted tensor '" << r.name << "' twice");
-    return;
+    HVD_LOG(kError, "rank " << rank << " submitted tensor '" << it->first.second << "' twice");
+    return false;
   }
-  p.reqs[member] = std::move(r);
   p.have[member] = true;
   ++p.count;
-  if (Ready(p, ranks)) {
-    Decide(key, p);
-    pending_.erase(key);
+  if (p.hit_ids[member] >= 0) ++p.hits;
+  if (!Ready(p, ranks)) return false;
+  Decide(it->first, p);
+  pending_.erase(it);
+  return true;
+}
+
+void Coordinator::Materialize(Pending* p, const std::vector<int>& ranks) const {
+  if (p->reqs.size() < p->have.size()) p->reqs.resize(p->have.size());
+  for (size_t i = 0; i < ranks.size() && i < p->have.size(); ++i) {
+    if (!p->have[i] || p->hit_ids[i] < 0) continue;
+    if (!cache_.Expand(p->hit_ids[i], ranks[i], &p->reqs[i])) p->reqs[i] = p->first;  // (ids outlive hits)
+    p->reqs[i].rank = ranks[i];
+    p->hit_ids[i] = -1;
   }
+  p->hits = 0;
+}
+
+bool Coordinator::DecideFromCache(Pending& p, const std::vector<int>& ranks) {
+  if (p.hits != static_cast<int>(ranks.size()) || ranks.empty()) return false;
+  const int32_t id = p.hit_ids[0];
+  for (int32_t h : p.hit_ids) {
+    if (h != id) return false;
+  }
+  const CachedDecision* cached = cache_.Replay(id, ranks.size());
+  if (cached == nullptr) return false;
+  Decided d;
+  d.recipients = ranks;
+  d.response = cached->response;
+  d.fusion_key = cached->fusion_key;
+  d.bytes = cached->bytes;
+  Push(std::move(d));
+  return true;
 }
 
 bool Coordinator::Ready(const Pending& p, const std::vector<int>& ranks) const {
@@ -240,25 +282,11 @@ void Coordinator::OnJoin(int rank) {
   }
 }
 
-// Horovod's rule: only allreduce (and barrier) run while members have joined;
-// the data collectives fail on every member that submitted them.
-Status Coordinator::CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const {
-  std::string who;
-  for (int r : joined) who += (who.empty() ? "" : ", ") + std::to_string(r);
-  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter || r0.type == OpType::kAllgather ||
-      r0.type == OpType::kBroadcast) {
-    return Status::NotSupported(std::string(OpTypeName(r0.type)) + " of tensor '" + r0.name +
-                                "' cannot run while ranks " + who +
-                                " have joined; only allreduce and barrier can (as in Horovod). "
-                                "Call it before join().");
-  }
-  return Status::OK();
-}
-
 void Coordinator::Decide(const Key& key, Pending& p) {
-  const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
-  if (timeline_) timeline_->End(key.second, NegotiatePhase(any.type));
+  if (timeline_) timeline_->End(key.second, NegotiatePhase(p.first.type));
   std::vector<int> ranks = sets_->Ranks(key.first);
+  if (DecideFromCache(p, ranks)) return;
+  Materialize(&p, ranks);
   std::vector<Request> submitted;
   std::vector<int> submitters, joined;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -298,11 +326,16 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     if (r0.target_set != 0 && sets_->Exists(r0.target_set)) free_set_ids_.push_back(r0.target_set);
     sets_->Remove(r0.target_set);
   }
-  d.response.cache_ids.push_back(Cacheable(r0.type) ? cache_.Bind(p.reqs) : -1);
   if (r0.type == OpType::kAllreduce) {
     d.fusion_key = FusionKey(r0);
     d.bytes = TensorBytes(r0);
   }
+  int32_t id = -1;
+  if (Cacheable(r0.type)) {
+    const CachedDecision replay{d.response, d.fusion_key, d.bytes};
+    id = cache_.Bind(p.reqs, &replay);
+  }
+  d.response.cache_ids.push_back(id);
   Push(std::move(d));
 }
 
@@ -329,12 +362,7 @@ void Coordinator::OnShutdown(int rank) {
       ++it;
       continue;
     }
-    Request any;
-    for (size_t i = 0; i < ranks.size(); ++i)
-      if (it->second.have[i]) {
-        any = it->second.reqs[i];
-        break;
-      }
+    const Request& any = it->second.first;
     DecideError(any, ranks,
                 Status::Aborted(std::string(OpTypeName(any.type)) + " of tensor '" + any.name +
                                 "' cannot run: rank " + std::to_string(rank) +
@@ -343,29 +371,17 @@ void Coordinator::OnShutdown(int rank) {
   }
 }
 
-// Greedy, order-preserving fusion: an allreduce joins the most recent response
-// with the same fusion key (same set, dtype, op, scales: so the same
-// recipients) if the combined size stays within the threshold.
-void Coordinator::FuseInto(std::vector<Decided>* out) {
-  std::map<std::string, std::pair<size_t, int64_t>> open;  // key -> (index in out, bytes)
-  for (auto& d : decided_) {
-    if (!d.fusion_key.empty() && d.response.error_code == StatusCode::kOk) {
-      auto it = open.find(d.fusion_key);
-      if (it != open.end() && it->second.second + d.bytes <= fusion_threshold_) {
-        Response& target = (*out)[it->second.first].response;
-        target.names.push_back(d.response.names[0]);
-        target.cache_ids.push_back(d.response.cache_ids[0]);
-        it->second.second += d.bytes;
-        continue;
-      }
-      open[d.fusion_key] = {out->size(), d.bytes};
-    }
-    out->push_back(std::move(d));
+bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
+  std::vector<ListRun> runs;
+  if (!DrainRuns(&runs)) return false;
+  per_rank->assign(world_size_, ResponseList{});
+  for (ListRun& run : runs) {
+    for (int r = run.lo; r < run.hi; ++r) (*per_rank)[r] = run.list;
   }
-  decided_.clear();
+  return true;
 }
 
-bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
+bool Coordinator::DrainRuns(std::vector<ListRun>* runs) {
   if (deadlock_check_due_) {
     deadlock_check_due_ = false;
     if (!waits_.empty()) CheckDeadlock();
@@ -373,26 +389,15 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
   bool announce = AllRanksShutDown() && !shutdown_announced_;
   if (decided_.empty() && !announce) return false;  // (every turn in the steady state: no allocation)
   if (!announce && cycle_time_ms_ > 0 && MsUntilDue() > 0) return false;  // hold for fusion
-  per_rank->assign(world_size_, ResponseList{});
-  std::vector<Decided> fused;
-  FuseInto(&fused);
-  for (auto& d : fused) {
-    for (int rank : d.recipients) (*per_rank)[rank].responses.push_back(d.response);
-  }
-  // Evictions travel after the responses that bound those ids (they were
-  // decided earlier), so a rank that applies them after executing the list
-  // never keeps a stale id.
-  for (const CacheEviction& ev : cache_.TakeEvictions()) {
-    for (int rank : ev.ranks) (*per_rank)[rank].evicted_cache_ids.push_back(ev.id);
-  }
-  for (auto& l : *per_rank) l.eviction_seq = cache_.eviction_seq();
+  std::vector<Decided> fused = Fuse(&decided_, fusion_threshold_);
+  std::vector<CacheEviction> evictions = cache_.TakeEvictions();
+  *runs = BuildListRuns(world_size_, &fused, &evictions, cache_.eviction_seq(), announce);
   cache_entries_.store(static_cast<int64_t>(cache_.size()), std::memory_order_relaxed);
   cache_evictions_.store(cache_.eviction_seq(), std::memory_order_relaxed);
   if (announce) {
     shutdown_announced_ = true;
-    for (auto& l : *per_rank) l.shutdown = true;
   } else {
-    MaybeAnnounce(fused, per_rank);
+    MaybeAnnounce(fused, runs);
   }
   return true;
 }
@@ -400,7 +405,7 @@ bool Coordinator::Drain(std::vector<ResponseList>* per_rank) {
 // Only when nothing is undecided here: a request that a rank sent before it
 // receives the schedule then makes that rank vote exit(0) (its own requests
 // are the only ones it knows of), so no schedule runs next to a negotiation.
-void Coordinator::MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ResponseList>* per_rank) {
+void Coordinator::MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ListRun>* runs) {
   if (!cfg_.STEADY_STATE || world_size_ < 2) return;
   for (const auto& d : fused)
     learner_.Observe(d.response, static_cast<int>(d.recipients.size()) == world_size_);
@@ -412,16 +417,15 @@ void Coordinator::MaybeAnnounce(const std::vector<Decided>& fused, std::vector<R
   schedule_active_ = true;
   learner_.Reset();
   ++schedule_epoch_;
-  for (auto& l : *per_rank) {
-    l.schedule_epoch = schedule_epoch_;
-    l.schedule = groups;
+  for (auto& run : *runs) {
+    run.list.schedule_epoch = schedule_epoch_;
+    run.list.schedule = groups;
   }
 }
 
 // What each of `ranks` waits in: its oldest undecided submission, or nothing.
 // Lists at most kMaxListed ranks (a warning must stay readable at any scale).
 std::string Coordinator::DescribeWaits(const std::vector<int>& ranks) const {
-  constexpr size_t kMaxListed = 8;
   std::map<int, std::pair<Clock::time_point, const Request*>> oldest;  // rank -> submission
   for (const auto& kv : pending_) {
     std::vector<int> members = sets_->Ranks(kv.first.first);
@@ -429,27 +433,12 @@ std::string Coordinator::DescribeWaits(const std::vector<int>& ranks) const {
       if (!kv.second.have[i]) continue;
       auto it = oldest.find(members[i]);
       if (it == oldest.end() || kv.second.first_seen < it->second.first)
-        oldest[members[i]] = {kv.second.first_seen, &kv.second.reqs[i]};
+        oldest[members[i]] = {kv.second.first_seen, &kv.second.first};
     }
   }
-  std::ostringstream os;
-  for (size_t k = 0; k < ranks.size() && k < kMaxListed; ++k) {
-    os << (k ? ", rank " : "rank ") << ranks[k];
-    auto it = oldest.find(ranks[k]);
-    if (it == oldest.end()) {
-      os << " has submitted nothing";
-      continue;
-    }
-    const Request& r = *it->second.second;
-    os << (k ? " in " : " waits in ");
-    if (r.type == OpType::kBarrier) {
-      os << "a barrier";
-    } else {
-      os << OpTypeName(r.type) << " of '" << r.name << "'";
-    }
-  }
-  if (ranks.size() > kMaxListed) os << ", ... (" << ranks.size() - kMaxListed << " more)";
-  return os.str();
+  std::map<int, const Request*> submitted;
+  for (const auto& kv : oldest) submitted[kv.first] = kv.second.second;
+  return DescribeSubmissions(ranks, submitted);
 }
 
 int Coordinator::CheckStalls() {
@@ -477,8 +466,7 @@ int Coordinator::CheckStalls() {
          << JoinRanks(missing) << " never submitted it (ranks " << JoinRanks(ready)
          << " did): " << DescribeWaits(ranks)
          << ". Make every rank run the same collectives, or raise HVDLITE_STALL_SHUTDOWN_TIME_SECONDS.";
-      const Request& any = p.reqs[std::find(p.have.begin(), p.have.end(), true) - p.have.begin()];
-      DecideError(any, ranks, Status::Timeout(os.str()));
+      DecideError(p.first, ranks, Status::Timeout(os.str()));
       failed.push_back(it->first);
       continue;
     }

@@ -31,6 +31,7 @@
 #include "coordinator/messages.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/response_lists.h"
 #include "coordinator/steady_state.h"
 #include "coordinator/timeline.h"
 
@@ -50,12 +51,20 @@ class Coordinator {
   // every member at once with a Mismatch error naming who waits for what
   // (coordinator/deadlock.h) in the next Drain; HVDLITE_DEADLOCK_CHECK_DISABLE
   // turns that off.
-  void Add(int rank, const RequestList& list);
+  void Add(int rank, const RequestList& list) { Add(rank, rank + 1, list); }
+  // The same list sent by each of the ranks [lo, hi) (a relay's merged run):
+  // a cache hit costs O(1) per rank (a flag), not a parsed request.
+  void Add(int lo, int hi, const RequestList& list);
   // Moves the decided responses into per-rank lists (index = global rank).
   // Returns false when there is nothing to send (*per_rank untouched). With
   // HVDLITE_STEADY_STATE, it may end the lists with a learned schedule
   // (coordinator/steady_state.h); it announces no other until EndSchedule().
   bool Drain(std::vector<ResponseList>* per_rank);
+  // The same lists as runs of consecutive ranks that receive the same list
+  // (ascending, covering every rank): usually one run for the whole job, so
+  // rank 0's work per cycle grows with the responses, not with ranks x
+  // responses (each list is built, and serialized by the runtime, once).
+  bool DrainRuns(std::vector<ListRun>* runs);
   // Rank 0 left schedule mode: learn from scratch again.
   void EndSchedule() {
     schedule_active_ = false;
@@ -82,22 +91,36 @@ class Coordinator {
 
  private:
   using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
+  // A tensor some members have submitted. A member that sent a cache hit is
+  // kept as its id only (hit_ids, reqs[i] left empty) until a slow path needs
+  // its request (Materialize): when every member hits one id, the cached
+  // decision is replayed and no request is ever rebuilt (Decide).
   struct Pending {
-    std::vector<Request> reqs;  // by member index
+    Request first;              // the first submission, in full (messages, timeline)
+    std::vector<Request> reqs;  // by member index: valid where have[i] && hit_ids[i] < 0 (empty: none yet)
+    std::vector<int32_t> hit_ids;
     std::vector<bool> have;
     int count = 0;
+    int hits = 0;
     Clock::time_point first_seen;
     Clock::time_point last_warned;
   };
-  struct Decided {
-    Response response;
-    std::vector<int> recipients;  // global ranks
-    int64_t bytes = 0;            // for fusion
-    std::string fusion_key;       // empty = never fused
-    Clock::time_point at;         // when it was decided
-  };
+  using Decided = DecidedResponse;
 
-  void AddOne(Request r);
+  // hit_id >= 0: `r` is the expansion of that cache hit.
+  void AddOne(Request r, int32_t hit_id = -1);
+  // Cache hits of `id` from the ranks [lo, hi): once some member submitted the
+  // tensor this cycle, O(1) per rank with no Request built; otherwise (and
+  // for anything unusual) the expansion through AddOne (AddExpanded).
+  void AddHits(int lo, int hi, int32_t id);
+  void AddExpanded(int rank, int32_t id);
+  // Records `member`'s submission and decides the tensor once it is complete
+  // (true: decided, `it` erased).
+  bool Submit(std::map<Key, Pending>::iterator it, const std::vector<int>& ranks, size_t member, int rank);
+  // Every member hit the same cached id and none joined: push the cached decision.
+  bool DecideFromCache(Pending& p, const std::vector<int>& ranks);
+  // Restores the requests of members kept as cache ids.
+  void Materialize(Pending* p, const std::vector<int>& ranks) const;
   void Push(Decided d);  // stamps it with now_() and queues it
   void Decide(const Key& key, Pending& p);
   void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
@@ -105,11 +128,8 @@ class Coordinator {
   void OnJoin(int rank);
   // Every member has submitted the tensor or has joined.
   bool Ready(const Pending& p, const std::vector<int>& ranks) const;
-  // Joined members take part with identity values: refuse what they cannot.
-  Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) const;
-  void FuseInto(std::vector<Decided>* out);
   // Feeds the learner; ends the lists with a schedule when it found one.
-  void MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ResponseList>* per_rank);
+  void MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ListRun>* runs);
   void CheckDeadlock();
   // For the stall warning: "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'".
   std::string DescribeWaits(const std::vector<int>& ranks) const;

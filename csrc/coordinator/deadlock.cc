@@ -144,4 +144,26 @@ bool FindDeadlock(const std::map<int, RankWaits>& waits, const std::map<WaitKey,
   return true;
 }
 
+std::string DescribeSubmissions(const std::vector<int>& ranks, const std::map<int, const Request*>& oldest) {
+  constexpr size_t kMaxListed = 8;
+  std::ostringstream os;
+  for (size_t k = 0; k < ranks.size() && k < kMaxListed; ++k) {
+    os << (k ? ", rank " : "rank ") << ranks[k];
+    auto it = oldest.find(ranks[k]);
+    if (it == oldest.end()) {
+      os << " has submitted nothing";
+      continue;
+    }
+    const Request& r = *it->second;
+    os << (k ? " in " : " waits in ");
+    if (r.type == OpType::kBarrier) {
+      os << "a barrier";
+    } else {
+      os << OpTypeName(r.type) << " of '" << r.name << "'";
+    }
+  }
+  if (ranks.size() > kMaxListed) os << ", ... (" << ranks.size() - kMaxListed << " more)";
+  return os.str();
+}
+
 }  // namespace hvdlite

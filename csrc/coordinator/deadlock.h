@@ -60,4 +60,10 @@ void AddReceives(const std::map<int, RankWaits>& waits,
                  const std::function<std::vector<int>(int32_t)>& members,
                  std::map<WaitKey, UndecidedTensor>* undecided);
 
+// For stall warnings: what each of `ranks` waits in ("rank 0 waits in a
+// barrier, rank 1 in allreduce of 'x', rank 2 has submitted nothing"), from
+// each rank's oldest undecided submission (`oldest`, by global rank). Lists at
+// most 8 ranks: a warning must stay readable at any scale.
+std::string DescribeSubmissions(const std::vector<int>& ranks, const std::map<int, const Request*>& oldest);
+
 }  // namespace hvdlite

@@ -91,8 +91,10 @@ class Reader {
   bool ok_ = true;
 };
 
+// A request's rank is not on the wire: its sender is known where it arrives
+// (the relay's delivery, coordinator/relay.h), and so the lists of ranks that
+// submit the same requests are equal bytes, which relays merge into one run.
 void WriteRequest(Writer& w, const Request& r) {
-  w.I32(r.rank);
   w.I32(r.cache_id);
   if (r.cache_id >= 0) return;  // the coordinator knows the rest
   w.I32(static_cast<int32_t>(r.type));
@@ -112,8 +114,7 @@ void WriteRequest(Writer& w, const Request& r) {
 }
 
 Request ReadRequest(Reader& rd) {
-  Request r;
-  r.rank = rd.I32();
+  Request r;  // rank 0 until its receiver sets it (WriteRequest)
   r.cache_id = rd.I32();
   if (r.cache_id >= 0) return r;
   r.type = static_cast<OpType>(rd.I32());

@@ -16,27 +16,45 @@ NegotiationRelay::NegotiationRelay(int rank, int size)
       children_(VoteTree::Children(rank, size)),
       queued_(children_.size() + 1) {}
 
+// Appends [lo, hi) -> payload to q, merged into a queued run of the same
+// payload that it extends on either side. Going up, entries of different
+// ranks may be reordered but those of one rank may not (a rank's lists are
+// taken in the order it sent them): the run merged into must be followed by
+// no entry that shares a rank with [lo, hi). The search looks at the last
+// kMergeWindow entries only, so queueing stays O(1).
+void NegotiationRelay::Append(std::vector<Entry>* q, int lo, int hi, std::string payload) {
+  constexpr size_t kMergeWindow = 8;
+  for (size_t k = 0; k < q->size() && k < kMergeWindow; ++k) {
+    Entry& e = (*q)[q->size() - 1 - k];
+    if ((e.hi == lo || e.lo == hi) && e.payload == payload) {
+      e.lo = std::min(e.lo, lo);
+      e.hi = std::max(e.hi, hi);
+      return;
+    }
+    if (e.lo < hi && lo < e.hi) break;  // shares a rank: stay behind it
+  }
+  q->push_back(Entry{lo, hi, std::move(payload)});
+}
+
 void NegotiationRelay::Queue(int peer, int lo, int hi, std::string payload) {
   size_t slot = 0;
   if (peer != parent_) slot = 1 + (std::find(children_.begin(), children_.end(), peer) - children_.begin());
-  std::vector<Entry>& q = queued_[slot];
-  if (!q.empty() && q.back().hi == lo && q.back().payload == payload) {
-    q.back().hi = hi;  // a run of ranks with the same payload
-    return;
-  }
-  q.push_back(Entry{lo, hi, std::move(payload)});
+  Append(&queued_[slot], lo, hi, std::move(payload));
 }
 
 void NegotiationRelay::Up(int from, std::string payload, std::vector<Delivery>* mine) {
-  if (rank_ == 0) {
-    mine->push_back(Delivery{from, std::move(payload)});
-    return;
-  }
-  Queue(parent_, from, from + 1, std::move(payload));
+  UpRun(from, from + 1, std::move(payload), mine);
+}
+
+void NegotiationRelay::UpRun(int lo, int hi, std::string payload, std::vector<Delivery>* mine) {
+  if (rank_ != 0) return Queue(parent_, lo, hi, std::move(payload));
+  std::vector<Entry> runs;  // (rank 0: at most one entry, from Up)
+  Append(&runs, lo, hi, std::move(payload));
+  for (Entry& e : runs) mine->push_back(Delivery{e.lo, e.hi, std::move(e.payload)});
 }
 
 void NegotiationRelay::Down(int lo, int hi, const std::string& payload, std::vector<Delivery>* mine) {
-  if (lo <= rank_ && rank_ < hi) mine->push_back(Delivery{rank_, payload});
+  if (lo <= rank_ && rank_ < hi) mine->push_back(Delivery{rank_, rank_ + 1, payload});
   for (int c : children_) {
     const int clo = std::max(lo, c), chi = std::min(hi, VoteTree::SubtreeEnd(c, size_));
     if (clo < chi) Queue(c, clo, chi, payload);
@@ -50,6 +68,7 @@ Status NegotiationRelay::OnMessage(int peer, const std::string& wire, std::vecto
   std::memcpy(&count, wire.data() + 1, 4);
   size_t at = 5;
   const bool from_parent = peer == parent_;
+  std::vector<Entry> up;  // rank 0: this message's runs, merged, then delivered
   for (uint32_t i = 0; i < count; ++i) {
     if (wire.size() < at + 12) return corrupt;
     int32_t lo = 0, hi = 0;
@@ -63,10 +82,13 @@ Status NegotiationRelay::OnMessage(int peer, const std::string& wire, std::vecto
     at += len;
     if (from_parent) {
       Down(lo, hi, payload, mine);
+    } else if (rank_ == 0) {
+      Append(&up, lo, hi, std::move(payload));
     } else {
-      for (int r = lo; r < hi; ++r) Up(r, payload, mine);
+      Queue(parent_, lo, hi, std::move(payload));
     }
   }
+  for (Entry& e : up) mine->push_back(Delivery{e.lo, e.hi, std::move(e.payload)});
   return at == wire.size() ? Status::OK() : corrupt;
 }
 

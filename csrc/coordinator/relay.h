@@ -6,6 +6,11 @@
 // rank 0 talks to log2(n) children instead of n-1 ranks, and every rank to at
 // most log2(n) + 1 peers for negotiation and steady-state votes together.
 //
+// Going up, runs merge the same way: ranks whose lists are equal bytes (every
+// rank hitting the same cached tensors, the steady negotiation of a training
+// loop) reach rank 0 as one entry, and its coordinator takes them as a range
+// (Coordinator::Add), so rank 0 parses O(children) lists per cycle, not N.
+//
 // Wire (ControlKind::kRelay): kind, entry count (u32), then per entry: first
 // rank (i32), one past the last rank (i32), payload length (u32), payload (a
 // serialized RequestList going up, ResponseList going down). Going down, one
@@ -25,9 +30,11 @@ namespace hvdlite {
 
 class NegotiationRelay {
  public:
-  // A payload for this rank: the rank it is from (up) or for (down).
+  // A payload for this rank: from ranks [rank, hi) (up: a run of ranks that
+  // sent the same bytes), or for this rank (down: hi = rank + 1).
   struct Delivery {
     int rank;
+    int hi;
     std::string payload;
   };
   struct Outgoing {
@@ -55,6 +62,9 @@ class NegotiationRelay {
     std::string payload;
   };
   void Queue(int peer, int lo, int hi, std::string payload);
+  // Up() for the ranks [lo, hi), which sent `payload` each.
+  void UpRun(int lo, int hi, std::string payload, std::vector<Delivery>* mine);
+  static void Append(std::vector<Entry>* q, int lo, int hi, std::string payload);
   int rank_, size_, parent_;
   std::vector<int> children_;
   std::vector<std::vector<Entry>> queued_;  // per peer index: 0 = parent, 1 + i = children_[i]

@@ -5,15 +5,21 @@
 
 namespace hvdlite {
 
+// Most members of a tensor send the same request but for their rank: one
+// copy serves them all (memory and time O(1) per such member, not a Request).
 void ResponseCache::Store(const std::vector<Request>& reqs, Entry* e) {
-  e->by_rank.clear();
+  e->differing.clear();
   e->ranks.clear();
+  e->common = reqs[0];
+  e->common.cache_id = -1;
   for (const auto& r : reqs) {
+    e->ranks.push_back(r.rank);
+    if (r.SameSignature(e->common)) continue;
     Request stored = r;
     stored.cache_id = -1;
-    e->by_rank[r.rank] = std::move(stored);
-    e->ranks.push_back(r.rank);
+    e->differing[r.rank] = std::move(stored);
   }
+  if (!std::is_sorted(e->ranks.begin(), e->ranks.end())) std::sort(e->ranks.begin(), e->ranks.end());
 }
 
 bool ResponseCache::SeenBefore(const Key& key) {
@@ -44,42 +50,67 @@ void ResponseCache::EvictLeastRecent() {
   retired_[id] = std::move(e);
 }
 
-int32_t ResponseCache::Bind(const std::vector<Request>& reqs) {
+int32_t ResponseCache::Bind(const std::vector<Request>& reqs, const CachedDecision* decided) {
   if (capacity_ == 0 || reqs.empty()) return -1;
   Key key{reqs[0].process_set, reqs[0].name};
   auto it = ids_.find(key);
+  int32_t id = -1;
+  Entry* e = nullptr;
   if (it != ids_.end()) {
-    Entry& e = live_[it->second];
-    lru_.splice(lru_.begin(), lru_, e.lru);  // most recently decided
-    Store(reqs, &e);
-    return it->second;
+    id = it->second;
+    e = &live_[id];
+    lru_.splice(lru_.begin(), lru_, e->lru);  // most recently decided
+  } else {
+    if (!SeenBefore(key) || next_id_ == std::numeric_limits<int32_t>::max()) return -1;
+    if (live_.size() >= capacity_) EvictLeastRecent();
+    id = next_id_++;
+    e = &live_[id];
+    e->key = key;
+    lru_.push_front(id);
+    e->lru = lru_.begin();
+    ids_[key] = id;
   }
-  if (!SeenBefore(key) || next_id_ == std::numeric_limits<int32_t>::max()) return -1;
-  if (live_.size() >= capacity_) EvictLeastRecent();
-  const int32_t id = next_id_++;
-  Entry& e = live_[id];
-  e.key = key;
-  Store(reqs, &e);
-  lru_.push_front(id);
-  e.lru = lru_.begin();
-  ids_[key] = id;
+  Store(reqs, e);
+  e->has_decision = decided != nullptr;
+  if (decided != nullptr) {
+    e->decision = *decided;
+    e->decision.response.cache_ids.assign(1, id);
+  }
   return id;
 }
 
-bool ResponseCache::Expand(int32_t id, int rank, Request* out) const {
-  const Entry* e = nullptr;
+const ResponseCache::Entry* ResponseCache::Find(int32_t id) const {
   auto live = live_.find(id);
-  if (live != live_.end()) {
-    e = &live->second;
-  } else {
-    auto retired = retired_.find(id);
-    if (retired == retired_.end()) return false;
-    e = &retired->second;
+  if (live != live_.end()) return &live->second;
+  auto retired = retired_.find(id);
+  return retired == retired_.end() ? nullptr : &retired->second;
+}
+
+bool ResponseCache::Expand(int32_t id, int rank, Request* out) const {
+  const Entry* e = Find(id);
+  if (e == nullptr) return false;
+  auto it = e->differing.find(rank);
+  if (it != e->differing.end()) {
+    *out = it->second;
+    return true;
   }
-  auto it = e->by_rank.find(rank);
-  if (it == e->by_rank.end()) return false;
-  *out = it->second;
+  if (!std::binary_search(e->ranks.begin(), e->ranks.end(), rank)) return false;
+  *out = e->common;
+  out->rank = rank;
   return true;
+}
+
+const ResponseCache::Key* ResponseCache::KeyOf(int32_t id) const {
+  const Entry* e = Find(id);
+  return e == nullptr ? nullptr : &e->key;
+}
+
+const CachedDecision* ResponseCache::Replay(int32_t id, size_t members) {
+  auto live = live_.find(id);
+  if (live == live_.end() || !live->second.has_decision || live->second.ranks.size() != members)
+    return nullptr;
+  lru_.splice(lru_.begin(), lru_, live->second.lru);
+  return &live->second.decision;
 }
 
 std::vector<CacheEviction> ResponseCache::TakeEvictions() {

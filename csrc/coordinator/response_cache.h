@@ -39,16 +39,36 @@ struct CacheEviction {
   std::vector<int> ranks;
 };
 
+// What the coordinator decided for a cached tensor: replayed, without
+// validating again, when every member sends that id again (the members'
+// requests are then the ones validated when it was decided).
+struct CachedDecision {
+  Response response;       // cache_ids = {the entry's id}
+  std::string fusion_key;  // empty = never fused
+  int64_t bytes = 0;
+};
+
 class ResponseCache {
  public:
+  using Key = std::pair<int32_t, std::string>;  // (process set, name)
   explicit ResponseCache(size_t capacity) : capacity_(capacity) {}
-  // Records a decided tensor's member requests (one per rank). Returns its id
-  // when it is (now) cached, else -1: on its first sighting, when the cache is
-  // disabled, or once the id space is spent. Admitting a name to a full cache
-  // evicts the least recently decided one (see TakeEvictions).
-  int32_t Bind(const std::vector<Request>& reqs);
+  // Records a decided tensor's member requests (one per rank) and, when
+  // given, its decision (Replay). Returns its id when it is (now) cached,
+  // else -1: on its first sighting, when the cache is disabled, or once the
+  // id space is spent. Admitting a name to a full cache evicts the least
+  // recently decided one (see TakeEvictions). O(members) comparisons; only
+  // requests that differ from the first member's are copied.
+  int32_t Bind(const std::vector<Request>& reqs, const CachedDecision* decided = nullptr);
   // Restores rank's full request for a live or retired `id`; false when unknown.
   bool Expand(int32_t id, int rank, Request* out) const;
+  // The (process set, name) of a live or retired `id`, or null when unknown.
+  const Key* KeyOf(int32_t id) const;
+  // The decision Bind recorded for live `id` (null when retired, unknown,
+  // bound without one or for other than `members` members), marked most
+  // recently decided as Bind would. A rank holds an id only after executing
+  // the response that bound it, so `members` hits of one id come from the
+  // very members it was bound for.
+  const CachedDecision* Replay(int32_t id, size_t members);
   // Evictions since the last call, oldest first (to announce to their ranks).
   std::vector<CacheEviction> TakeEvictions();
   // Highest eviction sequence number handed out so far (0 = none).
@@ -60,11 +80,13 @@ class ResponseCache {
   size_t retired() const { return retired_.size(); }
 
  private:
-  using Key = std::pair<int32_t, std::string>;  // (process set, name)
   struct Entry {
     Key key;
-    std::unordered_map<int, Request> by_rank;
+    Request common;                              // the first member's request (rank aside)
+    std::unordered_map<int, Request> differing;  // members whose request is not `common`'s
     std::vector<int> ranks;
+    bool has_decision = false;
+    CachedDecision decision;
     std::list<int32_t>::iterator lru;  // live entries only
     int64_t seq = 0;                   // retired entries: their eviction's number
   };
@@ -72,6 +94,7 @@ class ResponseCache {
   bool SeenBefore(const Key& key);
   void EvictLeastRecent();
   static void Store(const std::vector<Request>& reqs, Entry* e);
+  const Entry* Find(int32_t id) const;
 
   size_t capacity_;
   int32_t next_id_ = 0;

@@ -1,5 +1,6 @@
 #include "coordinator/validation.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -177,6 +178,48 @@ Status ValidateRequests(const std::vector<Request>& reqs, const std::vector<int>
     case OpType::kShutdown:
     case OpType::kRecv:  // never negotiated (c_api refuses it)
       break;
+  }
+  return Status::OK();
+}
+
+// Horovod's rule: only allreduce (and barrier) run while members have joined;
+// the data collectives fail on every member that submitted them.
+Status CheckJoinedParticipation(const Request& r0, const std::vector<int>& joined) {
+  std::string who;
+  for (int r : joined) who += (who.empty() ? "" : ", ") + std::to_string(r);
+  if (r0.type == OpType::kAlltoall || r0.type == OpType::kReducescatter || r0.type == OpType::kAllgather ||
+      r0.type == OpType::kBroadcast) {
+    return Status::NotSupported(std::string(OpTypeName(r0.type)) + " of tensor '" + r0.name +
+                                "' cannot run while ranks " + who +
+                                " have joined; only allreduce and barrier can (as in Horovod). "
+                                "Call it before join().");
+  }
+  return Status::OK();
+}
+
+std::string JoinRanks(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+Status CheckSubmission(const Request& r, const std::vector<int>& members, const std::set<int>& shut_down) {
+  const std::string what = std::string(OpTypeName(r.type)) + " of tensor '" + r.name + "'";
+  if (members.empty()) {
+    return Status::InvalidArgument(what + ": process set " + std::to_string(r.process_set) +
+                                   " does not exist (was it removed, or not added on every rank?)");
+  }
+  if (!std::binary_search(members.begin(), members.end(), r.rank)) {
+    return Status::InvalidArgument(what + ": rank " + std::to_string(r.rank) +
+                                   " is not a member of process set " + std::to_string(r.process_set) +
+                                   " (members: " + JoinRanks(members) + ")");
+  }
+  for (int gone : shut_down) {
+    if (std::binary_search(members.begin(), members.end(), gone)) {
+      return Status::Aborted(
+          what + " cannot run: rank " + std::to_string(gone) +
+          " has shut down. Every rank must call shutdown() only after its last collective.");
+    }
   }
   return Status::OK();
 }

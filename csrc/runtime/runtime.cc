@@ -245,9 +245,11 @@ Status Runtime::HandleIncoming() {
       for (const NegotiationRelay::Delivery& d : relayed_) {
         if (coordinator_) {
           RequestList list;
-          HVD_RETURN_IF_ERROR(
-              Deserialize(d.payload, &list).WithContext("from rank " + std::to_string(d.rank)));
-          coordinator_->Add(d.rank, list);
+          const std::string from = d.hi - d.rank > 1
+                                       ? "ranks " + std::to_string(d.rank) + "-" + std::to_string(d.hi - 1)
+                                       : "rank " + std::to_string(d.rank);
+          HVD_RETURN_IF_ERROR(Deserialize(d.payload, &list).WithContext("from " + from));
+          coordinator_->Add(d.rank, d.hi, list);  // a run of ranks that sent the same list
         } else {
           HVD_RETURN_IF_ERROR(TakeResponses(d.payload));
         }
@@ -277,21 +279,29 @@ void Runtime::ScheduleEnded() {
 // Rank 0: turn what every rank has submitted into responses, send each rank
 // its share, and keep this rank's own share to execute.
 Status Runtime::Coordinate() {
-  std::vector<ResponseList> per_rank;
+  std::vector<ListRun> runs;
   coordinator_->CheckStalls();
-  if (!coordinator_->Drain(&per_rank)) return Status::OK();
+  if (!coordinator_->DrainRuns(&runs)) return Status::OK();
   relayed_.clear();
-  for (int r = 1; r < topo_.size; ++r) {
-    if (per_rank[r].responses.empty() && !per_rank[r].shutdown && per_rank[r].evicted_cache_ids.empty() &&
-        per_rank[r].schedule.empty())
+  for (const ListRun& run : runs) {  // each distinct list is serialized once
+    const ResponseList& l = run.list;
+    if (run.hi <= 1 ||
+        (l.responses.empty() && !l.shutdown && l.evicted_cache_ids.empty() && l.schedule.empty()))
       continue;
-    if (transport_->PeerDeparted(r)) continue;
-    relay_->Down(r, r + 1, Serialize(per_rank[r]), &relayed_);  // runs of equal lists go once per child
+    const std::string wire = Serialize(l);
+    int lo = std::max(run.lo, 1);
+    for (int r = lo; r < run.hi; ++r) {  // departed ranks split the run
+      if (!transport_->PeerDeparted(r)) continue;
+      if (r > lo) relay_->Down(lo, r, wire, &relayed_);
+      lo = r + 1;
+    }
+    if (lo < run.hi) relay_->Down(lo, run.hi, wire, &relayed_);
   }
   HVD_RETURN_IF_ERROR(FlushRelay());
-  for (auto& resp : per_rank[0].responses) TakeResponse(std::move(resp));
-  local_cache_.QueueEvictions(per_rank[0].evicted_cache_ids, per_rank[0].eviction_seq);
-  steady_->Announce(per_rank[0].schedule_epoch, std::move(per_rank[0].schedule));
+  ResponseList& mine = runs.front().list;  // runs start at rank 0
+  for (auto& resp : mine.responses) TakeResponse(std::move(resp));
+  local_cache_.QueueEvictions(mine.evicted_cache_ids, mine.eviction_seq);
+  steady_->Announce(mine.schedule_epoch, std::move(mine.schedule));
   return Status::OK();
 }
 

@@ -103,7 +103,7 @@ class ScaleSim {
       for (auto& d : mine) {  // rank 0: every rank's list
         RequestList list;
         Check(Deserialize(d.payload, &list));
-        coordinator_->Add(d.rank, list);
+        coordinator_->Add(d.rank, d.hi, list);
       }
       SendRelayed(&cost, r);
       cost.cpu[r] += ThreadCpuSeconds() - t0;
@@ -111,11 +111,13 @@ class ScaleSim {
     // Rank 0 drains once the cycle time has passed, and sends the responses down.
     const double t0 = ThreadCpuSeconds();
     now_ += std::chrono::seconds(1);
-    std::vector<ResponseList> per_rank;
-    if (coordinator_->Drain(&per_rank)) {
-      TakeResponses(0, per_rank[0]);
+    std::vector<ListRun> runs;
+    if (coordinator_->DrainRuns(&runs)) {  // as Runtime::Coordinate: each distinct list serialized once
       std::vector<NegotiationRelay::Delivery> mine;
-      for (int r = 1; r < n_; ++r) relays_[0].Down(r, r + 1, Serialize(per_rank[r]), &mine);
+      for (const auto& run : runs) {
+        if (run.hi > 1) relays_[0].Down(std::max(run.lo, 1), run.hi, Serialize(run.list), &mine);
+      }
+      TakeResponses(0, runs.front().list);
       SendRelayed(&cost, 0);
     }
     cost.cpu[0] += ThreadCpuSeconds() - t0;
