@@ -1,7 +1,8 @@
 // The control-plane simulation at large N (issue 29 part 5), driven by
 // benchmarks/scale_simulation.py. For each N on the command line: negotiates
 // a model (one tensor per line of the shapes file, float32 allreduces) until
-// the coordinator announces a schedule, runs steady-state steps on the vote
+// the coordinator announces a schedule (first sighting: full requests; second:
+// full requests again, now cached; then cache hits only), runs steady-state steps on the vote
 // tree, and times one negotiation cycle in which every rank reports a blocked
 // caller (the deadlock detector's input). Prints one JSON object per phase
 // and N: CPU per step (rank 0's, the mean over ranks), messages per rank per
@@ -68,10 +69,11 @@ void Print(int n, const char* phase, const std::vector<StepCost>& steps, int err
 
 void Run(int n, const std::vector<Request>& model, int steady_steps) {
   ScaleSim sim(n, model);
-  std::vector<StepCost> first{sim.NegotiationStep()}, cached;
+  std::vector<StepCost> first{sim.NegotiationStep()}, second{sim.NegotiationStep()}, cached;
   Print(n, "negotiation_first", first, static_cast<int>(sim.errors().size()));
+  Print(n, "negotiation_second", second, static_cast<int>(sim.errors().size()));
   for (int k = 0; k < 8 && !sim.scheduled(); ++k) cached.push_back(sim.NegotiationStep());
-  Print(n, "negotiation_cached", cached, static_cast<int>(sim.errors().size()));
+  if (!cached.empty()) Print(n, "negotiation_cached", cached, static_cast<int>(sim.errors().size()));
   std::vector<StepCost> steady;
   for (int k = 0; k < steady_steps && sim.scheduled(); ++k) steady.push_back(sim.SteadyStep());
   if (!steady.empty()) Print(n, "steady", steady, static_cast<int>(sim.errors().size()));

@@ -9,8 +9,9 @@ ResNet-50 step (161 float32 allreduces), in negotiation and in the steady state.
 Drives the real coordinator (response cache, schedule learner, deadlock detector), each
 rank's request cache and steady-state vote tree over serialized messages, with no sockets
 (tests/cpp/scale_sim.h; the binary is benchmarks/scale_simulation.cc, built into build/).
-Phases: negotiation_first (nothing cached), negotiation_cached (cache hits: 8 bytes a
-request), negotiation_blocked (every rank also reports a blocked caller: the deadlock
+Phases: negotiation_first (nothing cached), negotiation_second (full requests again: the
+tensors are cached now), negotiation_cached (cache hits: 4 bytes a request, every member the
+same id: the cached decision is replayed), negotiation_blocked (every rank also reports a blocked caller: the deadlock
 detector's input), steady (schedule mode: one vote per fused group on the tree). CPU is
 thread CPU time; messages count each message at its sender and at its receiver. Writes
 OUT/scale_simulation.md and OUT/scale_simulation.json, OUT = --out-dir (benchmarks/results).
@@ -30,7 +31,7 @@ sys.path.insert(0, HERE)
 from _resnet50_shapes import resnet50_shapes  # noqa: E402
 
 BUILD = os.path.join(ROOT, "build")
-PHASES = ("negotiation_first", "negotiation_cached", "negotiation_blocked", "steady")
+PHASES = ("negotiation_first", "negotiation_second", "negotiation_cached", "negotiation_blocked", "steady")
 
 
 def parse_args(argv):
