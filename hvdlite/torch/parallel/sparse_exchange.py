@@ -144,11 +144,11 @@ class Exchange:
         holder = self.key_owners[torch.searchsorted(self.key_starts, keys, right=True) - 1]
         step.order = torch.argsort(holder, stable=True)
         splits = torch.bincount(holder, minlength=self.members).tolist()
-        rows_flat = self._round_trip(keys[step.order], splits, step)
+        rows_flat = self._round_trip(keys.index_select(0, step.order), splits, step)
         if rows_flat is None:
             return None
         out = torch.empty(keys.numel(), self.layouts[0].dim, dtype=torch.float32)
-        out[step.order] = rows_flat.view(-1, self.layouts[0].dim)
+        out.index_copy_(0, step.order, rows_flat.view(-1, self.layouts[0].dim))
         return out
 
     def _round_trip(self, keys, splits, step):
@@ -271,10 +271,10 @@ class Exchange:
             if not counts[t]:
                 step.held.append(None)
                 continue
-            local = local_rows[mine]
-            rows = shard[local.to(shard.device)].cpu()
+            local = local_rows.index_select(0, mine)
+            rows = shard.index_select(0, local.to(shard.device)).cpu()
             if self.row_width is not None:  # every key's rows are one row of a matrix
-                flat.view(-1, self.row_width)[mine] = rows
+                flat.view(-1, self.row_width).index_copy_(0, mine, rows)
                 step.held.append((local, mine))
             else:
                 positions = (starts[mine].unsqueeze(1) + self.columns[t]).reshape(-1)
@@ -310,7 +310,7 @@ class Exchange:
         taken: every backward of a lookup is one optimizer step of the tables."""
         self.settle()
         if step.order is not None:  # lookup_keys: one matrix, rows sent in step.order
-            flat = grads[0][step.order].reshape(-1).float()
+            flat = grads[0].index_select(0, step.order).reshape(-1).float()
         else:
             parts = []
             for m in range(self.members):
