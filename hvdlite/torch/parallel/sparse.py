@@ -247,17 +247,18 @@ class ShardedEmbeddingCollection(nn.Module):
                 "%s takes ids for every table %s, got %s" % (self.name, sorted(self.specs), sorted(inputs))
             )
         parsed = [_parse(n, spec, inputs[n]) for n, spec in self.specs.items()]
-        keys, uniques, inverse, per_table = _unique_ids(parsed, self.specs, self.exchange)
+        pool_all = self.pooled_alike and all(weights is None for _, _, weights in parsed)
+        keyed = self.exchange.keyed()
+        keys, uniques, inverse, per_table = _unique_ids(parsed, self.exchange, not (keyed and pool_all))
         anchor = torch.zeros(0, requires_grad=torch.is_grad_enabled())
-        plain = all(weights is None for _, _, weights in parsed)
-        if keys is not None and self.exchange.keyed():  # one matrix of every table's rows
+        if keys is not None and keyed:  # one matrix of every table's rows
             every = KeyedLookup.apply(anchor, self.exchange, keys)
-            if self.pooled_alike and plain:
+            if pool_all:
                 return self._pool_all(parsed, inverse, every)
             rows = torch.split(every, [u.numel() for u in uniques])
         else:
             rows = Lookup.apply(anchor, self.exchange, list(uniques))
-            if self.pooled_alike and plain:
+            if pool_all:
                 return self._pool_all(parsed, inverse, torch.cat(rows))
         out = {}
         for (n, spec), (ids, offsets, weights), inv, r in zip(self.specs.items(), parsed, per_table, rows):
@@ -334,11 +335,12 @@ def _server_positions(ps, servers):
     return tuple(sorted(ps.ranks.index(r) for r in ranks))
 
 
-def _unique_ids(parsed, specs, exchange_):
+def _unique_ids(parsed, exchange_, per_table=True):
     """(sorted unique keys of all tables, sorted unique ids per table, every id's position in
     the keys, the same per table as a position in its own uniques) by one torch.unique over
-    all tables (an id's key is its table's base + id). Ids outside their table take one unique
-    per table instead, and no keys (None), so that the exchange reports them on every member."""
+    all tables (an id's key is its table's base + id); without `per_table` the two per-table
+    lists are None. Ids outside their table take one unique per table instead, and no keys
+    (None), so that the exchange reports them on every member."""
     flat = [ids.reshape(-1) for ids, _, _ in parsed]
     counts = [f.numel() for f in flat]
     if not flat:
@@ -351,6 +353,8 @@ def _unique_ids(parsed, specs, exchange_):
         inverses = [inv for _, inv in pairs]
         return None, [u for u, _ in pairs], torch.cat(inverses) + shift[table], inverses
     keys, inverse = torch.unique(ids + exchange_.bases[table], return_inverse=True)
+    if not per_table:
+        return keys, None, inverse, None
     bounds = torch.searchsorted(keys, exchange_.bases).tolist() + [keys.numel()]
     uniques = [keys[a:b] - base for a, b, base in zip(bounds, bounds[1:], exchange_.base_list)]
     per_table = [inv - bounds[t] for t, inv in enumerate(torch.split(inverse, counts))]
