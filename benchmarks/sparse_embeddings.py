@@ -11,9 +11,10 @@ All rows run here, one after the other, in one invocation; each row is a fresh j
 benchmarks/_sparse_worker.py (its docstring says how bytes are counted). Per step the max over
 ranks; the table shows the median and min over --steps steps, and each row's median relative to
 the sharded row (of the same round: --rounds R runs every mode once per round, in turn, and adds
-each mode's median over the rounds with its range and its ratios to sharded). Horovod's sparse path is hvdlite's DistributedOptimizer path for sparse
-gradients (coalesce, allgather indices and values), the algorithm Horovod 0.28.1 runs; Horovod
-itself is not built here. TorchRec runs in an interpreter of its own (--torchrec-python: a venv
+each mode's median over the rounds with its range and its ratios to sharded). The allgather row
+is Horovod 0.28.1's torch sparse path (per table, allgathers of the uncoalesced gradient's indices
+and values started as backward makes it; _sparse_worker.py's HorovodSparseGradients) on hvdlite's
+collectives; Horovod itself is not built here. TorchRec runs in an interpreter of its own (--torchrec-python: a venv
 whose torch matches its fbgemm-gpu-cpu; this repository's torch 2.13 loads fbgemm-gpu-cpu 1.8.0,
 not 1.9.0, docs/sparse.md) as benchmarks/_torchrec_worker.py over torch.distributed gloo; without
 the option it has no row. --hosts K (root) runs each hvdlite mode on one host and on K simulated
@@ -227,7 +228,8 @@ def main(argv=None):
             host_line(),
             "- one compute thread per rank; median, min and max over %d steps of the max over ranks"
             % args.steps,
-            "- TorchRec: %s; Horovod: its algorithm through hvdlite (allgather row), Horovod itself not built"
+            "- TorchRec: %s; Horovod: its torch sparse path (uncoalesced allgathers) on hvdlite's collectives"
+            " (allgather row), Horovod itself not built"
             % (
                 "%s (%s, fused SGD, gloo), bytes not counted" % (torchrec, args.torchrec_python)
                 if torchrec
