@@ -67,6 +67,9 @@ def run_row(mode, args, cluster=None):
         "version": docs[0].get("torchrec"),
         "table_bytes": max(d["table_bytes"] for d in docs),
         "others": docs[0]["load"]["others"] if docs[0].get("load") else None,
+        # CPU time of both ranks' processes (every thread) per step, timed window: the work a
+        # step costs, which others' load changes far less than it changes the step time
+        "ranks_cpu_s": docs[0]["load"]["ranks_cpu_s"] / args.steps if docs[0].get("load") else None,
     }
 
 
@@ -74,22 +77,23 @@ def table(results):
     """One line per row; "vs sharded" against the sharded row of the same round."""
     bases = {r.get("round"): r["median_s"] for r in results if r["mode"] == "sharded" and "median_s" in r}
     lines = [
-        "| mode | median step | min / max step | vs sharded | sent / rank / step | tables / rank | others |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | median step | min / max step | vs sharded | ranks' CPU / step | sent / rank / step | tables / rank | others |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "median_s" not in r:
-            lines.append("| %s | error: %s | | | | | |" % (r["mode"], r["error"].replace("|", "/")))
+            lines.append("| %s | error: %s | | | | | | |" % (r["mode"], r["error"].replace("|", "/")))
             continue
         base = bases.get(r.get("round"))
         lines.append(
-            "| %s | %.1f ms | %.1f / %.1f ms | %s | %s | %.1f MB | %s |"
+            "| %s | %.1f ms | %.1f / %.1f ms | %s | %s | %s | %.1f MB | %s |"
             % (
                 r["mode"] if r.get("round") is None else "%s, round %d" % (r["mode"], r["round"]),
                 r["median_s"] * 1e3,
                 r["min_s"] * 1e3,
                 r["max_s"] * 1e3,
                 "%.2fx" % (r["median_s"] / base) if base else "",
+                "%.1f ms" % (r["ranks_cpu_s"] * 1e3) if r.get("ranks_cpu_s") is not None else "",
                 "not counted" if r["sent"] is None else "%.2f MB" % (r["sent"] / 1e6),
                 r["table_bytes"] / 1e6,
                 fmt_others(r["others"]) if r["others"] is not None else "",
