@@ -5,12 +5,14 @@
         [--batch B --dim D --min-rows R --max-rows R]
 
 MODE: sharded (hvd.parallel.ShardedEmbeddingCollection, planner, fused SGD), sharded-row (every
-table row-sharded), allgather (Horovod's sparse path: every rank holds every table as
-nn.EmbeddingBag(sparse=True); DistributedOptimizer allgathers each table's coalesced sparse
-gradient), dense (the same with sparse_as_dense=True: every table allreduced whole each step).
-The dense part is DistributedOptimizer(SGD) in every mode. Bytes sent per step per rank:
-sharded modes from the collection's counters (ids, rows and gradients handed to other ranks);
-allgather computed from the unique ids of the step, (n-1) x unique x (dim x 4 + 8) per table;
+table row-sharded), allgather (Horovod 0.28.1's sparse path, as its torch DistributedOptimizer
+runs it: every rank holds every table as nn.EmbeddingBag(sparse=True); when backward has made a
+table's sparse gradient, a hook starts two allgathers of it as it is, not coalesced (indices,
+values: one row per id looked up, horovod/torch/mpi_ops.py sparse_allreduce_async); step()
+averages them and SGD applies the gathered sparse gradient), dense (sparse_as_dense=True: every
+table allreduced whole each step). The dense part is DistributedOptimizer(SGD) in every mode.
+Bytes sent per step per rank: sharded modes from the collection's counters (ids, rows and
+gradients handed to other ranks); allgather (n-1) x ids looked up x (dim x 4 + 8) per table;
 dense the ring allreduce's 2 (n-1)/n x table bytes. Writes DIR/rank<r>.json.
 """
 
@@ -50,6 +52,61 @@ def _add(p):
     p.add_argument("--max-rows", type=int, default=100_000)
 
 
+class HorovodSparseGradients:
+    """Horovod 0.28.1's torch DistributedOptimizer on the sparse gradients of `tables` (its
+    algorithm, on hvdlite's collectives): a hook per table starts the allgathers of the gradient's
+    indices and values as backward makes it (uncoalesced: Horovod's torch sends them as they
+    are); synchronize() waits, averages over the ranks and sets the gathered sparse gradient."""
+
+    def __init__(self, hvd, tables):
+        self.hvd, self.handles = hvd, {}
+        for name, table in tables.items():
+            table.weight.register_post_accumulate_grad_hook(self._hook(name))
+
+    def _hook(self, name):
+        def start(weight):
+            grad = weight.grad
+            self.handles[weight] = (
+                self.hvd.allgather_async(
+                    grad._indices().transpose(0, 1).contiguous(), name=name + ".indices"
+                ),
+                self.hvd.allgather_async(grad._values(), name=name + ".values"),
+            )
+
+        return start
+
+    def synchronize(self):
+        size = self.hvd.size()
+        for weight, (indices, values) in self.handles.items():
+            v, i = self.hvd.synchronize(values) / size, self.hvd.synchronize(indices)
+            weight.grad = torch.sparse_coo_tensor(i.transpose(0, 1), v, weight.shape, check_invariants=False)
+        self.handles.clear()
+
+
+class HorovodSparseOptimizer:
+    """SGD over the dense part (DistributedOptimizer) and the replicated tables (Horovod's sparse
+    allgathers), stepped together, as one Horovod DistributedOptimizer over the whole model."""
+
+    def __init__(self, hvd, model):
+        tables = model.embeddings.tables
+        table_params = {id(t.weight) for t in tables.values()}
+        dense = [(n, p) for n, p in model.named_parameters() if id(p) not in table_params]
+        self.dense = hvd.DistributedOptimizer(
+            torch.optim.SGD([p for _, p in dense], lr=LR), named_parameters=dense
+        )
+        self.sparse = HorovodSparseGradients(hvd, tables)
+        self.tables = torch.optim.SGD([t.weight for t in tables.values()], lr=LR)
+
+    def zero_grad(self):
+        self.dense.zero_grad()
+        self.tables.zero_grad()
+
+    def step(self):
+        self.sparse.synchronize()
+        self.dense.step()
+        self.tables.step()
+
+
 def _model(hvd, mode, rows, dim):
     torch.manual_seed(0)
     if mode.startswith("sharded"):
@@ -59,6 +116,8 @@ def _model(hvd, mode, rows, dim):
     else:
         tables = ReplicatedTables(rows, dim)
     model = DLRM(tables, dim)
+    if mode == "allgather":
+        return model, HorovodSparseOptimizer(hvd, model)
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=LR),
         named_parameters=model.named_parameters(),
@@ -71,8 +130,8 @@ def _bytes_per_step(mode, model, ids, n, rows, dim):
     if mode.startswith("sharded"):
         t = model.embeddings.traffic()
         return (t["id_bytes"] + t["row_bytes"] + t["other_bytes"]) / t["steps"]
-    if mode == "allgather":
-        return sum((n - 1) * torch.unique(v).numel() * (dim * 4 + 8) for v in ids.values())
+    if mode == "allgather":  # every id looked up, as Horovod's torch gathers them
+        return sum((n - 1) * v.numel() * (dim * 4 + 8) for v in ids.values())
     return 2 * (n - 1) / n * sum(rows) * dim * 4
 
 

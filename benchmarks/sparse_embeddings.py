@@ -11,9 +11,10 @@ All rows run here, one after the other, in one invocation; each row is a fresh j
 benchmarks/_sparse_worker.py (its docstring says how bytes are counted). Per step the max over
 ranks; the table shows the median and min over --steps steps, and each row's median relative to
 the sharded row (of the same round: --rounds R runs every mode once per round, in turn, and adds
-each mode's median over the rounds with its range and its ratios to sharded). Horovod's sparse path is hvdlite's DistributedOptimizer path for sparse
-gradients (coalesce, allgather indices and values), the algorithm Horovod 0.28.1 runs; Horovod
-itself is not built here. TorchRec runs in an interpreter of its own (--torchrec-python: a venv
+each mode's median over the rounds with its range and its ratios to sharded). The allgather row
+is Horovod 0.28.1's torch sparse path (per table, allgathers of the uncoalesced gradient's indices
+and values started as backward makes it; _sparse_worker.py's HorovodSparseGradients) on hvdlite's
+collectives; Horovod itself is not built here. TorchRec runs in an interpreter of its own (--torchrec-python: a venv
 whose torch matches its fbgemm-gpu-cpu; this repository's torch 2.13 loads fbgemm-gpu-cpu 1.8.0,
 not 1.9.0, docs/sparse.md) as benchmarks/_torchrec_worker.py over torch.distributed gloo; without
 the option it has no row. --hosts K (root) runs each hvdlite mode on one host and on K simulated
@@ -66,6 +67,9 @@ def run_row(mode, args, cluster=None):
         "version": docs[0].get("torchrec"),
         "table_bytes": max(d["table_bytes"] for d in docs),
         "others": docs[0]["load"]["others"] if docs[0].get("load") else None,
+        # CPU time of both ranks' processes (every thread) per step, timed window: the work a
+        # step costs, which others' load changes far less than it changes the step time
+        "ranks_cpu_s": docs[0]["load"]["ranks_cpu_s"] / args.steps if docs[0].get("load") else None,
     }
 
 
@@ -73,22 +77,23 @@ def table(results):
     """One line per row; "vs sharded" against the sharded row of the same round."""
     bases = {r.get("round"): r["median_s"] for r in results if r["mode"] == "sharded" and "median_s" in r}
     lines = [
-        "| mode | median step | min / max step | vs sharded | sent / rank / step | tables / rank | others |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | median step | min / max step | vs sharded | ranks' CPU / step | sent / rank / step | tables / rank | others |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "median_s" not in r:
-            lines.append("| %s | error: %s | | | | | |" % (r["mode"], r["error"].replace("|", "/")))
+            lines.append("| %s | error: %s | | | | | | |" % (r["mode"], r["error"].replace("|", "/")))
             continue
         base = bases.get(r.get("round"))
         lines.append(
-            "| %s | %.1f ms | %.1f / %.1f ms | %s | %s | %.1f MB | %s |"
+            "| %s | %.1f ms | %.1f / %.1f ms | %s | %s | %s | %.1f MB | %s |"
             % (
                 r["mode"] if r.get("round") is None else "%s, round %d" % (r["mode"], r["round"]),
                 r["median_s"] * 1e3,
                 r["min_s"] * 1e3,
                 r["max_s"] * 1e3,
                 "%.2fx" % (r["median_s"] / base) if base else "",
+                "%.1f ms" % (r["ranks_cpu_s"] * 1e3) if r.get("ranks_cpu_s") is not None else "",
                 "not counted" if r["sent"] is None else "%.2f MB" % (r["sent"] / 1e6),
                 r["table_bytes"] / 1e6,
                 fmt_others(r["others"]) if r["others"] is not None else "",
@@ -227,7 +232,8 @@ def main(argv=None):
             host_line(),
             "- one compute thread per rank; median, min and max over %d steps of the max over ranks"
             % args.steps,
-            "- TorchRec: %s; Horovod: its algorithm through hvdlite (allgather row), Horovod itself not built"
+            "- TorchRec: %s; Horovod: its torch sparse path (uncoalesced allgathers) on hvdlite's collectives"
+            " (allgather row), Horovod itself not built"
             % (
                 "%s (%s, fused SGD, gloo), bytes not counted" % (torchrec, args.torchrec_python)
                 if torchrec

@@ -354,3 +354,30 @@ def test_alike_bags_pooled_at_once_equal_one_process(include_last):
         assert r["fused"], rank
         assert r["out_err"] <= 1e-5, (rank, r)
         assert max(r["errs"].values()) <= 1e-6, (rank, r)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_pooled_bags_backward_equals_embedding_bag(mode):
+    """sparse_pool.pool_bags (one index_add backward) against F.embedding_bag's own backward, with
+    repeated rows and empty bags (first, middle and last)."""
+    import torch
+    import torch.nn.functional as F
+
+    from hvdlite.torch.parallel.sparse_pool import pool_bags
+
+    g = torch.Generator().manual_seed(4)
+    rows = torch.randn(9, D, generator=g)
+    positions = torch.randint(0, 9, (23,), generator=g)
+    offsets = torch.tensor([0, 0, 4, 5, 5, 11, 17, 23])
+    y = torch.randn(len(offsets), D, generator=g)
+    grads = []
+    for pool in (
+        lambda r: pool_bags(positions, r, offsets, mode),
+        lambda r: F.embedding_bag(positions, r, offsets, mode=mode),
+    ):
+        r = rows.clone().requires_grad_(True)
+        out = pool(r)
+        F.mse_loss(out, y).backward()
+        grads.append((out.detach(), r.grad))
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert torch.allclose(grads[0][1], grads[1][1], rtol=1e-6, atol=1e-7)

@@ -27,8 +27,9 @@ from hvdlite.common.process_sets import global_process_set
 from hvdlite.parallel.sparse_plan import TableLayout, plan_tables
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.parallel import sparse_elastic
-from hvdlite.torch.parallel.sparse_exchange import Exchange, Lookup, Step
+from hvdlite.torch.parallel.sparse_exchange import Exchange, KeyedLookup, Lookup, Step
 from hvdlite.torch.parallel.sparse_optim import RowOptimizer
+from hvdlite.torch.parallel.sparse_pool import pool_bags
 
 # Default collective names: one counter per process set, so the members of a set, which must
 # build the same collections over it in the same order, agree on the names whatever else
@@ -246,11 +247,19 @@ class ShardedEmbeddingCollection(nn.Module):
                 "%s takes ids for every table %s, got %s" % (self.name, sorted(self.specs), sorted(inputs))
             )
         parsed = [_parse(n, spec, inputs[n]) for n, spec in self.specs.items()]
-        uniques, inverse, per_table = _unique_ids(parsed, self.specs, self.exchange)
+        pool_all = self.pooled_alike and all(weights is None for _, _, weights in parsed)
+        keyed = self.exchange.keyed()
+        keys, uniques, inverse, per_table = _unique_ids(parsed, self.exchange, not (keyed and pool_all))
         anchor = torch.zeros(0, requires_grad=torch.is_grad_enabled())
-        rows = Lookup.apply(anchor, self.exchange, list(uniques))
-        if self.pooled_alike and all(weights is None for _, _, weights in parsed):
-            return self._pool_all(parsed, inverse, rows)
+        if keys is not None and keyed:  # one matrix of every table's rows
+            every = KeyedLookup.apply(anchor, self.exchange, keys)
+            if pool_all:
+                return self._pool_all(parsed, inverse, every)
+            rows = torch.split(every, [u.numel() for u in uniques])
+        else:
+            rows = Lookup.apply(anchor, self.exchange, list(uniques))
+            if pool_all:
+                return self._pool_all(parsed, inverse, torch.cat(rows))
         out = {}
         for (n, spec), (ids, offsets, weights), inv, r in zip(self.specs.items(), parsed, per_table, rows):
             inv = inv.view(ids.shape)
@@ -268,9 +277,9 @@ class ShardedEmbeddingCollection(nn.Module):
         return out
 
     def _pool_all(self, parsed, inverse, rows):
-        """Every table's bags by one embedding_bag over the rows of all tables (stacked; the
-        ids' positions in them are `inverse`), as FBGEMM's table-batched kernel pools: one op
-        forward and one backward instead of one per table. Same sums, in the same order."""
+        """Every table's bags by one embedding_bag over `rows`, the rows of all tables stacked
+        (the ids' positions in them are `inverse`), as FBGEMM's table-batched kernel pools: one
+        op forward and one backward instead of one per table. Same sums, in the same order."""
         offsets, counts, start = [], [], 0
         for ids, given, _ in parsed:
             if given is None:  # 2-D ids: one bag per row
@@ -281,7 +290,7 @@ class ShardedEmbeddingCollection(nn.Module):
             counts.append(given.numel())
             start += ids.numel()
         mode = next(iter(self.specs.values())).mode
-        pooled = F.embedding_bag(inverse, torch.cat(rows), torch.cat(offsets), mode=mode)
+        pooled = pool_bags(inverse, rows, torch.cat(offsets), mode)
         return dict(zip(self.specs, torch.split(pooled, counts)))
 
     def full_weight(self, table):
@@ -326,27 +335,30 @@ def _server_positions(ps, servers):
     return tuple(sorted(ps.ranks.index(r) for r in ranks))
 
 
-def _unique_ids(parsed, specs, exchange_):
-    """(sorted unique ids per table, every id's position in their concatenation, the same per
-    table as a position in its own uniques) by one torch.unique over all tables (an id's key
-    is its table's base + id). Ids outside their table take one unique per table instead, so
-    that the exchange reports them on every member."""
+def _unique_ids(parsed, exchange_, per_table=True):
+    """(sorted unique keys of all tables, sorted unique ids per table, every id's position in
+    the keys, the same per table as a position in its own uniques) by one torch.unique over
+    all tables (an id's key is its table's base + id); without `per_table` the two per-table
+    lists are None. Ids outside their table take one unique per table instead, and no keys
+    (None), so that the exchange reports them on every member."""
     flat = [ids.reshape(-1) for ids, _, _ in parsed]
     counts = [f.numel() for f in flat]
     if not flat:
-        return [], torch.zeros(0, dtype=torch.int64), []
+        return None, [], torch.zeros(0, dtype=torch.int64), []
     ids = torch.cat(flat)
     table = torch.repeat_interleave(torch.arange(len(flat)), torch.tensor(counts))
     if bool(((ids < 0) | (ids >= exchange_.table_rows[table])).any()):
         pairs = [torch.unique(f, return_inverse=True) for f in flat]
         shift = torch.tensor([0] + [u.numel() for u, _ in pairs]).cumsum(0)[:-1]
         inverses = [inv for _, inv in pairs]
-        return [u for u, _ in pairs], torch.cat(inverses) + shift[table], inverses
+        return None, [u for u, _ in pairs], torch.cat(inverses) + shift[table], inverses
     keys, inverse = torch.unique(ids + exchange_.bases[table], return_inverse=True)
+    if not per_table:
+        return keys, None, inverse, None
     bounds = torch.searchsorted(keys, exchange_.bases).tolist() + [keys.numel()]
     uniques = [keys[a:b] - base for a, b, base in zip(bounds, bounds[1:], exchange_.base_list)]
     per_table = [inv - bounds[t] for t, inv in enumerate(torch.split(inverse, counts))]
-    return uniques, inverse, per_table
+    return keys, uniques, inverse, per_table
 
 
 def _parse(name, spec, given):

@@ -28,6 +28,7 @@ and a member whose backward ran when another's did not is an error naming both (
 message says how many gradient elements it carries).
 """
 
+import itertools
 from collections import deque
 
 import torch
@@ -68,6 +69,8 @@ class Step:
         self.held = []  # per table: (local rows, flat positions of their elements) or None
         self.served_splits = None  # flat fp32 elements this member sent each member
         self.bad_id = None  # (table, id, rows) of an id outside its table on this member
+        self.order = None  # keyed lookups: the position of each key sent among the unique keys
+        self.got_keys = None  # the keys this member served, in the order received
 
 
 class Exchange:
@@ -112,6 +115,7 @@ class Exchange:
         held_widths = {w for w, lay in zip(widths, layouts) if lay.shard_shape(self.me)[0]}
         self.row_width = held_widths.pop() if len(held_widths) == 1 else None
         self.columns = [torch.arange(w) for w in widths]
+        self.key_starts, self.key_owners = _key_intervals(layouts, bases)
         # what a table not touched this step updates with (Adam still counts the step)
         self.untouched = [(torch.zeros(0, dtype=torch.int64), torch.zeros(0, w)) for w in widths]
         self.traffic = Traffic()
@@ -122,6 +126,34 @@ class Exchange:
         (len(ids) x dim) fp32 tensors; None when the members stop (stop()). Fills `step` for
         apply_gradients(). Lands the last backward's gradients first (they travel with the ids)."""
         keys, splits = self._requests(uniques, step)
+        rows_flat = self._round_trip(keys, splits, step)
+        return None if rows_flat is None else self._assemble(uniques, rows_flat, step)
+
+    def keyed(self):
+        """Whether lookup_keys() serves these tables: every row has one holder (no column
+        sharding) and every table one width, so all tables are one space of keys whose
+        holders are contiguous key intervals."""
+        return self.key_starts is not None
+
+    def lookup_keys(self, keys, step):
+        """Rows of `keys` (sorted unique keys = table base + id, every id inside its table), as
+        one (len(keys) x dim) fp32 matrix, by the same messages as lookup() but with no loop
+        over tables: each key's holder is its interval's, one stable sort groups the keys by
+        holder (in key order within each), and the rows come back in that order. None when
+        the members stop."""
+        holder = self.key_owners[torch.searchsorted(self.key_starts, keys, right=True) - 1]
+        step.order = torch.argsort(holder, stable=True)
+        splits = torch.bincount(holder, minlength=self.members).tolist()
+        rows_flat = self._round_trip(keys.index_select(0, step.order), splits, step)
+        if rows_flat is None:
+            return None
+        out = torch.empty(keys.numel(), self.layouts[0].dim, dtype=torch.float32)
+        out.index_copy_(0, step.order, rows_flat.view(-1, self.layouts[0].dim))
+        return out
+
+    def _round_trip(self, keys, splits, step):
+        """Sends `keys` (splits[m] of them to member m), serves the keys received and returns
+        the flat rows of `keys` (None when the members stop)."""
         got_keys, got = self._send_ids(keys, splits)
         if got_keys.numel() and bool((got_keys == STOP).any()):
             self.flush()
@@ -131,7 +163,7 @@ class Exchange:
         rows_flat, step.row_splits = exchange(flat, step.served_splits, self.name + ".rows", self.ps)
         self.traffic.row_bytes += _sent_elsewhere(step.served_splits, self.me, 4)
         self.traffic.steps += 1
-        return self._assemble(uniques, rows_flat, step)
+        return rows_flat
 
     def stop(self):
         """Ends the step loop of every member: the workers of the parameter-server mode call
@@ -225,6 +257,7 @@ class Exchange:
         """The flat rows for the received `keys` (grouped by requester, then by table), and
         how many fp32 elements go back to each requester. The keys are grouped by table with
         one stable sort, so each held table costs one gather and one scatter."""
+        step.got_keys = keys
         table = torch.searchsorted(self.bases, keys, right=True) - 1
         width = self.widths[table]
         ends = torch.cumsum(width, 0)
@@ -238,10 +271,10 @@ class Exchange:
             if not counts[t]:
                 step.held.append(None)
                 continue
-            local = local_rows[mine]
-            rows = shard[local.to(shard.device)].cpu()
+            local = local_rows.index_select(0, mine)
+            rows = shard.index_select(0, local.to(shard.device)).cpu()
             if self.row_width is not None:  # every key's rows are one row of a matrix
-                flat.view(-1, self.row_width)[mine] = rows
+                flat.view(-1, self.row_width).index_copy_(0, mine, rows)
                 step.held.append((local, mine))
             else:
                 positions = (starts[mine].unsqueeze(1) + self.columns[t]).reshape(-1)
@@ -276,12 +309,15 @@ class Exchange:
         lookups (two forwards, one backward) settles each one's gradients before the next is
         taken: every backward of a lookup is one optimizer step of the tables."""
         self.settle()
-        parts = []
-        for m in range(self.members):
-            for t, sel in step.sent[m]:
-                c0, c1 = self.cols[t][m]
-                parts.append(grads[t][sel, c0:c1].reshape(-1))
-        flat = torch.cat(parts).float() if parts else _EMPTY_F32
+        if step.order is not None:  # lookup_keys: one matrix, rows sent in step.order
+            flat = grads[0].index_select(0, step.order).reshape(-1).float()
+        else:
+            parts = []
+            for m in range(self.members):
+                for t, sel in step.sent[m]:
+                    c0, c1 = self.cols[t][m]
+                    parts.append(grads[t][sel, c0:c1].reshape(-1))
+            flat = torch.cat(parts).float() if parts else _EMPTY_F32
         self.unsent = (flat.contiguous(), step)
         if self.eager:
             self.settle()
@@ -300,22 +336,45 @@ class Exchange:
     def _land(self, got, step):
         """Sums, averages and applies (or holds back) the gradient elements `got` received for
         the rows this member served in `step`."""
+        updates = (
+            self._summed_by_key(got, step) if self.row_width is not None else self._summed_by_table(got, step)
+        )
+        self.pending.append((updates, self._row_square_means(updates)))
+        while len(self.pending) > self.staleness:
+            self._apply(*self.pending.popleft())
+
+    def _summed_by_key(self, got, step):
+        """[(table, shard rows, averaged gradient rows)] when every held table has one width:
+        row i of `got` is the gradient of the i-th key served, so one unique over the keys and
+        one index_add sum each key's rows over all requesters and tables (keys sort by table)."""
+        keys, width, updates = step.got_keys, int(self.row_width or 0), []
+        if keys is None or not keys.numel():
+            return [(t, *self.untouched[t]) for t in range(len(self.shards))]
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        g = got.view(-1, width)
+        summed = torch.zeros(unique.numel(), width).index_add_(0, inverse, g).div_(self.average_over)
+        bounds = torch.searchsorted(unique, self.bases).tolist() + [unique.numel()]
+        for t, (a, b) in enumerate(itertools.pairwise(bounds)):
+            if a == b:
+                updates.append((t, *self.untouched[t]))
+            else:
+                updates.append((t, unique[a:b] - int(self.local_bases[t]), summed[a:b]))
+        return updates
+
+    def _summed_by_table(self, got, step):
+        """[(table, shard rows, averaged gradient rows)], table by table (column shards of
+        different widths)."""
         updates = []
         for t, held in enumerate(step.held):
             if held is None:
                 updates.append((t, *self.untouched[t]))
                 continue
             local, index = held  # as _serve placed the rows
-            if self.row_width is not None:
-                g = got.view(-1, self.row_width)[index]
-            else:
-                g = got[index].view(local.numel(), -1)
+            g = got[index].view(local.numel(), -1)
             rows, inverse = torch.unique(local, return_inverse=True)
             summed = torch.zeros(rows.numel(), g.shape[1]).index_add_(0, inverse, g)
             updates.append((t, rows, summed.div_(self.average_over)))
-        self.pending.append((updates, self._row_square_means(updates)))
-        while len(self.pending) > self.staleness:
-            self._apply(*self.pending.popleft())
+        return updates
 
     def _apply(self, updates, sq_means):
         with torch.no_grad():  # once, not per table: a step updates every table
@@ -341,6 +400,19 @@ class Exchange:
             out[t] = total[offset : offset + rows.numel()] / self.layouts[t].dim
             offset += rows.numel()
         return out
+
+
+def _key_intervals(layouts, bases):
+    """(first key of each interval, its holder), sorted, when every row of every table has one
+    holder and all tables one width (then the intervals tile the key space); (None, None)
+    otherwise. Table t's rows [r0, r1) on member m are keys [bases[t] + r0, bases[t] + r1)."""
+    if any(lay.sharding == "column" for lay in layouts) or len({lay.dim for lay in layouts}) != 1:
+        return None, None
+    intervals = sorted(
+        (base + lay.row_range(m)[0], m) for base, lay in zip(bases, layouts) for m in lay.serving_members()
+    )
+    starts = torch.tensor([s for s, _ in intervals], dtype=torch.int64)
+    return starts, torch.tensor([m for _, m in intervals], dtype=torch.int64)
 
 
 def _allreduce_sum(t, name, ps):
@@ -369,3 +441,19 @@ class Lookup(torch.autograd.Function):
     def backward(ctx, *grads):
         ctx.exchange.apply_gradients([g.cpu().contiguous() for g in grads], ctx.step)
         return None, None, None
+
+
+class KeyedLookup(Lookup):
+    """Lookup of all tables as one space of keys (Exchange.lookup_keys): forward returns one
+    (len(keys) x dim) matrix of the rows of `keys`; backward as Lookup's."""
+
+    @staticmethod
+    def forward(ctx, anchor, exchange_, keys):
+        step = Step()
+        rows = exchange_.lookup_keys(keys.cpu(), step)
+        if rows is None:
+            raise exceptions.PreconditionError(
+                "%s: another worker stopped the servers while this rank still trains" % exchange_.name
+            )
+        ctx.exchange, ctx.step = exchange_, step
+        return rows.to(keys.device)

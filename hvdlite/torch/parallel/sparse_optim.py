@@ -12,6 +12,8 @@ over every requester and averaged over the set). No dense gradient of a table ex
 
 State lives beside the shard it serves, so its bytes per member shrink with the shard.
 Not thread-safe: called from the autograd engine's thread during backward, one table at a time.
+Updates scale the rows before index_add_ (the same products): index_add_ with alpha= took
+several times longer on CPU.
 """
 
 import math
@@ -77,7 +79,7 @@ class RowOptimizer:
         rows, grad = rows.to(device), grad.to(device)
         row_sq_mean = None if row_sq_mean is None else row_sq_mean.to(device)
         if self.kind == "sgd":
-            self.weight.index_add_(0, rows, grad, alpha=-self.lr)
+            self.weight.index_add_(0, rows, grad * -self.lr)
         elif self.kind == "adagrad":
             self._adagrad(rows, grad, row_sq_mean)
         else:
@@ -89,7 +91,7 @@ class RowOptimizer:
         s = self.state["sum_sq"]
         s.index_add_(0, rows, row_sq_mean)
         denom = s[rows].sqrt().add_(self.options["eps"])
-        self.weight.index_add_(0, rows, grad / denom.unsqueeze(1), alpha=-self.lr)
+        self.weight.index_add_(0, rows, (grad / denom.unsqueeze(1)).mul_(-self.lr))
 
     def _adam(self, rows, grad):
         b1, b2 = self.options["betas"]
@@ -99,4 +101,4 @@ class RowOptimizer:
         v_rows = v[rows].mul_(b2).addcmul_(grad, grad, value=1 - b2)
         m[rows], v[rows] = m_rows, v_rows
         step_size = self.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
-        self.weight.index_add_(0, rows, m_rows / v_rows.sqrt().add_(eps), alpha=-step_size)
+        self.weight.index_add_(0, rows, (m_rows / v_rows.sqrt().add_(eps)).mul_(-step_size))
