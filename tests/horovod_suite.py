@@ -27,10 +27,12 @@ Library use: `run_suite("test_tensorflow.py", np=2, env={...})` returns a SuiteR
 """
 
 import argparse
+import ast
 import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -139,6 +141,22 @@ def extract(test_file, dest, src=None, ref=REF):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(_read(kind, path, ref, name))
     return Path(dest) / "test" / "parallel" / test_file
+
+
+def test_names(test_file, pattern, src=None, ref=REF):
+    """Sorted names of test_file's test functions (methods included) whose source text matches
+    the regular expression `pattern` (re.search); the file is read as extract() reads it."""
+    found = source(src)
+    if found is None:
+        raise FileNotFoundError(available(src))
+    text = _read(*found, ref, "test/parallel/" + test_file)
+    return sorted(
+        node.name
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name.startswith("test_")
+        and re.search(pattern, ast.get_source_segment(text, node) or "")
+    )
 
 
 def _env(extra, log_dir, timeout, deselect):

@@ -10,16 +10,21 @@ import subprocess
 import horovod_elastic
 import horovod_suite
 import pytest
+from concurrent_cases import ConcurrentCases
 
 HAVE = {
     name: importlib.util.find_spec(name) is not None for name in ("torch", "tensorflow", "tf_keras", "psutil")
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("framework", ["torch", "tensorflow2"])
-@pytest.mark.parametrize("scenario", sorted(horovod_elastic.SCENARIOS))
-def test_horovod_elastic_scenario(scenario, framework):
+# A scenario is whole elastic jobs that mostly wait (discovery intervals, the scripts' sleeps,
+# elastic timeouts): the selected ones run CONCURRENT at a time (tests/concurrent_cases.py), each
+# judged by its own test.
+CONCURRENT = 3
+
+
+def _run_scenario(scenario, framework):
+    """The runs of one scenario (horovod_elastic.run_scenario); skips where it cannot run."""
     reason = horovod_suite.available()
     if reason:
         pytest.skip(reason)
@@ -28,7 +33,20 @@ def test_horovod_elastic_scenario(scenario, framework):
     if missing:
         pytest.skip("Horovod's elastic_%s_main.py needs %s" % (framework, ", ".join(missing)))
     env = {"TF_USE_LEGACY_KERAS": "1"} if framework == "tensorflow2" else {}
-    runs = horovod_elastic.run_scenario(scenario, framework, env)
+    return horovod_elastic.run_scenario(scenario, framework, env)
+
+
+@pytest.fixture(scope="module")
+def scenario_runs(request):
+    with ConcurrentCases(request, "test_horovod_elastic_scenario", _run_scenario, CONCURRENT) as cases:
+        yield cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["torch", "tensorflow2"])
+@pytest.mark.parametrize("scenario", sorted(horovod_elastic.SCENARIOS))
+def test_horovod_elastic_scenario(scenario, framework, scenario_runs):
+    runs = scenario_runs.result(scenario=scenario, framework=framework)
     problems = ["%s\n  %s\n%s" % (cmd, "\n  ".join(p), out[-3000:]) for cmd, p, out in runs if p]
     assert not problems, "\n\n".join(problems)
 
