@@ -75,11 +75,12 @@ LAUNCHER_SUITES = {
     "test_compute_worker.py": ("tensorflow", {}, {}),
 }
 FAST = {"test_common.py"}  # seconds; the others take tens of seconds each (slow)
-# Run under horovodrun only: test_tensorflow.py takes two minutes a run, and under mpirun it
-# would repeat the horovodrun run (same ops, same backend) while every other file here covers
-# the mpirun launch path (the MPI-only ones, test_process_sets_multi_comm.py and the Adasum
-# files, included).
-HOROVODRUN_ONLY = {"test_tensorflow.py"}
+# Run under horovodrun only: the three large TensorFlow files take one to two minutes a run
+# each, and under mpirun they would repeat the horovodrun run (same ops, same backend: the
+# launcher only starts the ranks) while every other file here covers the mpirun launch path
+# (test_torch.py, the TensorFlow process-set files, and the MPI-only ones,
+# test_process_sets_multi_comm.py and the Adasum files, included).
+HOROVODRUN_ONLY = {"test_tensorflow.py", "test_tensorflow_process_sets.py", "test_tensorflow2_keras.py"}
 # Files of test/parallel that cannot pass on this platform, and why.
 NOT_RUNNABLE = {
     "test_keras.py": "TensorFlow 1 only: builds tf.ConfigProto at import, which TensorFlow 2 lacks",
