@@ -411,6 +411,8 @@ def test_failed_worker_is_replaced_on_a_spare_host_up_to_max_np():
     assert steps and steps[0] >= 6 and steps[-1] == 29
 
 
+# Slow (a failure variant, ~7 s): the default suite keeps the elastic reform cases.
+@pytest.mark.slow
 def test_stall_timeout_without_an_exit_reforms_the_same_workers():
     env = {
         "ELASTIC_STEPS": "20",

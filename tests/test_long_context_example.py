@@ -29,6 +29,8 @@ def _run(np_, *flags, steps=6):
     return tuple(map(float, found.groups())), res.stdout
 
 
+# Slow (~6 s): the example also runs in test_long_context_example_matches_one_process (slow).
+@pytest.mark.slow
 def test_long_context_example_learns_on_cp2():
     (first, last), out = _run(2, "--cp", "2", "--dp", "1")
     assert "mesh (pp=1, dp=1, ep=1, cp=2, tp=1) over 2 ranks" in out, out

@@ -327,7 +327,9 @@ def _stalled():
 
 # With 6 ranks the idle rank (5) is a leaf two levels down the vote tree: its parent's
 # stall notice must wake it so that it votes exit and the job falls back to negotiation.
-@pytest.mark.parametrize("size", [2, pytest.param(6, marks=pytest.mark.slow)])
+# Slow, both sizes (~8 s at 2 ranks): a failure path whose timeout dominates.
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 6])
 def test_rank_that_never_votes_gets_the_stall_error(size):
     env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "2.5"}
     on = run_pooled(_stalled, size, env=env, timeout=120)

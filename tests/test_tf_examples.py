@@ -39,6 +39,8 @@ def test_e2e_tf_benchmark_row_runs():
     assert result["median_s"] > 0 and result["params"] > 25_000_000, result
 
 
+# Slow: the README tour is also checked by test_readme.py; ~9 s.
+@pytest.mark.slow
 def test_readme_tensorflow_tour_runs_on_two_ranks(tmp_path, keras_environ):
     run_readme_tour("## API tour (TensorFlow)", tmp_path)
 
