@@ -144,12 +144,15 @@ bool SteadySchedule::Find(const std::string& name, int32_t* cache_id, size_t* gr
 }
 
 SteadySchedule::Ballot& SteadySchedule::Tally(const Slot& at) {
+  if (current_ != nullptr && at.first == epoch_ && at.second == position_)
+    return *current_;  // (no map search)
   auto it = votes_.find(at);
   if (it == votes_.end()) {
     it = ballot_pool_.Insert(&votes_, [&](Slot& key) { key = at; });
     Ballot& b = it->second;  // a recycled ballot keeps its vectors' capacity
     const size_t n = children_.size();
     b.own = -1;
+    if (b.own_vote.wire.capacity() > spare_wire_.capacity()) spare_wire_ = std::move(b.own_vote.wire);
     b.own_vote = Vote();
     b.child.assign(n, -1);
     b.child_inputs.resize(n);

@@ -206,6 +206,9 @@ class SteadySchedule {
     const std::string& bytes() const { return shared != nullptr ? *shared : wire; }
   };
   void TakeOutgoing(std::vector<Outgoing>* out);
+  // The buffer of an earlier position's own vote (empty when none), for the
+  // next vote to pack into: a vote per position then allocates nothing.
+  std::string TakeSpareWire() { return std::move(spare_wire_); }
   const std::vector<int>& children() const { return children_; }
   int parent() const { return rank_ == 0 ? -1 : VoteTree::Parent(rank_); }
 
@@ -266,6 +269,7 @@ class SteadySchedule {
   std::vector<Response> groups_;
   std::unordered_map<std::string, std::pair<int32_t, size_t>> ids_;  // name -> (cache id, group)
   std::map<Slot, Ballot> votes_;
+  std::string spare_wire_;     // a recycled ballot's own-vote buffer (TakeSpareWire)
   Ballot* current_ = nullptr;  // votes_'s ballot at (epoch_, position_), or null (FindCurrent)
   NodePool<std::map<Slot, Ballot>> ballot_pool_;  // a ballot per position: votes_'s nodes, recycled
   std::vector<Outgoing> outbox_;

@@ -317,7 +317,9 @@ Status Runtime::Coordinate() {
 // not this rank's closing connections (its children notice it departed, and
 // leave the same way).
 Status Runtime::CheckCoordinatorStays() {
-  if (coordinator_ || finished_ || !transport_->PeerDeparted(relay_->parent())) return Status::OK();
+  if (coordinator_ || finished_ || transport_->departures() == 0 ||
+      !transport_->PeerDeparted(relay_->parent()))
+    return Status::OK();
   HVD_RETURN_IF_ERROR(transport_->WaitControl(-1, 0, &incoming_));
   HVD_RETURN_IF_ERROR(HandleIncoming());
   Status st;

@@ -149,6 +149,7 @@ bool SteadyStateDriver::ChooseVote(Vote* v) {
 Status SteadyStateDriver::SendVote(Vote v) {
   v.epoch = steady_.epoch();
   v.position = steady_.position();
+  v.wire = steady_.TakeSpareWire();  // (packing reuses its capacity)
   if (!v.ready || !p_.executor->VotedInput(steady_.group(), &v)) SerializeWithRoom(&v, 0);
   voted_at_ = last_vote_warning_ = Clock::now();
   voted_barrier_ = v.barrier;
@@ -161,6 +162,7 @@ Status SteadyStateDriver::SendVote(Vote v) {
 // (SteadySchedule::PeerDeparted). What it sent before its departure notice is
 // taken in first, so it is not missed.
 Status SteadyStateDriver::CountDeparted() {
+  if (p_.transport->departures() == 0) return Status::OK();  // (every turn: no peer lookups)
   const int parent = steady_.parent();
   auto departed = [&](int peer) { return peer >= 0 && p_.transport->PeerDeparted(peer); };
   bool any = departed(parent);
@@ -178,9 +180,9 @@ Status SteadyStateDriver::CountDeparted() {
 // Once this rank knew of a vote at its position, its subtree has the stall
 // delay (the patience) to complete; then the vote tree reports the stall up
 // and wakes the idle ranks below (coordinator/steady_state.h).
-Status SteadyStateDriver::CheckStall() {
+Status SteadyStateDriver::CheckStall(LazyNow* clock) {
   if (!steady_.Aware() || steady_.SubtreeComplete()) return Status::OK();
-  const Clock::time_point now = Clock::now();
+  const Clock::time_point now = clock->Get();
   if (!aware_started_) {
     aware_started_ = true;
     aware_since_ = now;
@@ -202,9 +204,9 @@ double SteadyStateDriver::FailAfterSeconds() const {
 // patience of seeing a vote (ChooseVote), so a vote missing much longer means
 // a hung process: warn as the stall inspector would, and after
 // HVDLITE_TIMEOUT_SECONDS (plus the patience) fail as a hung transfer does.
-Status SteadyStateDriver::CheckVoteWait() {
+Status SteadyStateDriver::CheckVoteWait(LazyNow* clock) {
   if (!steady_.VotedSelf()) return Status::OK();
-  const Clock::time_point now = Clock::now();
+  const Clock::time_point now = clock->Get();
   const double waited = std::chrono::duration<double>(now - voted_at_).count();
   const bool fail = waited >= FailAfterSeconds();
   const bool warn =
@@ -249,10 +251,11 @@ Status SteadyStateDriver::Run() {
     Vote vote;
     if (!steady_.VotedSelf() && ChooseVote(&vote)) HVD_RETURN_IF_ERROR(SendVote(std::move(vote)));
     HVD_RETURN_IF_ERROR(CountDeparted());
-    HVD_RETURN_IF_ERROR(CheckStall());
+    LazyNow clock;  // the two checks below share one clock read, and a decided position takes none
+    HVD_RETURN_IF_ERROR(CheckStall(&clock));
     switch (steady_.Decide()) {
       case SteadySchedule::Outcome::kWait:
-        return CheckVoteWait();
+        return CheckVoteWait(&clock);
       case SteadySchedule::Outcome::kFail:
         return Status::Timeout(steady_.failure());
       case SteadySchedule::Outcome::kExit:

@@ -83,8 +83,20 @@ class SteadyStateDriver {
   const Request* HeldBarrier() const;
   Status Flush();
   Status CountDeparted();
-  Status CheckStall();
-  Status CheckVoteWait();
+  // The steady clock, read at most once, on first use (Run's checks of one iteration).
+  class LazyNow {
+   public:
+    Clock::time_point Get() {
+      if (!read_) now_ = Clock::now(), read_ = true;
+      return now_;
+    }
+
+   private:
+    Clock::time_point now_;
+    bool read_ = false;
+  };
+  Status CheckStall(LazyNow* clock);
+  Status CheckVoteWait(LazyNow* clock);
   double FailAfterSeconds() const;
   Status RunScheduledGroup();
   Status RunScheduledBarrier();

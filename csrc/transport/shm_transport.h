@@ -80,6 +80,7 @@ class ShmTransport : public Transport {
 
   void Depart() override { base_->Depart(); }
   bool PeerDeparted(int peer) const override { return base_->PeerDeparted(peer); }
+  int departures() const override { return base_->departures(); }
   bool Connected(int peer) const override { return base_->Connected(peer); }
   int open_sockets() const override { return base_->open_sockets(); }
   void Close() override;

@@ -88,6 +88,7 @@ Status TcpTransport::OnHeader(int peer, Conn* c) {
     return Status::OK();
   }
   if (h.kind == kDepart) {
+    departures_ += p.departed ? 0 : 1;
     p.departed = true;
     return Status::OK();
   }

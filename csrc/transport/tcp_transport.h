@@ -68,6 +68,7 @@ class TcpTransport : public SteppedTransport {
 
   void Depart() override;
   bool PeerDeparted(int peer) const override;
+  int departures() const override { return departures_; }
   bool Connected(int peer) const override;
   void Close() override;
   int open_sockets() const override;
@@ -166,6 +167,7 @@ class TcpTransport : public SteppedTransport {
   std::vector<int> poll_owners_;
   std::vector<char> reduce_scratch_;  // ReceiveReducing: one piece of an incoming message
   bool nudged_ = false;               // a NUDGE arrived since the last WaitEvents
+  int departures_ = 0;                // peers whose DEPART arrived (departures())
 };
 
 // CreateTcpTransport's work, returning the concrete type (for the factory of

@@ -106,6 +106,9 @@ class Transport {
   virtual void Depart() = 0;
   // True once `peer` has sent Depart().
   virtual bool PeerDeparted(int peer) const = 0;
+  // How many peers have departed so far: a caller that polls PeerDeparted
+  // every engine turn looks again only when this changed.
+  virtual int departures() const = 0;
   // True while this rank holds a connection to `peer` (connections open on
   // demand: a peer this rank never exchanged with has none, and has nothing to
   // say when it departs).
