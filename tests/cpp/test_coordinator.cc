@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 
+#include "coord_harness.h"
 #include "coord_test_util.h"
 #include "coordinator/coordinator.h"
 
@@ -16,37 +17,6 @@ using namespace coordtest;
 namespace {
 
 using Clock = Coordinator::Clock;
-
-// A coordinator over `world` ranks (all in set 0) with a fake clock.
-struct Harness {
-  Config cfg;
-  ProcessSetTable sets;
-  Clock::time_point now{};  // the fake clock; moved by Advance()
-  std::unique_ptr<Coordinator> coord;
-
-  explicit Harness(int world, int64_t cache_capacity = 1024) {
-    cfg.CACHE_CAPACITY = cache_capacity;
-    sets.Reset(world);
-    coord.reset(new Coordinator(cfg, &sets, world, nullptr, [this] { return now; }));
-  }
-  void Advance(double seconds) {
-    now += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  }
-  void Submit(const Request& r) {
-    RequestList list;
-    list.requests.push_back(r);
-    coord->Add(r.rank, list);
-  }
-  void SubmitAll(const Request& r, const std::vector<int>& ranks) {
-    for (const Request& q : FromRanks(r, ranks)) Submit(q);
-  }
-  // Drain() into per-rank lists; empty when nothing was sent.
-  std::vector<ResponseList> Drain() {
-    std::vector<ResponseList> out;
-    if (!coord->Drain(&out)) out.clear();
-    return out;
-  }
-};
 
 void TestNegotiation() {
   Harness h(3);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "coord_harness.h"
 #include "coord_test_util.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/relay.h"
@@ -17,30 +18,12 @@ using namespace coordtest;
 
 namespace {
 
-using Clock = Coordinator::Clock;
-
-struct Harness {
-  Config cfg;
-  ProcessSetTable sets;
-  Clock::time_point now{};
-  std::unique_ptr<Coordinator> coord;
-
-  explicit Harness(int world) {
-    sets.Reset(world);
-    coord.reset(new Coordinator(cfg, &sets, world, nullptr, [this] { return now; }));
-  }
-  // Every rank of `ranks` sends `r` in full; returns rank `look`'s only response.
-  Response FullRound(const Request& r, const std::vector<int>& ranks, int look) {
-    for (const Request& q : FromRanks(r, ranks)) {
-      RequestList list;
-      list.requests.push_back(q);
-      coord->Add(q.rank, list);
-    }
-    std::vector<ResponseList> out;
-    if (!coord->Drain(&out) || out[look].responses.size() != 1) return Response{};
-    return out[look].responses[0];
-  }
-};
+// Every rank of `ranks` sends `r` in full; returns rank `look`'s only response.
+Response FullRound(Harness* h, const Request& r, const std::vector<int>& ranks, int look) {
+  h->SubmitAll(r, ranks);
+  const std::vector<ResponseList> out = h->Drain();
+  return out.empty() || out[look].responses.size() != 1 ? Response{} : out[look].responses[0];
+}
 
 RequestList Hits(const std::vector<int32_t>& ids) {
   RequestList list;
@@ -93,8 +76,8 @@ void TestAllHitsReplayTheDecision() {
 // error names the ranks.
 void TestHitsBesideAChangedRequestAreValidated() {
   Harness h(3);
-  h.FullRound(Allreduce("w", 0), {0, 1, 2}, 0);
-  const int32_t id = h.FullRound(Allreduce("w", 0), {0, 1, 2}, 0).cache_ids.at(0);
+  FullRound(&h, Allreduce("w", 0), {0, 1, 2}, 0);
+  const int32_t id = FullRound(&h, Allreduce("w", 0), {0, 1, 2}, 0).cache_ids.at(0);
   h.coord->Add(0, 2, Hits({id}));
   Request changed = Allreduce("w", 2, /*elements=*/5);
   RequestList list;
@@ -112,10 +95,8 @@ void TestHitsBesideAChangedRequestAreValidated() {
 void TestListRuns() {
   Harness h(4);
   h.sets.Add(1, {1, 2});
-  for (const Request& q : FromRanks(Allreduce("all", 0), {0, 1, 2, 3}))
-    h.coord->Add(q.rank, RequestList{{q}});
-  for (const Request& q : FromRanks(Allreduce("pair", 1, 4, 1), {1, 2}))
-    h.coord->Add(q.rank, RequestList{{q}});
+  h.SubmitAll(Allreduce("all", 0), {0, 1, 2, 3});
+  h.SubmitAll(Allreduce("pair", 1, 4, 1), {1, 2});
   std::vector<ListRun> runs;
   Check(h.coord->DrainRuns(&runs), "drained");
   Check(runs.size() == 3 && runs[0].lo == 0 && runs[0].hi == 1 && runs[1].lo == 1 && runs[1].hi == 3 &&
