@@ -17,7 +17,8 @@ Contract:
     pool of `workers` threads: run(**params) with that item's parametrize arguments (only the
     names `run` accepts).
   - result(**params) waits for that case and returns its value or raises what it raised, in the
-    calling test: a pytest.skip() inside run skips that test, an AssertionError fails it.
+    calling test: a skip raised inside run skips that test with run's reason, an AssertionError
+    fails it.
   - On exit the cases not yet started are cancelled and the running ones are waited for: every
     bound on a case (its subprocess timeouts) is run's own.
 """

@@ -128,28 +128,28 @@ void Coordinator::AddExpanded(int rank, int32_t id) {
 }
 
 void Coordinator::AddHits(int lo, int hi, int32_t id) {
-  const ResponseCache::Key* key = cache_.KeyOf(id);
-  if (key == nullptr || !shutdown_ranks_.empty()) {
+  const ResponseCache::Key* cached = cache_.KeyOf(id);
+  if (cached == nullptr || !shutdown_ranks_.empty()) {
     for (int rank = lo; rank < hi; ++rank) AddExpanded(rank, id);
     return;
   }
-  auto it = pending_.find(*key);
+  const ResponseCache::Key key = *cached;  // (a copy: deciding may evict the entry it points into)
+  auto it = pending_.find(key);
   if (it == pending_.end()) {  // the first submission this cycle creates the tensor's entry
     AddExpanded(lo++, id);
-    it = pending_.find(*key);
+    it = pending_.find(key);
   }
   if (lo == hi) return;
   const std::shared_ptr<const std::vector<int>> members =
       it == pending_.end() ? nullptr : sets_->Members(it->first.first);
-  const std::vector<int> none;
-  const std::vector<int>& ranks = members ? *members : none;
-  auto first = std::lower_bound(ranks.begin(), ranks.end(), lo);
-  auto last = std::lower_bound(first, ranks.end(), hi);
-  if (last - first != hi - lo ||
-      ranks.size() != it->second.have.size()) {  // not all members: AddOne words it
-    for (int rank = lo; rank < hi; ++rank) AddExpanded(rank, id);
+  auto first =
+      members ? std::lower_bound(members->begin(), members->end(), lo) : std::vector<int>::const_iterator();
+  auto last = members ? std::lower_bound(first, members->end(), hi) : first;
+  if (!members || last - first != hi - lo || members->size() != it->second.have.size()) {
+    for (int rank = lo; rank < hi; ++rank) AddExpanded(rank, id);  // not all members: AddOne words it
     return;
   }
+  const std::vector<int>& ranks = *members;
   for (auto pos = first; pos != last; ++pos) {
     const size_t member = static_cast<size_t>(pos - ranks.begin());
     if (!it->second.have[member]) it->second.hit_ids[member] = id;

@@ -43,14 +43,11 @@ void NegotiationRelay::Queue(int peer, int lo, int hi, std::string payload) {
 }
 
 void NegotiationRelay::Up(int from, std::string payload, std::vector<Delivery>* mine) {
-  UpRun(from, from + 1, std::move(payload), mine);
-}
-
-void NegotiationRelay::UpRun(int lo, int hi, std::string payload, std::vector<Delivery>* mine) {
-  if (rank_ != 0) return Queue(parent_, lo, hi, std::move(payload));
-  std::vector<Entry> runs;  // (rank 0: at most one entry, from Up)
-  Append(&runs, lo, hi, std::move(payload));
-  for (Entry& e : runs) mine->push_back(Delivery{e.lo, e.hi, std::move(e.payload)});
+  if (rank_ == 0) {
+    mine->push_back(Delivery{from, from + 1, std::move(payload)});
+    return;
+  }
+  Queue(parent_, from, from + 1, std::move(payload));
 }
 
 void NegotiationRelay::Down(int lo, int hi, const std::string& payload, std::vector<Delivery>* mine) {

@@ -62,8 +62,6 @@ class NegotiationRelay {
     std::string payload;
   };
   void Queue(int peer, int lo, int hi, std::string payload);
-  // Up() for the ranks [lo, hi), which sent `payload` each.
-  void UpRun(int lo, int hi, std::string payload, std::vector<Delivery>* mine);
   static void Append(std::vector<Entry>* q, int lo, int hi, std::string payload);
   int rank_, size_, parent_;
   std::vector<int> children_;
