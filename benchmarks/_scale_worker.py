@@ -21,9 +21,23 @@ def _barrier(directory, rank, size):
         time.sleep(0.01)
 
 
+def _own_segment_bytes(rank, mapped_own):
+    """Memory /dev/shm holds for this rank's own segment: the blocks its file has allocated (the
+    rank keeps the unlinked file open; its point-to-point arena is address space until used).
+    Falls back to the mapped size where the file is not found."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if target.startswith("/dev/shm/") and re.search(r"r%d( \(deleted\))?$" % rank, target):
+            return os.stat("/proc/self/fd/" + fd).st_blocks * 512
+    return mapped_own
+
+
 def _held(rank):
-    """RSS (kB), shared memory this rank maps from /dev/shm (bytes: its own segment, every
-    mapping), and its open sockets."""
+    """RSS (kB), shared memory this rank holds in /dev/shm (bytes: its own segment's allocated
+    memory), the address space of every /dev/shm mapping, and its open sockets."""
     with open("/proc/self/status") as f:
         rss = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
     with open("/proc/self/maps") as f:
@@ -42,7 +56,7 @@ def _held(rank):
             sockets += os.readlink("/proc/self/fd/" + fd).startswith("socket:")
         except OSError:
             pass
-    return {"rss_kb": rss, "shm_own": own, "shm_mapped": mapped, "sockets": sockets}
+    return {"rss_kb": rss, "shm_own": _own_segment_bytes(rank, own), "shm_mapped": mapped, "sockets": sockets}
 
 
 def _hvdlite(rank, size, barrier):

@@ -77,6 +77,8 @@ def worker(args):
     spent = [0.0]
     _timed_kernels(spent)
     modes = ["ulysses", "allgather"] + (["ring"] if cp_ring.available() else [])
+    if args.modes:
+        modes = [m for m in modes if m in args.modes.split(",")]
 
     def inputs(seq):
         g = torch.Generator().manual_seed(1)
@@ -190,6 +192,7 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--budget-mib", type=int, default=64)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--modes", default="", help="comma-separated subset of ulysses,allgather,ring")
     args = parser.parse_args()
     if args.worker:
         result = worker(args)

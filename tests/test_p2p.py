@@ -1,6 +1,6 @@
 """Point-to-point send/recv (csrc/runtime/p2p.h, hvdlite/common/p2p.py): matching by
 tag out of order, a sender that never waits for the receiver, grouped ring shifts, large
-messages over shared memory and over TCP, process-set ranks, and errors that name the
+messages over shared memory (through the point-to-point arena and the control ring) and over TCP, process-set ranks, and errors that name the
 tensor, the pair and the tag (bad rank, size mismatch, unmatched recv, a dead sender)."""
 
 import os
@@ -107,9 +107,13 @@ def _check_core(results, big_elems):
     assert "from rank 0" in msg and "tag 4" in msg and "20 bytes" in msg and "16" in msg
 
 
-def test_p2p_two_ranks_shm():
-    big = 3 * (1 << 20)  # 12 MiB each way: many chunks through the window
-    _check_core(run_pooled(_core_cases, 2, args=(big,), timeout=120), big)
+# Shared memory: through the point-to-point arena (16 MiB: 4 MiB pieces), a 64 KiB arena (16 KiB
+# pieces: it wraps hundreds of times, and senders wait for room), and without it (the control ring).
+@pytest.mark.parametrize("arena", [None, 64 << 10, 0], ids=["arena", "small_arena", "control_ring"])
+def test_p2p_two_ranks_shm(arena):
+    big = 3 * (1 << 20)  # 12 MiB each way
+    env = {} if arena is None else {"HVDLITE_P2P_ARENA_BYTES": str(arena)}
+    _check_core(run_pooled(_core_cases, 2, args=(big,), timeout=120, env=env), big)
 
 
 def test_p2p_two_ranks_tcp():

@@ -197,7 +197,9 @@ enum class ControlKind : uint8_t {
   kRelay = 6,
   kP2pDeviceReady = 7,  // point-to-point of CUDA tensors (runtime/p2p_device.cc)
   kP2pDeviceReply = 8,
-  kP2pDeviceGo = 9
+  kP2pDeviceGo = 9,
+  kP2pArenaChunk = 10,  // point-to-point through shared memory (runtime/p2p_arena.h)
+  kP2pArenaFree = 11
 };
 ControlKind PeekControlKind(const std::string& bytes);
 

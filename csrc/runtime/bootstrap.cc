@@ -249,6 +249,7 @@ Status Bootstrap(const Config& cfg, Topology* topo, std::unique_ptr<Transport>* 
   shm.disable = cfg.SHM_DISABLE;
   shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(cfg.SHM_CHANNEL_BYTES, 0));
   shm.spin_us = cfg.SPIN_US;
+  shm.p2p_arena_bytes = static_cast<size_t>(std::max<int64_t>(cfg.P2P_ARENA_BYTES, 0));
   HVD_RETURN_IF_ERROR(CreateShmTransport(store.get(), prefix, topo->rank, topo->size, advertise, secret,
                                          cfg.START_TIMEOUT, cfg.TIMEOUT_SECONDS, hosts, shm, transport,
                                          static_cast<int>(cfg.LIVENESS_SECONDS)));

@@ -34,15 +34,18 @@ P2pEngine::P2pEngine(int rank, Transport* transport, ProcessSetTable* sets, Hand
       timeout_s_(timeout_s),
       unexpected_limit_(unexpected_limit),
       outboxes_(static_cast<size_t>(transport->size())),
-      incoming_(static_cast<size_t>(transport->size())) {}
+      incoming_(static_cast<size_t>(transport->size())),
+      arena_(transport, transport->size()) {}
 
 bool P2pEngine::Owns(const std::string& payload) {
   const ControlKind k = PeekControlKind(payload);
   return k == ControlKind::kP2pChunk || k == ControlKind::kP2pAck || k == ControlKind::kP2pDeviceReady ||
-         k == ControlKind::kP2pDeviceReply || k == ControlKind::kP2pDeviceGo;
+         k == ControlKind::kP2pDeviceReply || k == ControlKind::kP2pDeviceGo ||
+         k == ControlKind::kP2pArenaChunk || k == ControlKind::kP2pArenaFree;
 }
 
-Status P2pEngine::Post(Op op, int64_t* handle) {
+Status P2pEngine::Post(Op op, int64_t* handle, bool* waits_for_peer) {
+  *waits_for_peer = false;
   const char* what = op.send ? "send" : "recv";
   const std::string subject = std::string(what) + " of tensor '" + op.name + "'";
   const std::vector<int> members = sets_->Ranks(op.process_set);
@@ -67,6 +70,7 @@ Status P2pEngine::Post(Op op, int64_t* handle) {
   }
   Pending p;
   p.peer = members[static_cast<size_t>(op.peer)];
+  *waits_for_peer = op.send && op.device < 0 && op.bytes > kQuickSendBytes && !arena_.Usable(p.peer);
   p.op = std::move(op);
   p.handle = handles_->Create();
   *handle = p.handle;
@@ -156,7 +160,8 @@ Status P2pEngine::Progress() {
     const int peer = active_peers_[i];
     Outbox& box = outboxes_[static_cast<size_t>(peer)];
     if (!box.sends.empty()) HVD_RETURN_IF_ERROR(SendSome(peer, &box));
-    if (box.sends.empty() && box.unacked == 0) {  // idle: off the list (order does not matter)
+    if (arena_.held(peer) > 0 && transport_->PeerDeparted(peer)) arena_.PeerLeft(peer);
+    if (box.sends.empty() && box.unacked == 0 && arena_.held(peer) == 0) {  // idle: off the list
       box.active = false;
       active_peers_[i] = active_peers_.back();
       active_peers_.pop_back();
@@ -203,17 +208,14 @@ Status P2pEngine::SendSome(int peer, Outbox* box) {
       Finish(s, Status::OK());
       continue;
     }
-    const size_t n = std::min(kChunkBytes, s->op.bytes - s->done);
-    if (box->unacked > 0 && box->unacked + n > kWindowBytes) {
-      const Clock::time_point now = Clock::now();
-      if (box->waiting_since == Clock::time_point{}) box->waiting_since = now;
-      if (std::chrono::duration<double>(now - box->waiting_since).count() >= timeout_s_) {
-        return Status::Timeout(Describe(*s) + ": rank " + std::to_string(peer) +
-                               " has taken in no data for " + std::to_string(static_cast<int>(timeout_s_)) +
-                               " s (HVDLITE_TIMEOUT_SECONDS); is it hung?");
-      }
-      return Status::OK();
+    if (s->op.bytes - s->done > P2pArenaLane::kInlineBytes && arena_.Usable(peer)) {
+      bool sent = false;
+      HVD_RETURN_IF_ERROR(SendPiece(peer, box, s, &sent));
+      if (!sent && arena_.Usable(peer)) return WaitForRoom(peer, box, *s);
+      continue;  // sent, or the lane turned off: the control ring takes the rest
     }
+    const size_t n = std::min(kChunkBytes, s->op.bytes - s->done);
+    if (box->unacked > 0 && box->unacked + n > kWindowBytes) return WaitForRoom(peer, box, *s);
     std::string frame(kChunkHeaderBytes + n, '\0');
     frame[0] = static_cast<char>(ControlKind::kP2pChunk);
     std::memcpy(&frame[1], &h.process_set, 4);
@@ -232,9 +234,43 @@ Status P2pEngine::SendSome(int peer, Outbox* box) {
   return Status::OK();
 }
 
+// The next piece of `s` through the arena (*sent false: no room now, or the
+// lane just turned off; the caller retries later or uses the control ring).
+Status P2pEngine::SendPiece(int peer, Outbox* box, Pending* s, bool* sent) {
+  const ChunkHeader h{s->op.process_set, s->op.tag, s->op.bytes, s->done};
+  const size_t n = std::min(arena_.piece_bytes(), s->op.bytes - s->done);
+  HVD_RETURN_IF_ERROR(arena_.Send(peer, h, s->op.data + s->done, n, sent));
+  if (!*sent) return Status::OK();
+  box->waiting_since = Clock::time_point{};
+  s->done += n;
+  if (s->done == s->op.bytes) {
+    box->sends.pop_front();
+    Finish(s, Status::OK());
+  }
+  return Status::OK();
+}
+
+// The peer's window (or the arena) is full: wait for it to take data in, at
+// most HVDLITE_TIMEOUT_SECONDS from when the wait began.
+Status P2pEngine::WaitForRoom(int peer, Outbox* box, const Pending& s) {
+  const Clock::time_point now = Clock::now();
+  if (box->waiting_since == Clock::time_point{}) box->waiting_since = now;
+  if (std::chrono::duration<double>(now - box->waiting_since).count() >= timeout_s_) {
+    return Status::Timeout(Describe(s) + ": rank " + std::to_string(peer) + " has taken in no data for " +
+                           std::to_string(static_cast<int>(timeout_s_)) +
+                           " s (HVDLITE_TIMEOUT_SECONDS); is it hung?");
+  }
+  return Status::OK();
+}
+
 Status P2pEngine::OnControl(int peer, const std::string& payload) {
   Outbox& box = outboxes_[static_cast<size_t>(peer)];
   const ControlKind kind = PeekControlKind(payload);
+  if (kind == ControlKind::kP2pArenaChunk) return OnArenaChunk(peer, payload);
+  if (kind == ControlKind::kP2pArenaFree) {
+    box.waiting_since = Clock::time_point{};
+    return arena_.OnFree(peer, payload);
+  }
   if (kind != ControlKind::kP2pAck && kind != ControlKind::kP2pChunk) return OnDeviceControl(peer, payload);
   if (kind == ControlKind::kP2pAck) {
     uint64_t bytes = 0;
@@ -254,6 +290,18 @@ Status P2pEngine::OnControl(int peer, const std::string& payload) {
   HVD_RETURN_IF_ERROR(Deliver(peer, h, payload.data() + kChunkHeaderBytes, len));
   if (transport_->PeerDeparted(peer)) return Status::OK();  // it sent everything and left: no ack
   return transport_->SendControl(peer, AckFrame(len));
+}
+
+// A piece in `peer`'s arena: copied out where it belongs, then freed.
+Status P2pEngine::OnArenaChunk(int peer, const std::string& payload) {
+  ChunkHeader h;
+  const char* bytes = nullptr;
+  size_t len = 0;
+  uint64_t at = 0;
+  HVD_RETURN_IF_ERROR(arena_.Open(peer, payload, &h, &bytes, &len, &at));
+  HVD_RETURN_IF_ERROR(Deliver(peer, h, bytes, len));
+  if (transport_->PeerDeparted(peer)) return Status::OK();  // it reclaims nothing any more
+  return arena_.Release(peer, at);
 }
 
 // One chunk from `peer` (offsets follow each other within a message).

@@ -2,8 +2,11 @@
 // matched by (process set, source, tag), with no coordinator round trip and
 // no other rank involved.
 //
-// Route. Messages travel on the transport's control plane as P2P chunk frames
-// (ControlKind::kP2pChunk): every transport already reads control messages as
+// Route. A message to a peer linked through shared memory, longer than
+// P2pArenaLane::kInlineBytes, is written piece by piece into this rank's
+// point-to-point arena, and only frames naming where each piece lies travel
+// (runtime/p2p_arena.h). Everything else travels on the transport's control
+// plane as P2P chunk frames (ControlKind::kP2pChunk): every transport already reads control messages as
 // they arrive and queues them (WaitControl, and during data transfers), so a
 // message nobody has asked for yet never blocks the engine, a collective or
 // the data plane's tag order. A message is cut into chunks of at most
@@ -66,6 +69,7 @@
 #include "common/status.h"
 #include "coordinator/process_sets.h"
 #include "runtime/handles.h"
+#include "runtime/p2p_arena.h"
 #include "runtime/tensor_queue.h"
 #include "transport/transport.h"
 
@@ -75,6 +79,9 @@ class P2pEngine {
  public:
   static constexpr size_t kChunkBytes = 256 << 10;
   static constexpr size_t kWindowBytes = 1 << 20;
+  // Sends this long fit the peer's shared-memory control channel (64 KiB) without waiting
+  // for it to drain.
+  static constexpr size_t kQuickSendBytes = 16 << 10;
 
   // What a caller posts: a send of `bytes` bytes at `data` to member `peer`
   // of `process_set`, or a receive into it from that member.
@@ -96,7 +103,11 @@ class P2pEngine {
 
   // Any thread: checks `op` (process set, ranks, tag) and queues it for the
   // engine; *handle completes as described above. Errors return at once.
-  Status Post(Op op, int64_t* handle);
+  // *waits_for_peer: starting this send may block until the peer's engine
+  // drains the control channel (a host send longer than kQuickSendBytes that
+  // does not go through the arena), so the posting thread should leave it to
+  // the background thread; false for receives.
+  Status Post(Op op, int64_t* handle, bool* waits_for_peer);
   // Engine: posts arrived that the engine has not taken yet (Post's count is
   // seq_cst, so a check after TensorQueue::SetSleeping(true) cannot miss one).
   bool HasNew() const { return posted_.load(std::memory_order_seq_cst) != taken_; }
@@ -131,12 +142,7 @@ class P2pEngine {
     Clock::time_point since;
     std::list<Pending>::iterator self;  // where ops_ holds it
   };
-  struct ChunkHeader {
-    int32_t process_set = 0;
-    int32_t tag = 0;
-    uint64_t total = 0;
-    uint64_t offset = 0;
-  };
+  using ChunkHeader = P2pChunkHeader;
   struct Unexpected {  // a message no receive has matched yet
     int peer = -1;
     int32_t process_set = 0;
@@ -176,6 +182,9 @@ class P2pEngine {
   Status TakePosted();
   Status PostRecv(Pending* r);
   Status SendSome(int peer, Outbox* box);
+  Status SendPiece(int peer, Outbox* box, Pending* s, bool* sent);
+  Status WaitForRoom(int peer, Outbox* box, const Pending& s);
+  Status OnArenaChunk(int peer, const std::string& payload);
   Status Deliver(int peer, const ChunkHeader& h, const char* payload, size_t len);
   Status StartMessage(int peer, const ChunkHeader& h, Incoming* in);
   void ReleaseUnexpected(std::list<Unexpected>::iterator it);
@@ -210,11 +219,12 @@ class P2pEngine {
 
   // Engine state. Pending objects are owned here (std::list: stable addresses).
   std::list<Pending> ops_;
-  std::vector<Outbox> outboxes_;      // by global rank
-  std::vector<int> active_peers_;     // ranks whose outbox has sends or unacknowledged bytes:
-                                      // Progress walks these, not every rank (O(busy peers) a turn)
-  bool reported_sending_ = false;     // the queue was last told this rank is sending
-  std::vector<Incoming> incoming_;    // by global rank
+  std::vector<Outbox> outboxes_;    // by global rank
+  std::vector<int> active_peers_;   // ranks whose outbox has sends or unacknowledged bytes:
+                                    // Progress walks these, not every rank (O(busy peers) a turn)
+  bool reported_sending_ = false;   // the queue was last told this rank is sending
+  std::vector<Incoming> incoming_;  // by global rank
+  P2pArenaLane arena_;
   std::list<Pending*> posted_recvs_;  // unmatched receives, in posting order
   std::list<Unexpected> unexpected_;  // unmatched messages, in arrival order
   int64_t unexpected_bytes_ = 0;

@@ -6,14 +6,6 @@
 #include "runtime/affinity.h"
 
 namespace hvdlite {
-namespace {
-
-// Sends of at most this many bytes start from the posting thread when the engine is free
-// (PostP2p): they fit the peer's shared-memory control channel (64 KiB) without waiting
-// for it to drain.
-constexpr size_t kInlineSendBytes = 16 << 10;
-
-}  // namespace
 
 Status Runtime::Create(std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime());
@@ -106,21 +98,22 @@ Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stre
 
 Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
   if (op.device >= 0) HVD_RETURN_IF_ERROR(LoadGpu("CUDA tensor '" + op.name + "'"));
-  const bool large_send = op.send && op.device < 0 && op.bytes > kInlineSendBytes;
+  bool large_send = false;
   {
     std::lock_guard<std::mutex> lock(state_mu_);  // so Break() fails the handle if it runs after this
     if (stopped_) {
       return broken_.WithContext(std::string(op.send ? "cannot send" : "cannot receive") + " tensor '" +
                                  op.name + "'");
     }
-    HVD_RETURN_IF_ERROR(p2p_->Post(std::move(op), handle));
+    HVD_RETURN_IF_ERROR(p2p_->Post(std::move(op), handle, &large_send));
   }
   // Start the transfer from this thread when the engine is free (the background thread
   // stands by after a caller drove, for up to kStandByGrace: a send would wait that long);
   // otherwise its holder takes it up (HasNew, after Post's seq_cst count; Kick wakes a sleeper).
-  // A large send is the background thread's even then: its chunks fill the peer's control
-  // channel, and sending them blocks until the peer's engine drains it, which this caller
-  // would wait for instead of computing while they travel (ring attention's K/V blocks).
+  // A send that would wait for the peer (P2pEngine::Post) is the background thread's even
+  // then: its chunks fill the peer's control channel, and sending them blocks until the
+  // peer's engine drains it, which this caller would wait for instead of computing while
+  // they travel. One through the shared-memory arena costs this thread a copy, not a wait.
   if (large_send) {
     {
       std::lock_guard<std::mutex> lock(standby_mu_);

@@ -7,7 +7,11 @@
 // have mapped it, so the memory lives exactly as long as some process maps it.
 //
 // Layout: [SegmentHeader][pair 0: control channel | data channel][pair 1]...
-// where pair k serves the owner's k-th partner (HostPartners order).
+// [padding to kArenaAlign][point-to-point arena], where pair k serves the
+// owner's k-th partner (HostPartners order). The rings are mapped with every
+// page populated; the arena (Geometry::arena_bytes, possibly 0) is a separate
+// mapping that is not: its pages exist only once the owner reserves them
+// (Segment::ReserveArena), so /dev/shm holds only what point-to-point used.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -21,7 +25,9 @@ namespace hvdlite {
 namespace shm {
 
 constexpr uint64_t kMagic = 0x314d485344564848ull;  // "HHVDSHM1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+// Alignment of the arena within the segment: a multiple of every page size.
+constexpr size_t kArenaAlign = 64 << 10;
 
 // Channel geometry, chosen by the owner and read by peers from its header.
 struct Geometry {
@@ -29,6 +35,7 @@ struct Geometry {
   uint64_t ctrl_slot_bytes = 8 << 10;
   uint32_t data_slots = 8;
   uint64_t data_slot_bytes = 128 << 10;
+  uint64_t arena_bytes = 0;  // the point-to-point arena (a multiple of kArenaAlign)
 
   size_t PairBytes() const {
     return ChannelBytes(ctrl_slots, ctrl_slot_bytes) + ChannelBytes(data_slots, data_slot_bytes);
@@ -53,9 +60,11 @@ struct SegmentHeader {
 };
 
 inline size_t HeaderBytes() { return RoundUp(sizeof(SegmentHeader), kLine); }
-inline size_t SegmentBytes(const Geometry& g, uint32_t pairs) {
-  return HeaderBytes() + pairs * g.PairBytes();
+// Header and rings, padded so that the arena after them is page-aligned.
+inline size_t RingsBytes(const Geometry& g, uint32_t pairs) {
+  return RoundUp(HeaderBytes() + pairs * g.PairBytes(), kArenaAlign);
 }
+inline size_t SegmentBytes(const Geometry& g, uint32_t pairs) { return RingsBytes(g, pairs) + g.arena_bytes; }
 
 // Control and data channels of pair `k` in a mapped segment.
 ChannelView ControlChannel(char* base, const Geometry& g, uint32_t k);
@@ -73,8 +82,9 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
 
   // Creates `name` (O_EXCL, mode 0600) for `pairs` channel pairs of geometry
-  // `g`, maps it with every page populated (zeroed: every counter starts at
-  // 0), and writes the header.
+  // `g`, maps its rings with every page populated (zeroed: every counter
+  // starts at 0) and its arena without, and writes the header. The creator
+  // keeps the file open for ReserveArena.
   static Status Create(const std::string& name, const Geometry& g, uint32_t pairs, int owner,
                        const uint64_t nonce[2], Segment* out);
   // Maps an existing segment and checks its header (magic, version, owner,
@@ -85,13 +95,26 @@ class Segment {
   void Unlink();
   bool mapped() const { return base_ != nullptr; }
   char* base() const { return base_; }
+  // The point-to-point arena (nullptr when its size is 0).
+  char* arena() const { return arena_; }
+  size_t arena_bytes() const { return arena_bytes_; }
+  // Creator only: backs the arena's first `bytes` bytes with memory
+  // (fallocate; idempotent for what is already backed), so that writing them
+  // can never fault on a full /dev/shm. Fails (Precondition naming
+  // /dev/shm) when the memory is not there; the arena is then unusable.
+  Status ReserveArena(size_t bytes);
   SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(base_); }
 
  private:
   void Reset();
+  Status MapArena(int fd, const std::string& name);
   std::string name_;
-  char* base_ = nullptr;
+  char* base_ = nullptr;  // header and rings
   size_t bytes_ = 0;
+  char* arena_ = nullptr;  // a second mapping, of the arena
+  size_t arena_bytes_ = 0;
+  size_t reserved_ = 0;  // arena bytes backed so far (creator)
+  int fd_ = -1;          // creator: kept open for ReserveArena
   bool linked_ = false;  // created here and not yet unlinked
 };
 

@@ -85,7 +85,8 @@ Status PublishOwn(Store* store, const std::string& prefix, const std::string& se
   RandomBytes(nonce, sizeof(nonce));
   const std::string name = SegmentName(secret, prefix, rank);
   const uint32_t pairs = static_cast<uint32_t>(plan.partners.size());
-  const shm::Geometry geometry = shm::MakeGeometry(ChannelBytesFor(opts, plan.partners.size()));
+  shm::Geometry geometry = shm::MakeGeometry(ChannelBytesFor(opts, plan.partners.size()));
+  geometry.arena_bytes = shm::RoundUp(opts.p2p_arena_bytes, shm::kArenaAlign);
   Status st = shm::Segment::Create(name, geometry, pairs, rank, nonce, own);
   if (!st.ok())
     HVD_LOG(kWarning, "shared memory unavailable, using TCP to this host's ranks: " << st.message());

@@ -85,6 +85,13 @@ class ShmTransport : public Transport {
   int open_sockets() const override { return base_->open_sockets(); }
   void Close() override;
 
+  P2pArenaView OwnP2pArena() override { return {own_.arena(), own_.arena_bytes()}; }
+  P2pArenaView PeerP2pArena(int peer) override {
+    if (!Linked(peer)) return {};
+    return {mapped_[peer].arena(), mapped_[peer].arena_bytes()};
+  }
+  Status ReserveP2pArena(size_t bytes) override { return own_.ReserveArena(bytes); }
+
   // Number of peers reached through shared memory (for tests and logs).
   int linked_peers() const;
 

@@ -62,6 +62,12 @@ struct ExchangeSpec {
   const Reducer* reducer = nullptr;  // not owned; alive until the call returns
 };
 
+// A point-to-point arena (see Transport::OwnP2pArena): `bytes` bytes at `base`.
+struct P2pArenaView {
+  char* base = nullptr;
+  size_t bytes = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -113,6 +119,26 @@ class Transport {
   // demand: a peer this rank never exchanged with has none, and has nothing to
   // say when it departs).
   virtual bool Connected(int peer) const = 0;
+  // Point-to-point arena: shared memory of this rank that every peer linked
+  // through shared memory maps, so that a message can be handed over by
+  // reference (the runtime's P2pEngine writes it there and sends only its
+  // offset on the control plane; the peer copies it out and says so). Empty
+  // for transports without shared memory and when HVDLITE_P2P_ARENA_BYTES is
+  // 0. The transport does not manage its contents: the P2pEngine does.
+  virtual P2pArenaView OwnP2pArena() { return {}; }
+  // `peer`'s arena, as this rank maps it: empty unless the two are linked
+  // through shared memory (then each maps the other's arena) and it has one.
+  virtual P2pArenaView PeerP2pArena(int peer) {
+    (void)peer;
+    return {};
+  }
+  // Backs the first `bytes` bytes of this rank's arena with memory, so that
+  // writing them cannot fault; Precondition when /dev/shm has no room.
+  virtual Status ReserveP2pArena(size_t bytes) {
+    (void)bytes;
+    return Status::NotSupported("this transport has no point-to-point arena");
+  }
+
   // Sockets this rank holds for the transport (tests and scale reports).
   virtual int open_sockets() const = 0;
   // Closes every connection; later calls fail with Aborted.
@@ -141,6 +167,7 @@ struct ShmOptions {
   bool disable = false;            // TCP only
   size_t channel_bytes = 1 << 20;  // data ring per ordered pair of partners (at most; shm_setup.cc)
   double spin_us = 50;             // a wait busy-polls this long before it sleeps
+  size_t p2p_arena_bytes = 0;      // each rank's point-to-point arena (HVDLITE_P2P_ARENA_BYTES)
 };
 
 // CreateTcpTransport, plus shared memory between the ranks that share a host

@@ -132,6 +132,14 @@ SETTINGS = (
         " the receiver posted); a message past this fails the job with an error naming sender and tag",
     ),
     Setting(
+        "P2P_ARENA_BYTES",
+        "int",
+        16 << 20,
+        "bytes of each rank's point-to-point arena in /dev/shm: messages to ranks on its host that"
+        " share memory with it are written there once and copied out by the receiver (only the bytes"
+        " in use at once take memory); 0 sends them through the control ring instead",
+    ),
+    Setting(
         "HIERARCHICAL_ALLREDUCE",
         "int",
         -1,

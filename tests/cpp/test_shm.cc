@@ -2,8 +2,8 @@
 // threads: exchanges of every size through the rings, reduce-on-receive,
 // control (large, interleaved with data), ranks on two "hosts" (shared
 // memory within, TCP across), errors (tag mismatch, timeout, a peer that
-// crashes or departs while others wait on it), fallback to TCP, and no
-// leftovers in /dev/shm. Prints "N passed, M failed".
+// crashes or departs while others wait on it), fallback to TCP, the
+// point-to-point arena peers map, and no leftovers in /dev/shm. Prints "N passed, M failed".
 #include <dirent.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -25,11 +25,12 @@ constexpr size_t kChannel = 64 << 10;  // small data rings (8 KiB slots): messag
 
 // Builds an n-rank shm mesh; hosts[r] groups ranks (default: one host).
 Mesh BuildShmMesh(Store* store, const std::string& prefix, int n, std::vector<std::string> hosts = {},
-                  double io_timeout_s = 10.0, bool disable = false) {
+                  double io_timeout_s = 10.0, bool disable = false, size_t arena_bytes = 0) {
   if (hosts.empty()) hosts.assign(n, "host");
   ShmOptions opts;
   opts.channel_bytes = kChannel;
   opts.disable = disable;
+  opts.p2p_arena_bytes = arena_bytes;
   Mesh mesh(n);
   RunThreads(n, [&](int r) {
     Status st = CreateShmTransport(store, prefix, r, n, "127.0.0.1", kSecret, 10.0, io_timeout_s, hosts, opts,
@@ -271,6 +272,32 @@ void TestSetupAndFallback(Store* store) {
   if (!solo.empty()) Check(LinkedPeers(solo[1].get()) == 0, "ranks on different hosts use TCP only");
 }
 
+// The point-to-point arena: each rank's is mapped by its shared-memory peers
+// (what the owner writes after reserving, the peer reads), its size rounds up
+// to the alignment, reserving past it fails, and peers over TCP or a size of 0
+// have none.
+void TestArena(Store* store) {
+  Mesh mesh = BuildShmMesh(store, "shmarena/", 3, {"a", "a", "b"}, 10.0, false, 100 << 10);
+  if (mesh.empty()) return;
+  const P2pArenaView own = mesh[0]->OwnP2pArena();
+  Check(own.base != nullptr && own.bytes == 128 << 10, "the arena's size rounds up to 64 KiB");
+  const P2pArenaView seen = mesh[1]->PeerP2pArena(0);
+  Check(seen.base != nullptr && seen.bytes == own.bytes, "a shared-memory peer maps the arena");
+  Check(mesh[0]->PeerP2pArena(2).base == nullptr && mesh[2]->OwnP2pArena().base == nullptr,
+        "ranks without a shared-memory peer neither map nor own one");
+  CheckOk(mesh[0]->ReserveP2pArena(own.bytes), "reserving the whole arena");
+  for (size_t i = 0; i < own.bytes; i += 4096) own.base[i] = static_cast<char>(i / 4096 + 1);
+  bool same = true;
+  for (size_t i = 0; i < own.bytes; i += 4096) same = same && seen.base[i] == static_cast<char>(i / 4096 + 1);
+  Check(same, "what the owner writes, its peer reads");
+  Check(!mesh[0]->ReserveP2pArena(own.bytes + 1).ok(), "reserving past the arena fails");
+  Mesh none = BuildShmMesh(store, "shmnoarena/", 2);
+  if (!none.empty()) {
+    Check(none[0]->OwnP2pArena().base == nullptr && none[1]->PeerP2pArena(0).base == nullptr,
+          "an arena size of 0 gives none");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -284,6 +311,7 @@ int main() {
   TestPeerCrash(store.get());
   TestDepart(store.get());
   TestSetupAndFallback(store.get());
+  TestArena(store.get());
   Check(Leftovers() == 0, "no segment left in /dev/shm");
   std::printf("%d passed, %d failed\n", g_passed.load(), g_failed.load());
   return g_failed.load() == 0 ? 0 : 1;
