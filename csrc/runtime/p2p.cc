@@ -186,6 +186,13 @@ Status P2pEngine::Progress() {
   return Status::OK();
 }
 
+bool P2pEngine::SendsQueued() const {
+  for (int peer : active_peers_) {
+    if (!outboxes_[static_cast<size_t>(peer)].sends.empty()) return true;
+  }
+  return false;
+}
+
 // Sends the peer's queued messages, in order, chunk by chunk while its window
 // allows. A message to this rank itself is delivered whole, at once.
 Status P2pEngine::SendSome(int peer, Outbox* box) {

@@ -111,6 +111,8 @@ class P2pEngine {
   // Engine: posts arrived that the engine has not taken yet (Post's count is
   // seq_cst, so a check after TensorQueue::SetSleeping(true) cannot miss one).
   bool HasNew() const { return posted_.load(std::memory_order_seq_cst) != taken_; }
+  // Engine: some host send is still queued (its peer's window or the arena is full).
+  bool SendsQueued() const;
 
   // Engine: CUDA transfers are queued on the GPU. Their completion wakes
   // nothing, so the engine's waits must then be short (they are polled).

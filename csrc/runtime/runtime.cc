@@ -114,7 +114,9 @@ Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
   // then: its chunks fill the peer's control channel, and sending them blocks until the
   // peer's engine drains it, which this caller would wait for instead of computing while
   // they travel. One through the shared-memory arena costs this thread a copy, not a wait.
-  if (large_send) {
+  // A send this thread could not finish (the arena had no room for all of it) is handed over
+  // the same way.
+  auto hand_over = [this] {
     {
       std::lock_guard<std::mutex> lock(standby_mu_);
       standby_end_ = true;
@@ -122,7 +124,8 @@ Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
     standby_cv_.notify_one();
     queue_.Kick();
     return Status::OK();
-  }
+  };
+  if (large_send) return hand_over();
   std::unique_lock<std::mutex> engine(engine_mu_, std::try_to_lock);
   if (!engine.owns_lock()) {
     queue_.Kick();
@@ -131,6 +134,10 @@ Status Runtime::PostP2p(P2pEngine::Op op, int64_t* handle) {
   if (engine_broken_ || finished_) return Status::OK();  // the handle has failed or will
   Status st = p2p_->Progress();
   if (!st.ok()) Break(st);
+  if (st.ok() && p2p_->SendsQueued()) {
+    engine.unlock();
+    return hand_over();
+  }
   return Status::OK();
 }
 
