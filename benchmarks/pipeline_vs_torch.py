@@ -168,8 +168,29 @@ def main(argv=None):
         ratios = [b / a for a, b in zip(h, t)]
         ratio = "%.2f× (%.2f-%.2f)" % (statistics.median(ratios), min(ratios), max(ratios)) if ratios else ""
         lines.append("| %s | %s | %s | %s |" % (kind, cells[0], cells[1], ratio))
+    lines += _sleep_idle_lines(args, hv, tv)
     write_outputs(args.out_dir, "pipeline_vs_torch", "\n".join(lines), {"hvdlite": hv, "gloo": tv})
     return 0 if hv and tv else 1
+
+
+def _sleep_idle_lines(args, hv, tv):
+    """The sleep model's idle fraction per library: every rank sleeps m (F + B) per step (B = 2F),
+    so idle = 1 - 3 m F / step (the free-transfer value of 1F1B at p=4, m=8 is 0.273)."""
+    busy_s = 3 * args.microbatches * args.f_ms / 1e3
+    cells = []
+    for name, docs in (("hvdlite", hv), ("torch.distributed.pipelining", tv)):
+        steps = [d["sleep"] for d in docs if "sleep" in d]
+        if steps:
+            idle = [1 - busy_s / t for t in steps]
+            cells.append("%s %.3f (%.3f-%.3f)" % (name, statistics.median(idle), min(idle), max(idle)))
+    if not cells:
+        return []
+    return [
+        "",
+        "Sleep model, idle fraction of a rank (1 - m(F+B) / step; median and range over the rounds): "
+        + "; ".join(cells)
+        + ".",
+    ]
 
 
 def _rank():
