@@ -74,6 +74,10 @@ class SimSlurm:
             "SlurmdTimeout=30",
             "InactiveLimit=0",
             "KillWait=5",
+            # `sbatch --wait` polls the job's state at 2 s, then 8 s, then every 32 s while its
+            # interval is under MinJobAge/2 (default 300 s: a 12 s job returns at 42 s). With
+            # 0 (job records are never purged: a test cluster holds a handful) it polls every 2 s.
+            "MinJobAge=0",
         ]
         for h in self.cluster.hosts:
             lines.append(

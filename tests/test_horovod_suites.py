@@ -12,6 +12,7 @@ import textwrap
 
 import horovod_suite
 import pytest
+from concurrent_cases import ConcurrentCases
 
 HAVE_TF_KERAS = importlib.util.find_spec("tf_keras") is not None  # no import: collection stays fast
 
@@ -90,28 +91,51 @@ NOT_RUNNABLE = {
 }
 
 
-@pytest.mark.parametrize(
-    "test_file,launcher",
-    [
-        pytest.param(f, launcher, marks=() if f in FAST else pytest.mark.slow)
-        for launcher in ("horovodrun", "mpirun")
-        for f in sorted(LAUNCHER_SUITES)
-        if not (launcher == "mpirun" and f in HOROVODRUN_ONLY)
-    ],
-)
-def test_horovod_suite_under_horovods_launchers(test_file, launcher):
+# A launch leaves a 2-core machine more than half idle (its ranks wait on each other between
+# collectives; the launcher starts and joins them): six mpirun launches one at a time used 39% of
+# the CPU time of their 105 s, two at a time took 72 s. So CONCURRENT of the selected launches
+# run at a time (tests/concurrent_cases.py), each judged by its own test.
+CONCURRENT = 2
+# The launch that takes longest (about 2 minutes, the others under 30 s) is submitted first, so
+# that the others share the time it takes instead of following it.
+LONGEST = "test_tensorflow.py"
+
+
+def _run_under_launcher(test_file, launcher):
+    """The SuiteResult of test_file on 2 ranks started by launcher; skips where it cannot run."""
     reason = horovod_suite.available()
     if reason:
         pytest.skip(reason)
     if launcher == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("mpirun is not installed")
-    needs, env, expected = LAUNCHER_SUITES[test_file]
+    needs, env, _ = LAUNCHER_SUITES[test_file]
     if needs:
         pytest.importorskip(needs)
     if env.get("TF_USE_LEGACY_KERAS") and not HAVE_TF_KERAS:
         pytest.skip("TF_USE_LEGACY_KERAS=1 needs the tf_keras package")
-    result = horovod_suite.run_suite(test_file, np=2, env=env, timeout=300, launcher=launcher)
-    _judge(result, expected, need_pass=False)  # e.g. test_xla_process_sets.py: GPU tests only
+    return horovod_suite.run_suite(test_file, np=2, env=env, timeout=300, launcher=launcher)
+
+
+@pytest.fixture(scope="module")
+def launcher_runs(request):
+    name = "test_horovod_suite_under_horovods_launchers"
+    with ConcurrentCases(request, name, _run_under_launcher, CONCURRENT) as cases:
+        yield cases
+
+
+@pytest.mark.parametrize(
+    "test_file,launcher",
+    [
+        pytest.param(f, launcher, marks=() if f in FAST else pytest.mark.slow)
+        for launcher in ("horovodrun", "mpirun")
+        for f in sorted(LAUNCHER_SUITES, key=lambda f: (f != LONGEST, f))
+        if not (launcher == "mpirun" and f in HOROVODRUN_ONLY)
+    ],
+)
+def test_horovod_suite_under_horovods_launchers(test_file, launcher, launcher_runs):
+    result = launcher_runs.result(test_file=test_file, launcher=launcher)
+    # need_pass=False: e.g. test_xla_process_sets.py has GPU tests only
+    _judge(result, LAUNCHER_SUITES[test_file][2], need_pass=False)
 
 
 # Horovod tests that assert a race's outcome: they pass or fail with the machine's timing, in

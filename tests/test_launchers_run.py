@@ -242,7 +242,10 @@ def test_torchrun_node_joining_reforms_the_job_larger(simhosts, tmp_path):
     the new round that rank 0's agent, keeping its old server, never writes), so the agents run
     with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers then have no agent store
     (TORCHELASTIC_USE_AGENT_STORE=False) and hvdlite's store stands beside each round's
-    MASTER_PORT; the secret comes from HVDLITE_SECRET."""
+    MASTER_PORT; the secret comes from HVDLITE_SECRET. last_call_timeout (torchrun's default
+    30 s) is how long a round that has its minimum of nodes waits for more before it starts: A
+    waits it out alone first, and B, polling every second from the wait list, joins the
+    second round well within it."""
     import time
 
     cluster = simhosts(2)
@@ -255,7 +258,8 @@ def test_torchrun_node_joining_reforms_the_job_larger(simhosts, tmp_path):
     exports = " ".join("%s=%s" % (k, env[k]) for k in names)
     command = (
         "cd %s && env %s %s --nnodes 1:2 --nproc-per-node 2 --max-restarts 2 --rdzv-backend c10d "
-        "--rdzv-endpoint %s --rdzv-id grow --local-addr %%s %s" % (REPO, exports, TORCHRUN, endpoint, SCRIPT)
+        "--rdzv-endpoint %s --rdzv-id grow --rdzv-conf last_call_timeout=10 --local-addr %%s %s"
+        % (REPO, exports, TORCHRUN, endpoint, SCRIPT)
     )
 
     def start(i):
