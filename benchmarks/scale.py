@@ -205,7 +205,8 @@ def main():
         " One job per cell (a run of N processes on 2 cores is its own repetition: init is the slowest"
         " rank's)." % (os.cpu_count(), load),
         "/dev/shm per host: the sum of every rank's own segment over the hosts (segments are unlinked once mapped,"
-        " so this is memory, not names), divided by the number of hosts. Sockets: every socket the rank holds (transport, its"
+        " so this is memory, not names: the blocks each segment's file holds, so the point-to-point arena counts"
+        " only as far as it was used), divided by the number of hosts. Sockets: every socket the rank holds (transport, its"
         " listener, the store client).",
     ]
     text = _markdown(results, notes, args.hosts)
