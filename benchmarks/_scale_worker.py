@@ -21,6 +21,11 @@ def _barrier(directory, rank, size):
         time.sleep(0.01)
 
 
+def _is_own_segment(path, rank):
+    """True for this rank's own shared-memory segment (its name ends in r<rank>; unlinked once mapped)."""
+    return re.search(r"r%d( \(deleted\))?$" % rank, path.strip()) is not None
+
+
 def _own_segment_bytes(rank, mapped_own):
     """Memory /dev/shm holds for this rank's own segment: the blocks its file has allocated (the
     rank keeps the unlinked file open; its point-to-point arena is address space until used).
@@ -30,7 +35,7 @@ def _own_segment_bytes(rank, mapped_own):
             target = os.readlink("/proc/self/fd/" + fd)
         except OSError:
             continue
-        if target.startswith("/dev/shm/") and re.search(r"r%d( \(deleted\))?$" % rank, target):
+        if target.startswith("/dev/shm/") and _is_own_segment(target, rank):
             return os.stat("/proc/self/fd/" + fd).st_blocks * 512
     return mapped_own
 
@@ -48,7 +53,7 @@ def _held(rank):
             continue
         lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
         mapped += hi - lo
-        if re.search(r"r%d( \(deleted\))?$" % rank, line.strip()):
+        if _is_own_segment(line, rank):
             own += hi - lo
     sockets = 0
     for fd in os.listdir("/proc/self/fd"):

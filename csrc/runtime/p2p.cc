@@ -12,7 +12,7 @@ namespace {
 // Chunk frame: kind u8, process set i32, tag i32, total u64, offset u64, then
 // the chunk's bytes. Acknowledgement: kind u8, bytes u64. Little-endian hosts
 // only, as the rest of the wire (messages.cc).
-constexpr size_t kChunkHeaderBytes = 1 + 4 + 4 + 8 + 8;
+constexpr size_t kChunkHeaderBytes = 1 + P2pChunkHeader::kWireBytes;
 constexpr size_t kAckBytes = 1 + 8;
 
 std::string AckFrame(uint64_t bytes) {
@@ -225,10 +225,7 @@ Status P2pEngine::SendSome(int peer, Outbox* box) {
     if (box->unacked > 0 && box->unacked + n > kWindowBytes) return WaitForRoom(peer, box, *s);
     std::string frame(kChunkHeaderBytes + n, '\0');
     frame[0] = static_cast<char>(ControlKind::kP2pChunk);
-    std::memcpy(&frame[1], &h.process_set, 4);
-    std::memcpy(&frame[5], &h.tag, 4);
-    std::memcpy(&frame[9], &h.total, 8);
-    std::memcpy(&frame[17], &h.offset, 8);
+    h.Write(&frame[1]);
     if (n > 0) std::memcpy(&frame[kChunkHeaderBytes], s->op.data + s->done, n);
     HVD_RETURN_IF_ERROR(transport_->SendControl(peer, frame));
     box->unacked += n;
@@ -288,11 +285,7 @@ Status P2pEngine::OnControl(int peer, const std::string& payload) {
     return Status::OK();
   }
   if (payload.size() < kChunkHeaderBytes) return Status::Internal("corrupt point-to-point chunk");
-  ChunkHeader h;
-  std::memcpy(&h.process_set, &payload[1], 4);
-  std::memcpy(&h.tag, &payload[5], 4);
-  std::memcpy(&h.total, &payload[9], 8);
-  std::memcpy(&h.offset, &payload[17], 8);
+  const ChunkHeader h = ChunkHeader::Read(&payload[1]);
   const size_t len = payload.size() - kChunkHeaderBytes;
   HVD_RETURN_IF_ERROR(Deliver(peer, h, payload.data() + kChunkHeaderBytes, len));
   if (transport_->PeerDeparted(peer)) return Status::OK();  // it sent everything and left: no ack

@@ -9,7 +9,9 @@
 namespace hvdlite {
 namespace {
 
-constexpr size_t kChunkFrameBytes = 1 + 4 + 4 + 8 + 8 + 8 + 8;
+// kind, the chunk header, arena offset, length.
+constexpr size_t kChunkFrameBytes = 1 + P2pChunkHeader::kWireBytes + 8 + 8;
+constexpr size_t kArenaOffsetAt = 1 + P2pChunkHeader::kWireBytes;
 constexpr size_t kFreeFrameBytes = 1 + 8;
 constexpr uint64_t kAlign = 64;             // regions start on cache lines
 constexpr uint64_t kReserveStep = 1 << 20;  // the arena is backed a megabyte at a time
@@ -80,29 +82,24 @@ Status P2pArenaLane::Send(int peer, const P2pChunkHeader& h, const char* data, s
   uint64_t at = 0;
   if (held_[static_cast<size_t>(peer)] + len > ring_.capacity() / 2 || !ring_.Allocate(len, peer, &at))
     return Status::OK();
-  if (at + len > reserved_) {
-    const uint64_t want =
-        std::min<uint64_t>(own_.bytes, (at + len + kReserveStep - 1) / kReserveStep * kReserveStep);
-    Status st = transport_->ReserveP2pArena(want);
-    if (!st.ok()) {
-      HVD_LOG(kWarning, "point-to-point messages go through the control ring from now on: " << st.message());
-      enabled_ = false;
-      uint64_t ignored = 0;
-      ring_.Free(at, peer, &ignored);
-      return Status::OK();
-    }
-    reserved_ = want;
+  // Backed a megabyte at a time (a no-op once backed: the segment keeps the mark).
+  const uint64_t want =
+      std::min<uint64_t>(own_.bytes, (at + len + kReserveStep - 1) / kReserveStep * kReserveStep);
+  Status st = transport_->ReserveP2pArena(want);
+  if (!st.ok()) {
+    HVD_LOG(kWarning, "point-to-point messages go through the control ring from now on: " << st.message());
+    enabled_ = false;
+    uint64_t ignored = 0;
+    ring_.Free(at, peer, &ignored);
+    return Status::OK();
   }
   if (len > 0) std::memcpy(own_.base + at, data, len);
   std::string f(kChunkFrameBytes, '\0');
   const uint64_t len64 = len;
   f[0] = static_cast<char>(ControlKind::kP2pArenaChunk);
-  std::memcpy(&f[1], &h.process_set, 4);
-  std::memcpy(&f[5], &h.tag, 4);
-  std::memcpy(&f[9], &h.total, 8);
-  std::memcpy(&f[17], &h.offset, 8);
-  std::memcpy(&f[25], &at, 8);
-  std::memcpy(&f[33], &len64, 8);
+  h.Write(&f[1]);
+  std::memcpy(&f[kArenaOffsetAt], &at, 8);
+  std::memcpy(&f[kArenaOffsetAt + 8], &len64, 8);
   held_[static_cast<size_t>(peer)] += (len + kAlign - 1) / kAlign * kAlign;
   *sent = true;
   return transport_->SendControl(peer, f);
@@ -113,12 +110,9 @@ Status P2pArenaLane::Open(int peer, const std::string& frame, P2pChunkHeader* h,
   const P2pArenaView theirs = transport_->PeerP2pArena(peer);
   uint64_t len64 = 0;
   if (frame.size() == kChunkFrameBytes) {
-    std::memcpy(&h->process_set, &frame[1], 4);
-    std::memcpy(&h->tag, &frame[5], 4);
-    std::memcpy(&h->total, &frame[9], 8);
-    std::memcpy(&h->offset, &frame[17], 8);
-    std::memcpy(arena_offset, &frame[25], 8);
-    std::memcpy(&len64, &frame[33], 8);
+    *h = P2pChunkHeader::Read(&frame[1]);
+    std::memcpy(arena_offset, &frame[kArenaOffsetAt], 8);
+    std::memcpy(&len64, &frame[kArenaOffsetAt + 8], 8);
   }
   if (frame.size() != kChunkFrameBytes || theirs.base == nullptr || *arena_offset > theirs.bytes ||
       len64 > theirs.bytes - *arena_offset) {

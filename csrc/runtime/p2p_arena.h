@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <string>
 #include <vector>
@@ -39,11 +40,29 @@ namespace hvdlite {
 
 // Where a piece of a point-to-point message belongs: its message's (process
 // set, tag), the message's total bytes, and the piece's offset within it.
+// Its wire form, in the chunk frames of both routes (p2p.cc, here):
+// process set i32, tag i32, total u64, offset u64.
 struct P2pChunkHeader {
   int32_t process_set = 0;
   int32_t tag = 0;
   uint64_t total = 0;
   uint64_t offset = 0;
+
+  static constexpr size_t kWireBytes = 4 + 4 + 8 + 8;
+  void Write(char* at) const {
+    std::memcpy(at, &process_set, 4);
+    std::memcpy(at + 4, &tag, 4);
+    std::memcpy(at + 8, &total, 8);
+    std::memcpy(at + 16, &offset, 8);
+  }
+  static P2pChunkHeader Read(const char* at) {
+    P2pChunkHeader h;
+    std::memcpy(&h.process_set, at, 4);
+    std::memcpy(&h.tag, at + 4, 4);
+    std::memcpy(&h.total, at + 8, 8);
+    std::memcpy(&h.offset, at + 16, 8);
+    return h;
+  }
 };
 
 // The sender's bookkeeping of which arena bytes hold pieces not yet freed.
@@ -115,7 +134,6 @@ class P2pArenaLane {
   std::atomic<bool> enabled_;  // written by the engine only
   size_t piece_;
   ArenaRing ring_;
-  uint64_t reserved_ = 0;       // arena bytes backed with memory so far
   std::vector<uint64_t> held_;  // by global rank
 };
 
