@@ -63,6 +63,10 @@ def _bad_local_input():
     if hvd.rank() == 1:
         time.sleep(0.5)  # keeps rank 0's first 'dup' in flight while it submits the second
     h = hvd.allreduce_async(np.ones(3), name="dup")
+    if hvd.rank() == 1:
+        # Rank 0's 'dup' waited for this one: the operation completes in the core now, but
+        # its handle is not synchronized, so the name is still taken.
+        time.sleep(0.5)
     try:
         hvd.allreduce_async(np.ones(3), name="dup")
     except hvd.PreconditionError as e:
@@ -88,7 +92,8 @@ def _bad_local_input():
 
 def test_bad_local_input_is_a_clear_error():
     results = run_ranks(_bad_local_input, 2, timeout=60)
-    assert "already in flight" in results[0]["duplicate"] and "'dup'" in results[0]["duplicate"]
+    for out in results:  # rank 1's first 'dup' had completed, unsynchronized
+        assert "already in flight" in out["duplicate"] and "'dup'" in out["duplicate"]
     for out in results:
         assert out["dtype"][0] == "NotSupportedError" and "complex64" in out["dtype"][1]
         assert out["bad_root"][0] == "InvalidArgumentError" and "root rank 5" in out["bad_root"][1]

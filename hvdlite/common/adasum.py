@@ -95,7 +95,7 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
         adapter.assign_float64(tensor, result.reshape(shape))
         return tensor
 
-    return collectives.Pending(gather.core, finish, (tensor, gather.keepalive))
+    return gather._replace(finish=finish, keepalive=(tensor, gather.keepalive))
 
 
 def allreduce_inplace_any(adapter, tensor, name, reduce_op, prescale, postscale, process_set):

@@ -25,7 +25,10 @@ import numpy as np
 from hvdlite.common import dtypes, exceptions, naming, ops
 from hvdlite.common.process_sets import resolve
 
-Pending = collections.namedtuple("Pending", "core finish keepalive")
+# names: the (core process set id, wire name) of its operation, held until synchronize()
+# (ops.register); () for operations matched by something else (point-to-point: peer and tag).
+# A Pending derived from another (a finish() wrapped around it) keeps its names: _replace.
+Pending = collections.namedtuple("Pending", "core finish keepalive names", defaults=((),))
 
 
 class BufferAdapter(abc.ABC):
@@ -123,7 +126,7 @@ def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
             adapter.copy_into(tensor, work)
         return tensor
 
-    return Pending(core, finish, (tensor, work))
+    return Pending(core, finish, (tensor, work), ((submit_kw.get("process_set", 0), name),))
 
 
 def inplace_sync(
@@ -184,7 +187,7 @@ def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
         data, out_shape, splits, _ = ops.take_output(core)
         return adapter.from_core(data, out_shape, work), splits
 
-    return Pending(core, finish, work)
+    return Pending(core, finish, work, ((submit_kw.get("process_set", 0), name),))
 
 
 def group_names(kind, name, count):
@@ -196,9 +199,8 @@ def group_names(kind, name, count):
 
 def start(pending, then=None):
     """Registers one Pending; synchronize() returns then(finish()) (or finish())."""
-    if then is None:
-        return ops.register(pending.core, pending.finish, pending.keepalive)
-    return ops.register(pending.core, lambda: then(pending.finish()), pending.keepalive)
+    finish = pending.finish if then is None else lambda: then(pending.finish())
+    return ops.register(pending.core, finish, pending.keepalive, pending.names)
 
 
 def start_group(pendings, then=None):
@@ -210,6 +212,7 @@ def start_group(pendings, then=None):
         tuple(p.core for p in pendings),
         lambda: [then(p.finish()) for p in pendings],
         tuple(p.keepalive for p in pendings),
+        tuple(key for p in pendings for key in p.names),
     )
 
 

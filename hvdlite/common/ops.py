@@ -40,6 +40,7 @@ def submit(
     the data's address, or a C-contiguous object with the buffer protocol.
     CUDA tensors: `device` is the tensor's CUDA device, `stream` the framework's
     current cudaStream_t as an int (see hvdlite_op in csrc/include/hvdlite/c_api.h)."""
+    _check_name_free(process_set, name)
     # The core converts the numbers and the shape itself (as for run()): this runs per tensor.
     code, message, handle = _core.enqueue(
         op_type,
@@ -80,6 +81,7 @@ def run(
     wait() would raise. Blocks until done; Python regains control every wait slice.
     The core converts the numbers (Python ints and floats, or anything with __index__ /
     __float__), as submit() does with int() and float(); this runs per operation."""
+    _check_name_free(process_set, name)
     pending = _core.submit_wait(
         op_type,
         name,
@@ -153,12 +155,13 @@ def join():
 
 
 class _Pending:
-    __slots__ = ("core_handle", "finish", "keepalive")
+    __slots__ = ("core_handle", "finish", "keepalive", "names")
 
-    def __init__(self, core_handle, finish, keepalive):
+    def __init__(self, core_handle, finish, keepalive, names):
         self.core_handle = core_handle
         self.finish = finish
         self.keepalive = keepalive
+        self.names = names
 
 
 _pending: dict[int, _Pending] = {}
@@ -167,6 +170,22 @@ _next_handle = [0]
 # User handles registered before the latest init(): their core handles belonged to a runtime
 # that is gone, and the new runtime reuses those numbers, so they must never reach the core.
 _stale: set[int] = set()
+# Names held by user handles not synchronized yet: (core process set id, wire name) -> user
+# handle. The core frees a name when its operation completes, which may be before the caller
+# has even returned from *_async; holding it here until synchronize() makes a second submission
+# of the name fail every time, not only when the first happens to still be running.
+_held_names: dict[tuple[int, str], int] = {}
+
+
+def _check_name_free(process_set, name):
+    """Raises PreconditionError (the core's own error for a name in flight) when a user handle
+    not yet synchronized holds `name` in `process_set`. Runs per submission: one dict lookup."""
+    if _held_names and (process_set, name) in _held_names:
+        raise exceptions.PreconditionError(
+            "a tensor named '%s' is already in flight (handle %d is not synchronized); wait for "
+            "it (synchronize) or give each concurrent operation a unique name"
+            % (name, _held_names[(process_set, name)])
+        )
 
 
 def start_session():
@@ -177,18 +196,31 @@ def start_session():
     with _pending_lock:
         _stale.update(_pending)
         _pending.clear()
+        _held_names.clear()
 
 
-def register(core_handle, finish, keepalive=None):
+def register(core_handle, finish, keepalive=None, names=()):
     """Makes a user-visible handle. `finish()` runs once the operation is done
     and returns what synchronize() returns; `keepalive` holds the buffers the
     core is using until then. `core_handle` may be a tuple of core handles (a
-    grouped operation): the handle is done when all of them are."""
+    grouped operation): the handle is done when all of them are. `names`, the
+    (core process set id, wire name) pairs of its operations, stay in flight
+    (submit() refuses them) until synchronize()."""
     with _pending_lock:
         _next_handle[0] += 1
         handle = _next_handle[0]
-        _pending[handle] = _Pending(core_handle, finish, keepalive)
+        _pending[handle] = _Pending(core_handle, finish, keepalive, names)
+        for key in names:
+            _held_names[key] = handle
     return handle
+
+
+def _unregister(handle):
+    with _pending_lock:
+        entry = _pending.pop(handle, None)
+        for key in entry.names if entry is not None else ():
+            if _held_names.get(key) == handle:
+                del _held_names[key]
 
 
 def _lookup(handle):
@@ -263,5 +295,4 @@ def synchronize(handle):
         _wait_all(_core_handles(entry))
         return entry.finish()
     finally:
-        with _pending_lock:
-            _pending.pop(handle, None)
+        _unregister(handle)

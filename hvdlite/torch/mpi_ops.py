@@ -52,7 +52,7 @@ def _output_on_host(kind, op_type, tensor, name, **submit_kw):
         output, splits = pending.finish()
         return output.to(tensor.device), splits
 
-    return collectives.Pending(pending.core, finish, (tensor, pending.keepalive))
+    return pending._replace(finish=finish, keepalive=(tensor, pending.keepalive))
 
 
 def _adasum_pending(tensor, name, prescale_factor, postscale_factor, process_set):
@@ -67,7 +67,7 @@ def _adasum_pending(tensor, name, prescale_factor, postscale_factor, process_set
         TORCH.copy_into(tensor, pending.finish())
         return tensor
 
-    return collectives.Pending(pending.core, finish, (tensor, pending.keepalive))
+    return pending._replace(finish=finish, keepalive=(tensor, pending.keepalive))
 
 
 def _allreduce_pending(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
