@@ -1,7 +1,8 @@
 """The pipeline's stage-to-stage transfer (hvdlite/torch/parallel/p2p.py) on two real ranks:
 every supported dtype, empty and 0-dim tensors, requires_grad, non-contiguous input, receives
-posted before the send and after it, and a list too long for the fixed header (the packed
-fallback) arrive exactly as sent."""
+posted before the send and after it, a list too long for the fixed header (the packed
+fallback), and lists inside the first message and past its inline room arrive exactly as
+sent."""
 
 from helpers import run_pooled
 
@@ -19,7 +20,11 @@ def _payloads(torch):
         torch.arange(5, dtype=torch.uint8),
     ]
     many = [torch.randn(1, 2, i + 1, generator=g) for i in range(20)]  # 1 + 20 * 6 words > 64: packed
-    return [mixed, many]
+    # Past the first message's inline room (p2p.INLINE_BYTES): each tensor its own message;
+    # the second list packed, then sent outside the first message.
+    large = [torch.randn(64, 300, generator=g), torch.arange(3, dtype=torch.int32)]
+    many_large = [torch.randn(40, 20, i + 1, generator=g) for i in range(20)]
+    return [mixed, many, large, many_large]
 
 
 def _body():

@@ -237,6 +237,12 @@ def _lookup(handle):
     return entry
 
 
+def poll_core(core_handle):
+    """True when the operation behind a core handle (not a user handle) has completed or is
+    unknown; never blocks."""
+    return _core.poll(core_handle) != 0
+
+
 def poll(handle):
     """True when the operation behind `handle` has completed (Horovod's poll)."""
     return all(_core.poll(h) != 0 for h in _core_handles(_lookup(handle)))

@@ -1,18 +1,22 @@
 """Stage-to-stage transfer of a list of tensors between two ranks of a pipeline's process
-set, on the core's point-to-point send/recv (hvdlite.torch.send_async / recv_async): no
-coordinator round trip, no other rank involved.
+set, on the core's point-to-point send/recv (hvdlite.common.p2p): no coordinator round trip,
+no other rank involved.
 
-A transfer t is a fixed-size header message (tag 2t: HEADER_WORDS int64 words holding the
-count, and per tensor dtype, requires_grad and shape), then each tensor's bytes as its own
-message (tag 2t + 1, in order; messages of one tag between a pair arrive in order). Because
-the header's size is fixed, a receiver posts its receive before the sender has sent
-(``Incoming``): the header lands while the receiver computes, ``Incoming.poll`` then posts
-the tensors' receives into freshly allocated tensors, and by the time the receiver needs
-them they are usually there. Nothing is packed or copied in Python on either side: the
-sender's (contiguous, host) tensors are the send buffers, the receiver's tensors the
-receive buffers. Any dtypes and shapes pass without a separate negotiation, so every
-microbatch may have its own shape. A list whose header would not fit HEADER_WORDS travels
-as one packed byte message instead (header word 0 is -1, word 1 its size).
+A transfer t starts with one fixed-size message (tag 2t, FIRST_BYTES): HEADER_WORDS int64
+words describing the list (the count, and per tensor dtype, requires_grad and shape), then
+room for INLINE_BYTES of data. When the tensors' bytes (each padded to 8) fit that room they
+travel inside it and the transfer is that one message: one post on each side, which is what a
+small activation's hop costs. Larger lists send each tensor's bytes as its own message (tag
+2t + 1, in order; messages of one tag between a pair arrive in order), with no copy: the
+sender's (contiguous, host) tensors are the send buffers, the receiver's fresh tensors the
+receive buffers. Both sides apply the same rule to the same header, so no flag says which
+form a transfer took. Because the first message's size is fixed, a receiver posts its receive
+before the sender has sent (``Incoming``): it lands while the receiver computes,
+``Incoming.poll`` then posts the tensors' receives if any, and by the time the receiver needs
+them they are usually there. Any dtypes and shapes pass without a separate negotiation, so
+every microbatch may have its own shape. A list whose description would not fit HEADER_WORDS
+travels as one packed byte buffer instead (header word 0 is -1, word 1 its size), inline or
+not by the same rule.
 
 ``send`` posts the messages and returns at once (the core sends while the caller computes);
 the caller keeps the returned ``Outgoing`` and waits for it later (``Outgoing.wait``).
@@ -21,10 +25,12 @@ of the process set. Posted receives count against nothing but the core's receive
 (HVDLITE_TIMEOUT_SECONDS from their post): post them a little ahead, not a whole run ahead.
 """
 
+import numpy as np
 import torch
 
-from hvdlite.common import exceptions
-from hvdlite.torch import mpi_ops, p2p_ops
+from hvdlite.common import exceptions, ops
+from hvdlite.common import p2p as core_p2p
+from hvdlite.common.numpy_buffers import NUMPY
 
 _DTYPES = [
     torch.float32,
@@ -39,9 +45,21 @@ _DTYPES = [
     torch.bool,
 ]
 _CODE = {dt: i for i, dt in enumerate(_DTYPES)}
+_ITEM_BYTES = {dt: torch.empty((), dtype=dt).element_size() for dt in _DTYPES}
 _ALIGN = 8
 HEADER_WORDS = 64
+_HEADER_BYTES = 8 * HEADER_WORDS
+FIRST_BYTES = 16384  # the first message of every transfer: header, then inline data
+INLINE_BYTES = FIRST_BYTES - _HEADER_BYTES
 _PACKED = -1
+
+
+def _padded(nbytes):
+    return nbytes + (-nbytes) % _ALIGN
+
+
+def _nbytes(dtype, shape):
+    return torch.Size(shape).numel() * _ITEM_BYTES[dtype]
 
 
 def _bytes(t):
@@ -91,24 +109,29 @@ def unpack(buf):
     words = buf[8 : 8 * (1 + n_words)].clone().view(torch.int64).tolist()
     offset, out = 8 * (1 + n_words), []
     for dtype, grad, shape in _layout(words):
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = _nbytes(dtype, shape)
         out.append((buf[offset : offset + nbytes].view(dtype).reshape(shape), grad))
         offset += nbytes + (-nbytes) % _ALIGN
     return out
 
 
 class Outgoing:
-    """The handles and buffers of one posted transfer; wait() returns once the buffers may be
-    freed (the core has them), never waiting for the receiver."""
+    """The posted messages and buffers of one transfer; wait() returns once the buffers may
+    be freed (the core has them), never waiting for the receiver."""
 
-    __slots__ = ("buffers", "handles")
+    __slots__ = ("buffers", "pendings")
 
-    def __init__(self, handles, buffers):
-        self.handles, self.buffers = handles, buffers
+    def __init__(self, pendings, buffers):
+        self.pendings, self.buffers = pendings, buffers
 
     def wait(self):
-        for h in self.handles:
-            mpi_ops.synchronize(h)
+        for pending in self.pendings:
+            ops.wait(pending.core)  # releases the handle on error
+            pending.finish()
+
+
+def _post(kind, array, peer, tag, process_set, name):
+    return core_p2p.post(NUMPY, kind, array, peer, tag, process_set, name)
 
 
 def send(tensors, peer, tag, process_set):
@@ -116,27 +139,37 @@ def send(tensors, peer, tag, process_set):
     Outgoing at once."""
     words = _describe(tensors)
     if len(words) <= HEADER_WORDS:
-        payloads = [_bytes(t) for t in tensors]
+        payloads = [_bytes(t).numpy() for t in tensors]
     else:
-        payloads = [pack(tensors)]
-        words = [_PACKED, payloads[0].numel()]
-    header = torch.zeros(HEADER_WORDS, dtype=torch.int64)
-    header[: len(words)] = torch.tensor(words, dtype=torch.int64)
-    handles = [p2p_ops.send_async(header, peer, 2 * tag, process_set, name="pp.header")]
-    handles += [p2p_ops.send_async(b, peer, 2 * tag + 1, process_set, name="pp.data") for b in payloads]
-    return Outgoing(handles, [header] + payloads)
+        packed = pack(tensors).numpy()
+        payloads, words = [packed], [_PACKED, packed.size]
+    first = np.empty(FIRST_BYTES, dtype=np.uint8)
+    header = first[:_HEADER_BYTES].view(np.int64)
+    header[: len(words)] = words
+    header[len(words) :] = 0
+    separate = sum(_padded(b.size) for b in payloads) > INLINE_BYTES
+    if not separate:
+        offset = _HEADER_BYTES
+        for b in payloads:
+            first[offset : offset + b.size] = b
+            offset += _padded(b.size)
+    pendings = [_post(core_p2p.SEND, first, peer, 2 * tag, process_set, "pp.first")]
+    if separate:
+        pendings += [_post(core_p2p.SEND, b, peer, 2 * tag + 1, process_set, "pp.data") for b in payloads]
+    return Outgoing(pendings, [first] + payloads)
 
 
 class Incoming:
-    """One transfer's receive, posted at construction (its header's receive): poll() posts
-    the tensors' receives once the header is here, wait() blocks until the tensors are."""
+    """One transfer's receive, posted at construction (its first message's receive): poll()
+    posts the tensors' own receives once the first message is here (when the data did not
+    travel inside it), wait() blocks until the tensors are here."""
 
     __slots__ = (
         "_buffers",
         "_data",
         "_device",
-        "_header",
-        "_header_handle",
+        "_first",
+        "_first_pending",
         "_layout",
         "_peer",
         "_ps",
@@ -145,46 +178,48 @@ class Incoming:
 
     def __init__(self, peer, tag, process_set, device=None):
         self._peer, self._tag, self._ps, self._device = peer, tag, process_set, device
-        self._header = torch.zeros(HEADER_WORDS, dtype=torch.int64)
-        self._header_handle = p2p_ops.recv_async(self._header, peer, 2 * tag, process_set, name="pp.header")
-        self._data = None  # the tensors' receive handles, once posted
+        self._first = np.empty(FIRST_BYTES, dtype=np.uint8)
+        self._first_pending = _post(core_p2p.RECV, self._first, peer, 2 * tag, process_set, "pp.first")
+        self._data = None  # the tensors' pending receives, once posted ([] when inline)
 
     def poll(self):
-        """Posts the tensors' receives if the header has arrived (never blocks)."""
-        if self._data is None and mpi_ops.poll(self._header_handle):
+        """Posts the tensors' receives if the first message has arrived (never blocks)."""
+        if self._data is None and ops.poll_core(self._first_pending.core):
             self._post_data()
 
     def _post_data(self):
-        mpi_ops.synchronize(self._header_handle)
-        words = self._header.tolist()
+        ops.wait(self._first_pending.core)
+        self._first_pending.finish()
+        words = self._first[:_HEADER_BYTES].view(np.int64).tolist()
         if words[0] == _PACKED:
-            self._layout = None
-            self._buffers = [torch.empty(words[1], dtype=torch.uint8)]
+            self._layout, sizes = None, [words[1]]
         else:
             self._layout = _layout(words)
-            self._buffers = [
-                torch.empty(
-                    torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size(), dtype=torch.uint8
-                )
-                for dt, _, shape in self._layout
-            ]
+            sizes = [_nbytes(dt, shape) for dt, _, shape in self._layout]
+        if sum(_padded(n) for n in sizes) <= INLINE_BYTES:
+            offsets = np.cumsum([_HEADER_BYTES] + [_padded(n) for n in sizes])
+            self._buffers = [self._first[o : o + n] for o, n in zip(offsets, sizes)]
+            self._data = []
+            return
+        self._buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
         self._data = [
-            p2p_ops.recv_async(b, self._peer, 2 * self._tag + 1, self._ps, name="pp.data")
-            for b in self._buffers
+            _post(core_p2p.RECV, b, self._peer, 2 * self._tag + 1, self._ps, "pp.data") for b in self._buffers
         ]
 
     def wait(self):
-        """The transfer's tensors (fresh storage, requires_grad as sent, on `device` when one
-        was given); blocks until they are here."""
+        """The transfer's tensors (requires_grad as sent, on `device` when one was given);
+        blocks until they are here."""
         if self._data is None:
             self._post_data()
-        for h in self._data or ():
-            mpi_ops.synchronize(h)
+        for pending in self._data or ():
+            ops.wait(pending.core)
+            pending.finish()
+        buffers = [torch.from_numpy(b) for b in self._buffers]
         if self._layout is None:
-            received = unpack(self._buffers[0])
+            received = unpack(buffers[0])
         else:
             received = [
-                (b.view(dt).reshape(shape), grad) for b, (dt, grad, shape) in zip(self._buffers, self._layout)
+                (b.view(dt).reshape(shape), grad) for b, (dt, grad, shape) in zip(buffers, self._layout)
             ]
         out = []
         for t, grad in received:
