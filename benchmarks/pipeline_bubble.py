@@ -27,9 +27,11 @@ import torch
 from torch import nn
 
 import hvdlite.torch as hvd
+from hvdlite.parallel import schedules
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import add_driver_args, run_job
+from _pipeline_model import hop_costs, replay
 from _pipeline_sleep import Sleep
 from _report import save_figure, write_outputs
 from _worker import save_json
@@ -131,15 +133,18 @@ def run_rank(args):
     torch.set_num_threads(1)
     hvd.init()
     mesh = hvd.Mesh(pp=hvd.size())
-    rows, timelines = [], {}
+    rows, timelines, models = [], {}, []
     for name in ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
         v, steps = measure(mesh, name, args.microbatches, args.steps, args.f_ms)
         everyone = hvd.allgather_object(steps, name="bubble." + name)
         idle, step_s = idle_fractions(everyone)
         rows.append((name, v, idle, step_s))
         timelines[name] = [tl[-1] for tl in everyone]
+        models.append(transfer_model(name, v, hvd.size(), args, everyone, sum(idle) / len(idle)))
     if hvd.rank() == 0:
-        text = "\n".join(table(rows, timelines, hvd.size(), args.microbatches, args.f_ms))
+        text = "\n".join(
+            table(rows, timelines, hvd.size(), args.microbatches, args.f_ms) + model_table(models)
+        )
         print(text, flush=True)
         if args.out:
             save_json(os.path.join(args.out, "rank0.json"), {"rank": 0, "text": text})
@@ -178,6 +183,47 @@ def table(rows, timelines, p, m, f_ms):
                 len(xfers) // p,
                 sum(xfers) / max(1, len(xfers)),
             )
+        )
+    return lines
+
+
+def transfer_model(name, v, p, args, per_rank_steps, measured_idle):
+    """The schedule replayed at the transfer costs its timelines show (_pipeline_model), and
+    the share of those costs the goal (idle within 10% of the free-transfer value) allows."""
+    schedule = schedules.build(name.replace("Schedule", ""), p, v, args.microbatches)
+    overrun, post, hop = hop_costs(per_rank_steps, args.f_ms, v)
+    free = replay(schedule, args.f_ms, overrun)
+    goal = 1.1 * free
+
+    def at(share):
+        return replay(schedule, args.f_ms, overrun, post * share, hop * share)
+
+    lo, hi = 0.0, 1.0  # the largest share of (post, hop) whose replay meets the goal
+    if at(hi) <= goal:
+        lo = hi
+    else:
+        for _ in range(30):
+            lo, hi = ((lo + hi) / 2, hi) if at((lo + hi) / 2) <= goal else (lo, (lo + hi) / 2)
+    return name, overrun, post, hop, measured_idle, at(1.0), free, lo
+
+
+def model_table(models):
+    """Markdown lines: the transfer costs measured and the replay of each schedule."""
+    lines = [
+        "",
+        "Transfer costs from the timelines (medians) and the schedule replayed with them "
+        "(benchmarks/_pipeline_model.py); the goal is idle within 10% of the free-transfer "
+        "value at the measured compute overrun:",
+        "",
+        "| schedule | compute overrun ms | post ms | hop ms (receiver waiting) | measured idle "
+        "| replayed idle | free-transfer idle | goal | post + hop the goal allows ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, overrun, post, hop, measured, replayed, free, share in models:
+        allows = "met" if share >= 1.0 else "%.3f" % ((post + hop) * share)
+        lines.append(
+            "| %s | %.2f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s |"
+            % (name, overrun, post, hop, measured, replayed, free, 1.1 * free, allows)
         )
     return lines
 
