@@ -22,7 +22,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Steps until told to stop; on the first error prints how long after the last good step it
 # came, and the message. A rank that was told to compute first sleeps that long between two
-# collectives, without touching hvdlite.
+# collectives, without touching hvdlite. The stop is decided together: each rank adds whether
+# it sees the stop file to the step's allreduce, so all leave after the same step (a rank that
+# looked just before the file appeared would otherwise start one more allreduce against a
+# rank that had shut down).
 RANK = r"""
 import os, sys, time
 import numpy as np
@@ -34,13 +37,15 @@ pause = float(os.environ.get("LIVENESS_PAUSE", "0"))
 step = 0
 try:
     while True:
-        hvd.allreduce(np.ones(1000), name="loop")
+        x = np.ones(1000)
+        x[0] = 1000.0 if os.path.exists(os.environ["LIVENESS_STOP"]) else 0.0
+        seen = hvd.allreduce(x, name="loop")[0]  # > 0: some rank saw the stop file
         last = time.monotonic()
         step += 1
         if step == 5 and pause:
             time.sleep(pause)
             print("RESUMED", flush=True)
-        if os.path.exists(os.environ["LIVENESS_STOP"]):
+        if seen > 0:
             print("STOPPED", step, flush=True)
             break
         time.sleep(0.02)
