@@ -103,6 +103,19 @@ def post(adapter, kind, tensor, peer, tag=0, process_set=global_process_set, nam
     return collectives.Pending(handle, finish, (tensor, work))
 
 
+def post_bytes(kind, array, peer, tag, process_set_id, name):
+    """The lean post() for a caller that owns its buffers and has checked its peers and tags
+    once (the pipeline's stage-to-stage transfer): `array` is a C-contiguous uint8 NumPy array
+    in host memory, `process_set_id` a core id (process_sets.resolve). Returns the core
+    handle: the caller waits for it (ops.wait) and then releases it (ops.release). Errors the
+    core finds (a peer outside the set, a broken job) raise as post()'s do."""
+    status, message, handle = _core.p2p(
+        kind, name, array.__array_interface__["data"][0], array.nbytes, peer, tag, process_set_id, -1
+    )
+    exceptions.raise_for_status(status, message)
+    return handle
+
+
 def start(adapter, kind, tensor, peer, tag, process_set, name):
     """post() registered as a user handle for synchronize()."""
     return collectives.start(post(adapter, kind, tensor, peer, tag, process_set, name))

@@ -30,7 +30,7 @@ import torch
 
 from hvdlite.common import exceptions, ops
 from hvdlite.common import p2p as core_p2p
-from hvdlite.common.numpy_buffers import NUMPY
+from hvdlite.common.process_sets import resolve
 
 _DTYPES = [
     torch.float32,
@@ -119,19 +119,26 @@ class Outgoing:
     """The posted messages and buffers of one transfer; wait() returns once the buffers may
     be freed (the core has them), never waiting for the receiver."""
 
-    __slots__ = ("buffers", "pendings")
+    __slots__ = ("buffers", "handles")
 
-    def __init__(self, pendings, buffers):
-        self.pendings, self.buffers = pendings, buffers
+    def __init__(self, handles, buffers):
+        self.handles, self.buffers = handles, buffers
 
     def wait(self):
-        for pending in self.pendings:
-            ops.wait(pending.core)  # releases the handle on error
-            pending.finish()
+        for handle in self.handles:
+            _finish(handle)
 
 
 def _post(kind, array, peer, tag, process_set, name):
-    return core_p2p.post(NUMPY, kind, array, peer, tag, process_set, name)
+    """Posts one message of a transfer: the peers and tags of a pipeline are its own, so the
+    lean post (no per-call argument checks) serves; returns the core handle."""
+    return core_p2p.post_bytes(kind, array, peer, tag, resolve(process_set), name)
+
+
+def _finish(handle):
+    """Waits for a posted message and releases its handle (ops.wait releases it on error)."""
+    ops.wait(handle)
+    ops.release(handle)
 
 
 def send(tensors, peer, tag, process_set):
@@ -153,10 +160,10 @@ def send(tensors, peer, tag, process_set):
         for b in payloads:
             first[offset : offset + b.size] = b
             offset += _padded(b.size)
-    pendings = [_post(core_p2p.SEND, first, peer, 2 * tag, process_set, "pp.first")]
+    handles = [_post(core_p2p.SEND, first, peer, 2 * tag, process_set, "pp.first")]
     if separate:
-        pendings += [_post(core_p2p.SEND, b, peer, 2 * tag + 1, process_set, "pp.data") for b in payloads]
-    return Outgoing(pendings, [first] + payloads)
+        handles += [_post(core_p2p.SEND, b, peer, 2 * tag + 1, process_set, "pp.data") for b in payloads]
+    return Outgoing(handles, [first] + payloads)
 
 
 class Incoming:
@@ -169,7 +176,7 @@ class Incoming:
         "_data",
         "_device",
         "_first",
-        "_first_pending",
+        "_first_handle",
         "_layout",
         "_peer",
         "_ps",
@@ -179,17 +186,16 @@ class Incoming:
     def __init__(self, peer, tag, process_set, device=None):
         self._peer, self._tag, self._ps, self._device = peer, tag, process_set, device
         self._first = np.empty(FIRST_BYTES, dtype=np.uint8)
-        self._first_pending = _post(core_p2p.RECV, self._first, peer, 2 * tag, process_set, "pp.first")
-        self._data = None  # the tensors' pending receives, once posted ([] when inline)
+        self._first_handle = _post(core_p2p.RECV, self._first, peer, 2 * tag, process_set, "pp.first")
+        self._data = None  # the tensors' receive handles, once posted ([] when inline)
 
     def poll(self):
         """Posts the tensors' receives if the first message has arrived (never blocks)."""
-        if self._data is None and ops.poll_core(self._first_pending.core):
+        if self._data is None and ops.poll_core(self._first_handle):
             self._post_data()
 
     def _post_data(self):
-        ops.wait(self._first_pending.core)
-        self._first_pending.finish()
+        _finish(self._first_handle)
         words = self._first[:_HEADER_BYTES].view(np.int64).tolist()
         if words[0] == _PACKED:
             self._layout, sizes = None, [words[1]]
@@ -197,8 +203,10 @@ class Incoming:
             self._layout = _layout(words)
             sizes = [_nbytes(dt, shape) for dt, _, shape in self._layout]
         if sum(_padded(n) for n in sizes) <= INLINE_BYTES:
-            offsets = np.cumsum([_HEADER_BYTES] + [_padded(n) for n in sizes])
-            self._buffers = [self._first[o : o + n] for o, n in zip(offsets, sizes)]
+            self._buffers, offset = [], _HEADER_BYTES
+            for n in sizes:
+                self._buffers.append(self._first[offset : offset + n])
+                offset += _padded(n)
             self._data = []
             return
         self._buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
@@ -211,9 +219,8 @@ class Incoming:
         blocks until they are here."""
         if self._data is None:
             self._post_data()
-        for pending in self._data or ():
-            ops.wait(pending.core)
-            pending.finish()
+        for handle in self._data or ():
+            _finish(handle)
         buffers = [torch.from_numpy(b) for b in self._buffers]
         if self._layout is None:
             received = unpack(buffers[0])
