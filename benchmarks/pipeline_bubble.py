@@ -140,7 +140,8 @@ def run_rank(args):
         idle, step_s = idle_fractions(everyone)
         rows.append((name, v, idle, step_s))
         timelines[name] = [tl[-1] for tl in everyone]
-        models.append(transfer_model(name, v, hvd.size(), args, everyone, sum(idle) / len(idle)))
+        if hvd.rank() == 0:  # only rank 0 prints: the replays run there alone
+            models.append(transfer_model(name, v, hvd.size(), args, everyone, sum(idle) / len(idle)))
     if hvd.rank() == 0:
         text = "\n".join(
             table(rows, timelines, hvd.size(), args.microbatches, args.f_ms) + model_table(models)

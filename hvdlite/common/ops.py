@@ -245,7 +245,7 @@ def poll_core(core_handle):
 
 def poll(handle):
     """True when the operation behind `handle` has completed (Horovod's poll)."""
-    return all(_core.poll(h) != 0 for h in _core_handles(_lookup(handle)))
+    return all(poll_core(h) for h in _core_handles(_lookup(handle)))
 
 
 def core_handles(handle):

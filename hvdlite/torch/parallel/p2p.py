@@ -62,6 +62,16 @@ def _nbytes(dtype, shape):
     return torch.Size(shape).numel() * _ITEM_BYTES[dtype]
 
 
+def _inline_slices(sizes):
+    """Where buffers of `sizes` bytes sit inside the first message when they fit its room (one
+    slice each, 8-aligned after the header), else None: the one rule both ends apply."""
+    slices, offset = [], _HEADER_BYTES
+    for n in sizes:
+        slices.append(slice(offset, offset + n))
+        offset += _padded(n)
+    return slices if offset - _HEADER_BYTES <= INLINE_BYTES else None
+
+
 def _bytes(t):
     """t's elements as a flat uint8 tensor on the host (t itself when it already is one)."""
     flat = t.detach().cpu().contiguous().reshape(-1)
@@ -111,7 +121,7 @@ def unpack(buf):
     for dtype, grad, shape in _layout(words):
         nbytes = _nbytes(dtype, shape)
         out.append((buf[offset : offset + nbytes].view(dtype).reshape(shape), grad))
-        offset += nbytes + (-nbytes) % _ALIGN
+        offset += _padded(nbytes)
     return out
 
 
@@ -154,14 +164,11 @@ def send(tensors, peer, tag, process_set):
     header = first[:_HEADER_BYTES].view(np.int64)
     header[: len(words)] = words
     header[len(words) :] = 0
-    separate = sum(_padded(b.size) for b in payloads) > INLINE_BYTES
-    if not separate:
-        offset = _HEADER_BYTES
-        for b in payloads:
-            first[offset : offset + b.size] = b
-            offset += _padded(b.size)
+    inline = _inline_slices([b.size for b in payloads])
+    for where, b in zip(inline or (), payloads):
+        first[where] = b
     handles = [_post(core_p2p.SEND, first, peer, 2 * tag, process_set, "pp.first")]
-    if separate:
+    if inline is None:
         handles += [_post(core_p2p.SEND, b, peer, 2 * tag + 1, process_set, "pp.data") for b in payloads]
     return Outgoing(handles, [first] + payloads)
 
@@ -202,11 +209,9 @@ class Incoming:
         else:
             self._layout = _layout(words)
             sizes = [_nbytes(dt, shape) for dt, _, shape in self._layout]
-        if sum(_padded(n) for n in sizes) <= INLINE_BYTES:
-            self._buffers, offset = [], _HEADER_BYTES
-            for n in sizes:
-                self._buffers.append(self._first[offset : offset + n])
-                offset += _padded(n)
+        inline = _inline_slices(sizes)
+        if inline is not None:
+            self._buffers = [self._first[where] for where in inline]
             self._data = []
             return
         self._buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
