@@ -123,8 +123,14 @@ def wait(core_handle):
 def _wait_one(core_handle):
     while True:
         code, message = _core.wait(core_handle, _WAIT_SLICE_S)
-        if code == exceptions.TIMEOUT and _core.poll(core_handle) == 0:
-            continue
+        if code == exceptions.TIMEOUT:  # the slice ended, or the operation itself timed out
+            state = _core.poll(core_handle)
+            if state == 0:  # still running: wait another slice
+                continue
+            if state == 1:
+                # Done, perhaps just after the slice ended (e.g. failed by a dead peer): its own
+                # status, at once, not the slice's "still in progress".
+                code, message = _core.wait(core_handle, 0.0)
         if code != exceptions.OK:
             _core.release(core_handle)
         exceptions.raise_for_status(code, message)
