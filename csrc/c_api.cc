@@ -233,11 +233,17 @@ static int RunProcessSetOp(const Request& r, int32_t* id, char* err, size_t err_
   return Report(st, err, err_len);
 }
 
-int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t* id, char* err, size_t err_len) {
+int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t among_members, int32_t* id, char* err,
+                            size_t err_len) {
   Request r;
   r.type = OpType::kAddProcessSet;
   r.name = "__add_process_set__";
   r.set_members.assign(ranks, ranks + n);
+  if (among_members) {
+    // Concurrent registrations of different sets (each among its own members) stay apart by name.
+    r.process_set = kAmongMembers;
+    for (int32_t i = 0; i < n; ++i) r.name += (i ? "," : ".") + std::to_string(ranks[i]);
+  }
   return RunProcessSetOp(r, id, err, err_len);
 }
 

@@ -165,12 +165,12 @@ def test_the_same_call_links_from_the_layer_above(tmp_path):
 
 # ---- the Python layering (docs/architecture.md, "Layers") ----
 #
-# hvdlite/common (framework-neutral) < the adapters (numpy_ops, torch, tensorflow) < the add-ons
+# hvdlite/common (framework-neutral) < the adapters (numpy_ops, torch, torch_backend, tensorflow) < the add-ons
 # (hvdlite/parallel, hvdlite/torch/parallel). An adapter never imports an add-on when it is
 # imported (a lazy attribute that imports on first use is fine), `common` never names an adapter,
 # TensorFlow does not build on the NumPy adapter, and the compiled core has one loader module.
 
-ADAPTERS = ("hvdlite.numpy_ops", "hvdlite.torch", "hvdlite.tensorflow")
+ADAPTERS = ("hvdlite.numpy_ops", "hvdlite.torch", "hvdlite.torch_backend", "hvdlite.tensorflow")
 ADDONS = ("hvdlite.parallel", "hvdlite.torch.parallel")
 CORE_LOADER = "hvdlite.common.native"
 

@@ -169,6 +169,8 @@ void Coordinator::AddOne(Request r, int32_t hit_id) {
     OnJoin(r.rank);
     return;
   }
+  if (r.type == OpType::kAddProcessSet && r.process_set == kAmongMembers)
+    r.process_set = StageAmongMembers(r);
   const std::shared_ptr<const std::vector<int>> members = sets_->Members(r.process_set);
   const std::vector<int>& ranks = *members;
   const Status admissible = CheckSubmission(r, ranks, shutdown_ranks_);
@@ -301,7 +303,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   Decided d;
   d.recipients = ranks;
   d.response.type = r0.type;
-  d.response.process_set = r0.process_set;
+  d.response.process_set = WireSet(r0);
   d.response.names.push_back(r0.name);
   Status st = ValidateRequests(submitted, submitters, &d.response);
   if (st.ok() && !joined.empty()) st = CheckJoinedParticipation(r0, joined);
@@ -317,7 +319,10 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     Push(std::move(d));
     return;
   }
-  if (r0.type == OpType::kAddProcessSet) {
+  if (r0.type == OpType::kAddProcessSet && d.response.process_set == kAmongMembers) {
+    d.response.new_set_id = r0.process_set;  // staged in the table already (StageAmongMembers)
+    staged_sets_.erase(r0.name);
+  } else if (r0.type == OpType::kAddProcessSet) {
     int32_t id = TakeSetId();
     std::vector<int> members(r0.set_members.begin(), r0.set_members.end());
     sets_->Add(id, members);
@@ -339,11 +344,34 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   Push(std::move(d));
 }
 
+int32_t Coordinator::StageAmongMembers(const Request& r) {
+  auto it = staged_sets_.find(r.name);
+  if (it != staged_sets_.end()) return it->second;
+  const int32_t id = TakeSetId();
+  std::vector<int> members(r.set_members.begin(), r.set_members.end());
+  std::sort(members.begin(), members.end());
+  sets_->Add(id, std::move(members));
+  staged_sets_.emplace(r.name, id);
+  return id;
+}
+
+int32_t Coordinator::WireSet(const Request& r) const {
+  if (r.type != OpType::kAddProcessSet) return r.process_set;
+  auto it = staged_sets_.find(r.name);
+  return it != staged_sets_.end() && it->second == r.process_set ? kAmongMembers : r.process_set;
+}
+
 void Coordinator::DecideError(const Request& r, const std::vector<int>& recipients, const Status& st) {
   Decided d;
   d.recipients = recipients;
   d.response.type = r.type;
-  d.response.process_set = r.process_set;
+  d.response.process_set = WireSet(r);
+  if (d.response.process_set == kAmongMembers && r.process_set != kAmongMembers) {
+    // The registration failed: its staged set goes again, its id is free.
+    staged_sets_.erase(r.name);
+    sets_->Remove(r.process_set);
+    free_set_ids_.push_back(r.process_set);
+  }
   d.response.names.push_back(r.name);
   d.response.cache_ids.push_back(-1);
   d.response.error_code = st.code();

@@ -160,6 +160,15 @@ class Coordinator {
   }
   int32_t next_set_id_ = 1;
   std::deque<int32_t> free_set_ids_;  // removed ids, in the order they were freed
+  // add_process_set among members (Request::process_set == kAmongMembers): the id each such
+  // registration (by name) is staged under while its members submit. The staged set is in the
+  // table from the first submission, so every check sees its members; it is dropped again when
+  // the registration fails.
+  std::map<std::string, int32_t> staged_sets_;
+  int32_t StageAmongMembers(const Request& r);
+  // The process set the response to `r` travels under: kAmongMembers for a staged registration
+  // (its members queued it so), else r.process_set.
+  int32_t WireSet(const Request& r) const;
   std::atomic<int64_t> cache_entries_{0}, cache_evictions_{0};
   ScheduleLearner learner_;
   bool schedule_active_ = false;  // announced, and rank 0 has not left it yet

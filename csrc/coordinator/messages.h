@@ -19,7 +19,8 @@ enum class OpType : int32_t {
   kAlltoall = 3,
   kReducescatter = 4,
   kBarrier = 5,
-  kAddProcessSet = 6,     // negotiated on the global set; Request::set_members lists members
+  kAddProcessSet = 6,     // negotiated on the global set, or among its members (kAmongMembers);
+                          // Request::set_members lists members
   kRemoveProcessSet = 7,  // negotiated on the global set; Request::target_set is the set id
   kShutdown = 8,          // internal: this rank is leaving
   kJoin = 9,              // this rank has no more data; it joins others' collectives with identity values
@@ -29,6 +30,11 @@ enum class OpType : int32_t {
   kRecv = 10,
 };
 const char* OpTypeName(OpType t);
+
+// Request::process_set of an add_process_set negotiated among the new set's members only (torch
+// builds a subgroup's backend on its members alone): the coordinator stages the set under a fresh
+// id while its members submit, and the response travels under this marker to the members only.
+constexpr int32_t kAmongMembers = -1;
 
 struct Request {
   int32_t rank = 0;

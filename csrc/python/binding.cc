@@ -105,13 +105,14 @@ py::tuple P2p(int32_t kind, const std::string& name, uintptr_t data, int64_t nby
   return py::make_tuple(code, std::string(code ? err : ""), handle);
 }
 
-py::tuple AddProcessSet(const std::vector<int32_t>& ranks) {
+py::tuple AddProcessSet(const std::vector<int32_t>& ranks, bool among_members) {
   char err[kErrLen] = {0};
   int32_t id = -1;
   int code;
   {
     py::gil_scoped_release nogil;
-    code = hvdlite_add_process_set(ranks.data(), static_cast<int32_t>(ranks.size()), &id, err, kErrLen);
+    code = hvdlite_add_process_set(ranks.data(), static_cast<int32_t>(ranks.size()), among_members ? 1 : 0,
+                                   &id, err, kErrLen);
   }
   return py::make_tuple(code, std::string(code ? err : ""), id);
 }
@@ -193,7 +194,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("take_output", &TakeOutput);
   m.def("release", &hvdlite_release);
   m.def("p2p", &P2p);
-  m.def("add_process_set", &AddProcessSet);
+  m.def("add_process_set", &AddProcessSet, py::arg("ranks"), py::arg("among_members") = false);
   m.def("remove_process_set", &RemoveProcessSet);
   m.def("process_set_ranks", &ProcessSetRanks);
   m.def("build_info", &BuildInfo);

@@ -85,7 +85,7 @@ def _is_local_address(host):
     return False
 
 
-def _route_address(host):
+def route_address(host):
     """This host's address that routes to `host` (no packet is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))
@@ -98,7 +98,7 @@ def advertised_host(plan):
         return "127.0.0.1"
     if _is_local_address(plan.store_host):
         return str(plan.store_host)  # the others reach this host there already (the agent's store)
-    return _route_address(plan.store_host)
+    return route_address(plan.store_host)
 
 
 def node_address(name):
@@ -167,6 +167,38 @@ def _through_agent(plan, secret, timeout_s):
             % ((plan.job.rank,) + plan.agent_store[:2] + (timeout_s, e))
         ) from e
     return record["addr"], secret or record["secret"]
+
+
+def join_through(rank, size, publish, fetch, host_address, timeout_s, env=None):
+    """Forms the job description of a process that a framework's own rendezvous placed (torch's
+    init_process_group with an init_method or store and no launcher variables): rank 0 hosts the
+    store on every interface and publishes its address and a fresh secret with `publish(text)`;
+    the others read them with `fetch()` (which blocks at most `timeout_s`, the framework's own
+    bound). The secret travels through the framework's store, so the job is exactly as closed as
+    that store. Writes the job into `env` (os.environ) for the core, as prepare() does."""
+    env = os.environ if env is None else env
+    if size == 1:
+        jobs.write(env, jobs.Job(rank=0, size=1))
+        return
+    if rank == 0:
+        global _server
+        secret = os.urandom(32).hex()
+        try:
+            _server = _core.TcpStoreServer("0.0.0.0", 0, bytes.fromhex(secret), clients=2 * size)
+        except RuntimeError as e:
+            raise exceptions.HvdliteInternalError("rank 0 cannot host the job's store: %s" % e) from e
+        addr = "%s:%d" % (host_address, _server.port)
+        publish(json.dumps({"addr": addr, "secret": secret}))
+    else:
+        try:
+            record = json.loads(fetch())
+        except (RuntimeError, OSError) as e:
+            raise exceptions.HvdliteInternalError(
+                "rank %d could not read the hvdlite store's address from rank 0 within %.0f s: %s"
+                % (rank, timeout_s, e)
+            ) from e
+        addr, secret = record["addr"], record["secret"]
+    jobs.write(env, jobs.Job(rank=rank, size=size, store_addr=addr, secret=secret))
 
 
 def _setup(plan, env):

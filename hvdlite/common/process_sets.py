@@ -190,6 +190,32 @@ def add_process_set(process_set, allow_duplicate=False):
     return ps
 
 
+def add_process_set_among_members(ranks):
+    """Registers the set of global `ranks` calling on its members only (not collective over the
+    job, unlike add_process_set): what torch.distributed needs for a subgroup, whose backend torch
+    builds on the members alone. Every member must call it with the same ranks; sets registered
+    at the same time by disjoint or overlapping groups stay apart. Returns the registered
+    ProcessSet, kept out of Horovod's duplicate checks (it is its owner's, as an add-on's set).
+    Blocks until every member has called it, bounded like any collective."""
+    ps = ProcessSet(ranks)
+    if rank() not in ps.ranks:
+        raise exceptions.InvalidArgumentError(
+            "add_process_set_among_members(%s): rank %d is not a member; only members call it"
+            % (ps.ranks, rank())
+        )
+    bad = [r for r in ps.ranks if r < 0 or r >= size()]
+    if bad:
+        raise exceptions.InvalidArgumentError(
+            "process set ranks %r must be ranks in [0, %d)" % (ps.ranks, size())
+        )
+    code, message, set_id = _core.add_process_set(ps.ranks, True)
+    exceptions.raise_for_status(code, message)
+    ps.process_set_id = set_id
+    _registry[set_id] = ps
+    _addon_ids.add(set_id)
+    return ps
+
+
 def _registered_as(ranks):
     """Ids of the registered sets with exactly `ranks` (the global set included), leaving out the
     add-ons' own sets (_addon_ids)."""

@@ -91,6 +91,7 @@ from hvdlite.torch.mpi_ops import (
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.p2p_ops import P2POp, batch_isend_irecv, recv, recv_async, send, send_async
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
+from hvdlite.torch_backend import register as _register_torch_backend
 
 # The add-on layer (hvdlite/torch/parallel/, hvdlite/parallel/) is built on this adapter, so the
 # adapter never imports it at import time: these names load it on first use (PEP 562), and
@@ -126,3 +127,6 @@ def _check_has_gpu():
 
 
 register_gpu_check("torch", _check_has_gpu)
+
+# torch.distributed's "hvdlite" backend (hvdlite.torch_backend): dist.init_process_group("hvdlite").
+_register_torch_backend()

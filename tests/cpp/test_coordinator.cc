@@ -250,6 +250,41 @@ void TestProcessSetFieldsAndWire() {
         "with no freed id, the next unused one");
 }
 
+// A set registered among its members only (a torch subgroup): two such registrations at once,
+// by disjoint groups that leave out rank 0, each complete when their own members submitted, get
+// ids of their own, and reach only their members, under the kAmongMembers marker they were
+// queued with.
+void TestAddAmongMembers() {
+  Harness h(4);
+  Request a;
+  a.type = OpType::kAddProcessSet;
+  a.process_set = kAmongMembers;
+  a.name = "__add_process_set__.1,2";
+  a.set_members = {1, 2};
+  Request b = a;
+  b.name = "__add_process_set__.0,3";
+  b.set_members = {0, 3};
+  h.SubmitAll(a, {1});
+  h.SubmitAll(b, {3});
+  Check(h.Drain().empty(), "a registration among members waits for its members only");
+  h.SubmitAll(a, {2});
+  h.SubmitAll(b, {0});
+  auto out = h.Drain();
+  auto only = [&](int rank) { return out.size() == 4 ? out[rank].responses : std::vector<Response>{}; };
+  Check(only(1).size() == 1 && only(2).size() == 1 && only(0).size() == 1 && only(3).size() == 1,
+        "each member learns its own set, and only its own");
+  const int32_t id_a = only(1).empty() ? -1 : only(1)[0].new_set_id;
+  const int32_t id_b = only(0).empty() ? -1 : only(0)[0].new_set_id;
+  Check(
+      id_a > 0 && id_b > 0 && id_a != id_b && only(2)[0].new_set_id == id_a && only(3)[0].new_set_id == id_b,
+      "the two sets get distinct ids");
+  Check(
+      !only(1).empty() && only(1)[0].process_set == kAmongMembers && only(1)[0].error_code == StatusCode::kOk,
+      "the response travels under the marker the members queued it with");
+  Check(h.sets.Ranks(id_a) == std::vector<int>({1, 2}) && h.sets.Ranks(id_b) == std::vector<int>({0, 3}),
+        "the coordinator's table holds both sets");
+}
+
 }  // namespace
 
 int main() {
@@ -261,5 +296,6 @@ int main() {
   TestCycleHold();
   TestStallDetection();
   TestProcessSetFieldsAndWire();
+  TestAddAmongMembers();
   return Report();
 }

@@ -281,17 +281,23 @@ Status MpiBackend::ReduceScatterUnscaled(MPI_Comm comm, const CollectiveContext&
   return Status::OK();
 }
 
-// Collective over the whole job: every rank calls it for every new set.
+// Collective over the set's members only (MPI_Comm_create_group, tagged with the set's id so
+// that sets created at the same time stay apart): a set registered among its members alone (a
+// torch subgroup) and one registered by the whole job are created alike.
 Status MpiBackend::AddProcessSet(int32_t id, const std::vector<int>& ranks) {
   int me = 0;
   MPI_Comm_rank(comms_[0], &me);
-  const bool member = std::binary_search(ranks.begin(), ranks.end(), me);
+  if (!std::binary_search(ranks.begin(), ranks.end(), me)) return Status::OK();
+  MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  HVD_MPI_CALL(MPI_Comm_group(comms_[0], &world));
+  HVD_MPI_CALL(MPI_Group_incl(world, static_cast<int>(ranks.size()), ranks.data(), &members));
   MPI_Comm comm = MPI_COMM_NULL;
-  HVD_MPI_CALL(MPI_Comm_split(comms_[0], member ? 0 : MPI_UNDEFINED, me, &comm));
-  if (member) {
-    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    comms_[id] = comm;
-  }
+  const int rc = MPI_Comm_create_group(comms_[0], members, id, &comm);
+  MPI_Group_free(&members);
+  MPI_Group_free(&world);
+  HVD_MPI_CALL(rc);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  comms_[id] = comm;
   return Status::OK();
 }
 

@@ -94,7 +94,10 @@ int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t e
 void hvdlite_release(int64_t handle);
 void hvdlite_free_output(void* p);
 
-int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t* id, char* err, size_t err_len);
+/* Registers the process set of global ranks `ranks` (ascending). among_members = 0: collective
+ * over the whole job (Horovod's add_process_set); 1: only the members call it (a torch subgroup). */
+int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t among_members, int32_t* id, char* err,
+                            size_t err_len);
 int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len);
 /* Writes up to cap ascending member ranks; returns the member count, or -1 for an unknown set. */
 int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap);

@@ -1,0 +1,343 @@
+"""The "hvdlite" process group: torch.distributed's calls as hvdlite core operations.
+
+A group is an hvdlite process set (the default group: the global set). Each torch call becomes
+one submission per tensor through ``hvdlite.common.collectives`` with the torch adapter's
+buffers, as ``hvd.*`` calls are, and returns a ``HvdliteWork``.
+
+Naming (the schedule): torch requires every member of a group to issue the group's collectives
+in the same order, so a name derived from that order agrees across members without any
+exchange: ``c10d.<set>.<kind>.<signature>.<n mod SLOTS>``, where n counts this group's calls of
+that kind and signature. Repeating names let the core's response cache and steady state replay
+a training loop's decisions instead of negotiating them. A rank whose call would reuse a name
+still in flight first waits for that earlier call (it precedes this one in the order every
+member follows, so every member has submitted it: the wait cannot deadlock). Members that
+diverge (another kind, dtype or size at the same position) submit different names; the core's
+deadlock detector then fails both calls on every member with a MismatchError naming what each
+rank waits for, and the group stays usable.
+"""
+
+import torch
+import torch.distributed as dist
+
+from hvdlite.common import basics, collectives, dtypes, exceptions, ops, p2p, process_sets
+from hvdlite.common.process_sets import ProcessSet, global_process_set
+from hvdlite.torch.buffers import CODES, TORCH
+from hvdlite.torch_backend import joining
+from hvdlite.torch_backend.work import DoneWork, HvdliteWork, _settle
+
+# How many calls of one kind and signature may be in flight before the next waits for the
+# oldest (see the module doc).
+SLOTS = 8
+
+_R = dist.ReduceOp.RedOpType
+_REDUCE = {_R.SUM: dtypes.Sum, _R.AVG: dtypes.Average, _R.MIN: dtypes.Min, _R.MAX: dtypes.Max}
+_REDUCE[_R.PRODUCT] = dtypes.Product
+
+
+def _reduction(reduce_op, what):
+    """(hvdlite ReduceOp, prescale) of a torch ReduceOp (PREMUL_SUM: Sum after scaling)."""
+    kind = getattr(reduce_op, "op", reduce_op)
+    if kind == _R.PREMUL_SUM:
+        factor = reduce_op.factor if hasattr(reduce_op, "factor") else 1.0
+        if isinstance(factor, torch.Tensor):
+            factor = float(factor.item())
+        return dtypes.Sum, float(factor)
+    if kind not in _REDUCE:
+        raise exceptions.NotSupportedError(
+            "%s: the hvdlite backend reduces with SUM, AVG, MIN, MAX, PRODUCT and PREMUL_SUM, not %s"
+            % (what, kind)
+        )
+    return _REDUCE[kind], 1.0
+
+
+def _dtype_label(tensor):
+    code = CODES.get(tensor.dtype)
+    return dtypes.NAMES[code] if code is not None else str(tensor.dtype)
+
+
+def _signature(tensor):
+    """What members must agree on for an elementwise collective: dtype and element count (the
+    names of divergent calls then say what differs: 'float32x4' against 'float32x5')."""
+    return "%sx%d" % (_dtype_label(tensor), tensor.numel())
+
+
+def _flat(tensor):
+    return tensor.reshape(-1)
+
+
+class HvdliteProcessGroup(dist.ProcessGroup):
+    """One torch process group over the hvdlite process set `process_set` (members: global
+    ranks in group-rank order). Thread-safety: torch issues a group's calls from one thread at a
+    time; the works it returns may complete on the completer thread."""
+
+    def __init__(self, rank, size, process_set, group_name):
+        super().__init__(rank, size)
+        self._set = process_set
+        self._set_id = process_set.process_set_id
+        self._members = process_set.ranks
+        self._counts = {}
+        self._in_flight = {}  # name -> the HvdliteWork that last used it
+        self._name_prefix = "c10d.%d." % self._set_id
+        self._group_label = group_name
+
+    # ---- identity ----
+
+    def getBackendName(self):
+        return "hvdlite"
+
+    @property
+    def group_name(self):
+        return self._group_label
+
+    def __repr__(self):
+        return "HvdliteProcessGroup(set %d, ranks %s)" % (self._set_id, self._members)
+
+    # ---- naming ----
+
+    def _name(self, kind, signature):
+        key = (kind, signature)
+        n = self._counts.get(key, 0)
+        self._counts[key] = n + 1
+        name = "%s%s.%s.%d" % (self._name_prefix, kind, signature, n % SLOTS)
+        earlier = self._in_flight.get(name)
+        if earlier is not None and not earlier.is_completed():
+            earlier._complete()
+        return name
+
+    def _track(self, names, work):
+        for name in names:
+            self._in_flight[name] = work
+        return work
+
+    # ---- submissions ----
+
+    def _inplace(self, kind, op_type, tensors, **submit_kw):
+        names = [self._name(kind, _signature(t)) for t in tensors]
+        pendings = [
+            collectives.inplace(TORCH, kind, op_type, t, n, process_set=self._set_id, **submit_kw)
+            for t, n in zip(tensors, names)
+        ]
+        return self._track(names, HvdliteWork(pendings, lambda: [p.finish() for p in pendings]))
+
+    def _with_output(self, kind, op_type, tensor, signature, then, **submit_kw):
+        """One core operation whose output the core allocates; then(output) copies it where
+        torch wants it and returns the output tensors."""
+        name = self._name(kind, signature)
+        host = tensor.detach().cpu() if tensor.is_cuda else tensor
+        pending = collectives.with_output(
+            TORCH, kind, op_type, host, name, process_set=self._set_id, **submit_kw
+        )
+        return self._track([name], HvdliteWork([pending], lambda: then(pending.finish()[0])))
+
+    def allreduce(self, tensors, opts=None):
+        op, prescale = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "all_reduce")
+        if opts is not None and not opts.asyncOp and len(tensors) == 1 and tensors[0].is_cpu:
+            t = tensors[0]  # a blocking call: submit and wait in one call into the core
+            name = self._name("allreduce", _signature(t))
+            collectives.inplace_sync(
+                TORCH, "allreduce", ops.ALLREDUCE, t, name, op, prescale, 1.0, 0, self._set_id
+            )
+            return DoneWork(tensors)
+        return self._inplace("allreduce", ops.ALLREDUCE, tensors, reduce_op=op, prescale=prescale)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op, prescale = _reduction(opts.reduceOp, "all_reduce_coalesced")
+        return self._inplace("allreduce", ops.ALLREDUCE, tensors, reduce_op=op, prescale=prescale)
+
+    def broadcast(self, tensors, opts):
+        root = self._members[opts.rootRank]
+        return self._inplace("broadcast", ops.BROADCAST, tensors, root=root)
+
+    def reduce(self, tensors, opts):
+        """Reduces onto the group rank opts.rootRank; other members' tensors stay unchanged."""
+        op, prescale = _reduction(opts.reduceOp, "reduce")
+        t = tensors[0]
+        target = t if self.rank() == opts.rootRank else t.detach().clone()
+        work = self._inplace("allreduce", ops.ALLREDUCE, [target], reduce_op=op, prescale=prescale)
+        return work
+
+    def all_gather_single(self, output, input, opts=None):
+        def then(gathered):
+            output.copy_(gathered.view(output.shape))
+            return [output]
+
+        return self._with_output("allgather", ops.ALLGATHER, _flat(input), _signature(input), then)
+
+    _allgather_base = all_gather_single
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outputs, source = output_tensors[0], input_tensors[0]
+
+        def then(gathered):
+            offset = 0
+            for out in outputs:
+                out.copy_(gathered[offset : offset + out.numel()].view(out.shape))
+                offset += out.numel()
+            return outputs
+
+        return self._with_output("allgather", ops.ALLGATHER, _flat(source), _signature(source), then)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return _CombinedWork([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        return _CombinedWork([self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)])
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op, prescale = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
+        rows = input.reshape(self.size(), -1)
+
+        def then(block):
+            output.copy_(block.view(output.shape))
+            return [output]
+
+        return self._with_output(
+            "reducescatter", ops.REDUCESCATTER, rows, _signature(input), then, reduce_op=op, prescale=prescale
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        output, pieces = output_tensors[0], input_tensors[0]
+        stacked = torch.cat([_flat(p) for p in pieces]).view(self.size(), -1)
+        return self.reduce_scatter_single(output, stacked, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return _CombinedWork([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        splits = list(input_split_sizes) if len(input_split_sizes) else []
+
+        def then(received):
+            output.copy_(received.view(output.shape))
+            return [output]
+
+        signature = _dtype_label(input)
+        return self._with_output("alltoall", ops.ALLTOALL, input, signature, then, splits=splits)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        flat = torch.cat([_flat(t) for t in input_tensors]) if input_tensors else torch.empty(0)
+        splits = [t.numel() for t in input_tensors]
+
+        def then(received):
+            offset = 0
+            for out in output_tensors:
+                out.copy_(received[offset : offset + out.numel()].view(out.shape))
+                offset += out.numel()
+            return output_tensors
+
+        signature = _dtype_label(flat)
+        return self._with_output("alltoall", ops.ALLTOALL, flat, signature, then, splits=splits)
+
+    def gather(self, output_tensors, input_tensors, opts):
+        """All members send; the group rank opts.rootRank keeps the list (an allgather)."""
+        outputs = output_tensors[0] if self.rank() == opts.rootRank else []
+        source = input_tensors[0]
+
+        def then(gathered):
+            offset = 0
+            for out in outputs:
+                out.copy_(gathered[offset : offset + out.numel()].view(out.shape))
+                offset += out.numel()
+            return outputs
+
+        return self._with_output("allgather", ops.ALLGATHER, _flat(source), _signature(source), then)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        """The root's i-th input goes to member i: an alltoall in which only the root sends."""
+        output = output_tensors[0]
+        if self.rank() == opts.rootRank:
+            pieces = input_tensors[0]
+            flat = torch.cat([_flat(p) for p in pieces])
+            splits = [p.numel() for p in pieces]
+        else:
+            flat = torch.empty(0, dtype=output.dtype)
+            splits = [0] * self.size()
+
+        def then(received):
+            output.copy_(received.view(output.shape))
+            return [output]
+
+        signature = _dtype_label(output)
+        return self._with_output("scatter", ops.ALLTOALL, flat, signature, then, splits=splits)
+
+    def barrier(self, opts=None):
+        name = self._name("barrier", "")
+        core = ops.submit(ops.BARRIER, name, 0, dtypes.UINT8, (0,), process_set=self._set_id)
+        pending = collectives.Pending(core, lambda: ops.release(core), None)
+        return self._track([name], HvdliteWork([pending], lambda: pending.finish() or []))
+
+    # ---- point-to-point (matched by peer and tag; no name, no order) ----
+
+    def send(self, tensors, dst_rank, tag):
+        pendings = [p2p.post(TORCH, p2p.SEND, t, dst_rank, tag, self._set, "c10d.send") for t in tensors]
+        return HvdliteWork(pendings, lambda: [p.finish() for p in pendings] and tensors)
+
+    def recv(self, tensors, src_rank, tag):
+        pendings = [p2p.post(TORCH, p2p.RECV, t, src_rank, tag, self._set, "c10d.recv") for t in tensors]
+        return HvdliteWork(pendings, lambda: [p.finish() for p in pendings])
+
+    def recv_anysource(self, tensors, tag):
+        raise exceptions.NotSupportedError(
+            "recv from any source: the hvdlite backend matches messages by (source, tag); pass src="
+        )
+
+
+class _CombinedWork(HvdliteWork):
+    """The works of one coalesced call as one: done when all are; outputs concatenated. Each
+    part completes itself (exactly once, as any work)."""
+
+    def __init__(self, works):
+        super().__init__((), list)
+        self._parts = works
+
+    def _core_done(self):
+        return all(w.is_completed() for w in self._parts)
+
+    def _complete(self, deadline=None):
+        if not all(w._complete(deadline) for w in self._parts):
+            return False
+        with self._lock:
+            if not self._done.is_set():
+                self._error = next((w._error for w in self._parts if w._error is not None), None)
+                self._outputs = [t for w in self._parts for t in (w._outputs or [])]
+                self._done.set()
+        if self._future is not None:
+            _settle(self._future, self._outputs, self._error)
+        return True
+
+
+def create(dist_backend_opts, backend_options):
+    """torch's creator: joins the runtime for the default group, and maps the group onto a
+    process set."""
+    members = list(dist_backend_opts.global_ranks_in_group)
+    rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
+    if not members:  # the default group
+        joining.join(dist_backend_opts.store, rank, size, dist_backend_opts.timeout)
+        members = list(range(size))
+    if members == list(range(basics.size())):
+        process_set = global_process_set
+    else:
+        process_set = _member_set(members)
+    return HvdliteProcessGroup(rank, size, process_set, dist_backend_opts.group_id)
+
+
+def _member_set(members):
+    """The process set of a subgroup, registered by its members alone (torch creates a
+    subgroup's backend on its members only). torch orders a group's ranks as given; hvdlite's
+    set ranks ascend, so a group whose order differs would number its members differently."""
+    if members != sorted(members):
+        raise exceptions.NotSupportedError(
+            "torch.distributed group with ranks %s: the hvdlite backend needs a group's ranks in "
+            "ascending order (new_group sorts them; pass them sorted to split_group)" % (members,)
+        )
+    return process_sets.add_process_set_among_members(members)
+
+
+__all__ = ["HvdliteProcessGroup", "ProcessSet", "create"]

@@ -1,0 +1,174 @@
+"""The Work object the hvdlite process group returns, and the thread that completes futures.
+
+Contract:
+- A ``HvdliteWork`` owns the core handles of one torch call (one or several Pending records of
+  ``hvdlite.common.collectives``) and a ``finish`` that copies results where torch expects them.
+  Completion happens exactly once, under the work's lock, on whichever thread gets there first:
+  the caller of ``wait()``, or the completer thread when ``get_future()`` was asked for.
+- Every wait is bounded: the core fails an operation whose peer died, froze or went silent
+  within its liveness bound, and ``wait(timeout)`` raises ``HvdliteTimeoutError`` once its own
+  timeout passes (the operation keeps running; the work may be waited for again).
+- A failed operation raises its hvdlite error (a RuntimeError, as torch's DistBackendError is)
+  from ``wait()``, is reported by ``exception()``, and fails the future.
+"""
+
+import queue
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from hvdlite.common import exceptions, ops
+
+
+class HvdliteWork(dist.Work):
+    """One torch collective in flight on hvdlite's core. ``pendings``: the Pending records of
+    its core operations; ``finish()``: runs after all completed and returns the list of output
+    tensors (what ``result()`` and the future hold)."""
+
+    def __init__(self, pendings, finish):
+        super().__init__()
+        self._pendings = pendings
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error = None
+        self._outputs = None
+        self._future = None
+
+    # ---- completion (exactly once) ----
+
+    def _core_done(self):
+        return all(ops.poll_core(p.core) for p in self._pendings)
+
+    def _complete(self, deadline=None):
+        """Waits for the core operations (until `deadline`, a time.monotonic() value, when
+        given) and runs finish once. Returns False when the deadline passed first."""
+        with self._lock:
+            if self._done.is_set():
+                return True
+            if deadline is not None:
+                while not self._core_done():
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(0.0002)
+            first_error = None
+            for p in self._pendings:
+                try:
+                    ops.wait(p.core)
+                except exceptions.HvdliteError as e:
+                    first_error = first_error or e
+            try:
+                if first_error is None:
+                    self._outputs = self._finish()
+                else:
+                    for p in self._pendings:  # the failed ones are released by ops.wait already
+                        ops.release(p.core)
+            except exceptions.HvdliteError as e:
+                first_error = e
+            self._error = first_error
+            self._pendings = ()
+            self._done.set()
+        if self._future is not None:
+            _settle(self._future, self._outputs, self._error)
+        return True
+
+    # ---- torch's Work API ----
+
+    def wait(self, timeout=None):
+        """Blocks until done (at most `timeout`, a timedelta; None or <= 0: no timeout of its
+        own, the core's bounds still apply) and raises the operation's error; returns True."""
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        deadline = time.monotonic() + seconds if seconds > 0 else None
+        if not self._done.is_set() and not self._complete(deadline):
+            raise exceptions.HvdliteTimeoutError(
+                "torch.distributed work on the hvdlite backend did not complete within %.3f s "
+                "(Work.wait timeout); it is still running and may be waited for again" % seconds
+            )
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return self._done.is_set() or self._core_done()
+
+    def is_success(self):
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        self.wait()
+        return self._outputs
+
+    def synchronize(self):
+        self.wait()
+
+    def get_future(self):
+        """A torch Future that holds the output tensors once the work completes; completed
+        by the completer thread, so nobody has to call wait()."""
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._done.is_set():
+                    _settle(self._future, self._outputs, self._error)
+                else:
+                    _completer().put(self)
+        return self._future
+
+
+class DoneWork(HvdliteWork):
+    """A work with nothing in flight (a call that completed synchronously)."""
+
+    def __init__(self, outputs):
+        super().__init__((), lambda: outputs)
+        self._outputs = outputs
+        self._done.set()
+
+
+def _settle(future, outputs, error):
+    """Completes `future` with the outputs or the error (once)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(outputs)
+
+
+class _Completer:
+    """One daemon thread per process that completes the works whose futures were asked for,
+    in submission order (the core runs a group's operations in that order too). It blocks in
+    the core's wait with the GIL released; it never spins."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue[HvdliteWork] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="hvdlite-torch-futures", daemon=True)
+        self._thread.start()
+
+    def put(self, work):
+        self._queue.put(work)
+
+    def _run(self):
+        while True:
+            work = self._queue.get()
+            try:
+                work._complete()
+            except BaseException as e:  # never let the thread die: fail the future instead
+                if work._future is not None and not work._future.done():
+                    work._future.set_exception(e)
+
+
+_the_completer = None
+_completer_lock = threading.Lock()
+
+
+def _completer():
+    global _the_completer
+    if _the_completer is None:
+        with _completer_lock:
+            if _the_completer is None:
+                _the_completer = _Completer()
+    return _the_completer

@@ -1,0 +1,86 @@
+"""torch.distributed on the "hvdlite" backend (hvdlite/torch_backend/): every collective equals
+gloo's result in the same job, subgroups become process sets among their members, divergent
+ranks get an error and the group stays usable, a dead peer fails the survivors' calls, and the
+job forms under hvdliterun's variables or through torch's own store. Model-level equivalence
+(DDP, FSDP2, TP, pipelining) is in tests/test_torch_backend_models.py."""
+
+import socket
+
+import pytest
+import torch_backend_cases as cases
+from helpers import run_pooled, run_ranks, spawn_ranks
+
+_JOB_VARS = [
+    "HVDLITE_RANK",
+    "HVDLITE_SIZE",
+    "HVDLITE_LOCAL_RANK",
+    "HVDLITE_LOCAL_SIZE",
+    "HVDLITE_CROSS_RANK",
+    "HVDLITE_CROSS_SIZE",
+    "HVDLITE_STORE_ADDR",
+    "HVDLITE_SECRET",
+]
+
+
+def _check_all_true(results):
+    for rank, out in enumerate(results):
+        assert out.pop("backend") == "hvdlite"
+        wrong = sorted(k for k, v in out.items() if v is not True)
+        assert not wrong, "rank %d: these differ from gloo: %s" % (rank, wrong)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_collective_equals_gloo(size):
+    _check_all_true(run_pooled(cases.collectives_vs_gloo, size, timeout=120))
+
+
+@pytest.mark.slow
+def test_every_collective_equals_gloo_on_4_ranks():
+    _check_all_true(run_pooled(cases.collectives_vs_gloo, 4, timeout=180))
+
+
+def test_subgroups_are_process_sets_among_their_members():
+    out = run_pooled(cases.subgroups, 3, timeout=90)
+    assert [o["parity"] for o in out] == [True] * 3
+    assert out[0]["pair"] == out[1]["pair"] == (3.0, [0.0, 1.0])
+    assert [o["dp"] for o in out] == [3.0] * 3 and [o["tp"] for o in out] == [0.0, 1.0, 2.0]  # mesh (3, 1)
+
+
+@pytest.mark.slow
+def test_a_2d_device_mesh_on_4_ranks():
+    out = run_pooled(cases.subgroups, 4, timeout=120)
+    assert [o["dp"] for o in out] == [2.0, 4.0, 2.0, 4.0]  # dp groups [0, 2] and [1, 3]
+    assert [o["tp"] for o in out] == [1.0, 1.0, 5.0, 5.0]  # tp groups [0, 1] and [2, 3]
+
+
+def test_divergent_ranks_get_an_error_naming_both_and_the_group_stays_usable():
+    out = run_pooled(cases.mismatch_then_usable, 2, timeout=90)
+    for rank, o in enumerate(out):
+        assert o["raised"] is not None, "rank %d did not raise" % rank
+        assert "rank 0" in o["raised"] and "rank 1" in o["raised"], o["raised"]
+        assert o["after"] == [2.0, 2.0]
+
+
+def test_dead_peer_fails_the_survivors_pending_call():
+    results = spawn_ranks(cases.dead_peer, 3, args=(2,), timeout=90)
+    for rank in (0, 1):
+        message, seconds = results[rank].value
+        assert message != "completed"
+        assert "rank 2" in message, message
+        assert seconds < 30
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_job_forms_through_torchs_store_without_launcher_variables():
+    def env(rank):
+        out = {name: None for name in _JOB_VARS}
+        out["CASE_RANK"] = str(rank)
+        return out
+
+    out = run_ranks(cases.init_method_tcp, 2, args=(_free_port(),), env=env, timeout=90)
+    assert out == [(0, 0, 3.0, 3.0), (1, 1, 3.0, 3.0)]

@@ -1,0 +1,251 @@
+"""Rank bodies of tests/test_torch_backend.py: torch.distributed code, unchanged, on the
+"hvdlite" backend, each result checked against gloo in the same job (a gloo group of the same
+ranks beside the default group), or against one process training on the whole batch."""
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def start(**kwargs):
+    import hvdlite.torch  # noqa: F401  (registers the backend)
+
+    torch.set_num_threads(1)
+    dist.init_process_group("hvdlite", **kwargs)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _values(dtype, n, r, shape=(5,)):
+    """Rank-dependent values that every reduction keeps exact in `dtype`."""
+    base = torch.arange(1, 1 + int(torch.tensor(shape).prod())).reshape(shape)
+    return ((base + r) % 3 + 1).to(dtype)
+
+
+def _allreduce_cases(r, n, gloo):
+    out = {}
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    ops["product"] = dist.ReduceOp.PRODUCT
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.int32, torch.bfloat16, torch.float16):
+        for label, op in ops.items():
+            mine, theirs = _values(dtype, n, r), _values(dtype, n, r)
+            dist.all_reduce(mine, op=op)
+            dist.all_reduce(theirs, op=op, group=gloo)
+            out["%s.%s" % (dtype, label)] = torch.equal(mine, theirs)
+    x = _values(torch.float32, n, r)
+    s = x.clone()
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)  # gloo has no AVG: its sum over n
+    dist.all_reduce(s, group=gloo)
+    out["avg"] = torch.allclose(x, s / n)
+    x = _values(torch.float32, n, r)
+    dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.5))
+    out["premul_sum"] = torch.allclose(x, s * 0.5)
+    a = [_values(torch.float32, n, r, (3, 2)), _values(torch.float32, n, r)]
+    b = [t.clone() for t in a]
+    dist.all_reduce_coalesced(a)
+    for t in b:
+        dist.all_reduce(t, group=gloo)
+    out["coalesced"] = all(torch.equal(x, y) for x, y in zip(a, b))
+    work = dist.all_reduce(x := _values(torch.float32, n, r), async_op=True)
+    fut = work.get_future()
+    work.wait(timeout=timedelta(seconds=30))
+    out["async"] = work.is_completed() and torch.equal(fut.wait()[0], x) and work.exception() is None
+    return out
+
+
+def _gather_scatter_cases(r, n, gloo):
+    out = {}
+
+    def both(fn):
+        return fn(None), fn(gloo)
+
+    def ag(group):
+        outs = [torch.zeros(2, 3) for _ in range(n)]
+        dist.all_gather(outs, torch.full((2, 3), float(r)), group=group)
+        return torch.stack(outs)
+
+    def agt(group):
+        o = torch.zeros(2 * n, 3)
+        dist.all_gather_into_tensor(o, torch.full((2, 3), float(r) + 0.5), group=group)
+        return o
+
+    def rs(group):
+        o = torch.zeros(4)
+        dist.reduce_scatter(o, [torch.arange(4.0) * (i + 1) + r for i in range(n)], group=group)
+        return o
+
+    def rst(group):
+        o = torch.zeros(3, dtype=torch.int64)
+        dist.reduce_scatter_tensor(o, torch.arange(3 * n) * (r + 1), group=group)
+        return o
+
+    def a2a_single(group):  # uneven: rank r sends i + 1 rows to rank i
+        send = torch.arange(sum(i + 1 for i in range(n)), dtype=torch.float32) + 100 * r
+        o = torch.zeros(n * (r + 1))
+        dist.all_to_all_single(o, send, [r + 1] * n, [i + 1 for i in range(n)], group=group)
+        return o
+
+    def a2a(group):
+        o = [torch.zeros(2) for _ in range(n)]  # gloo's list form takes even sizes only
+        dist.all_to_all(o, [torch.full((2,), float(10 * r + i)) for i in range(n)], group=group)
+        return torch.cat(o)
+
+    def bc(group):
+        t = torch.full((4,), float(r))
+        dist.broadcast(t, src=n - 1, group=group)
+        return t
+
+    def reduce(group):
+        t = torch.full((3,), float(r + 1))
+        dist.reduce(t, dst=0, group=group)
+        return t if r == 0 else torch.zeros(0)
+
+    def gather(group):
+        lst = [torch.zeros(2) for _ in range(n)] if r == 1 else None
+        dist.gather(torch.full((2,), float(r)), lst, dst=1, group=group)
+        return torch.stack(lst) if lst else torch.zeros(0)
+
+    def scatter(group):
+        o = torch.zeros(3)
+        dist.scatter(
+            o, [torch.full((3,), float(i * 7)) for i in range(n)] if r == 0 else None, src=0, group=group
+        )
+        return o
+
+    for name, fn in dict(ag=ag, agt=agt, rs=rs, rst=rst, a2a_single=a2a_single, a2a=a2a, bc=bc).items():
+        mine, theirs = both(fn)
+        out[name] = torch.equal(mine, theirs)
+    for name, fn in dict(reduce=reduce, gather=gather, scatter=scatter).items():
+        mine, theirs = both(fn)
+        out[name] = torch.equal(mine, theirs)
+    return out
+
+
+def _object_and_p2p_cases(r, n):
+    out = {}
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r, "sq": r * r})
+    out["all_gather_object"] = objs == [{"rank": i, "sq": i * i} for i in range(n)]
+    lst = [("hello", r)] if r == 0 else [None]
+    dist.broadcast_object_list(lst, src=0)
+    out["broadcast_object_list"] = lst == [("hello", 0)]
+    got = [None]
+    dist.scatter_object_list(got, [i * 3 for i in range(n)] if r == 0 else None, src=0)
+    out["scatter_object_list"] = got == [r * 3]
+    right, left = (r + 1) % n, (r - 1) % n
+    recv_a, recv_b = torch.zeros(3), torch.zeros(3)
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.irecv, recv_b, left, tag=2),
+            dist.P2POp(dist.irecv, recv_a, left, tag=1),
+            dist.P2POp(dist.isend, torch.full((3,), float(r)), right, tag=1),
+            dist.P2POp(dist.isend, torch.full((3,), float(r) + 0.5), right, tag=2),
+        ]
+    )
+    for req in reqs:
+        req.wait()
+    out["batch_isend_irecv"] = recv_a.tolist() == [float(left)] * 3 and recv_b.tolist() == [left + 0.5] * 3
+    if r == 0:
+        dist.send(torch.arange(4.0), dst=n - 1, tag=9)
+    elif r == n - 1:
+        t = torch.zeros(4)
+        dist.recv(t, src=0, tag=9)
+        out["send_recv"] = t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    dist.barrier()
+    return out
+
+
+def collectives_vs_gloo():
+    """Every collective on the hvdlite default group against the same call on a gloo group."""
+    r, n = start()
+    try:
+        gloo = dist.new_group(backend="gloo")
+        out = {"backend": dist.get_backend()}
+        out.update(_allreduce_cases(r, n, gloo))
+        out.update(_gather_scatter_cases(r, n, gloo))
+        out.update(_object_and_p2p_cases(r, n))
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def subgroups():
+    """new_group, split_group and a 2-D DeviceMesh become process sets among their members."""
+    r, n = start()
+    try:
+        out = {}
+        evens = dist.new_group([i for i in range(n) if i % 2 == 0])
+        odds = dist.new_group([i for i in range(n) if i % 2 == 1])
+        mine = evens if r % 2 == 0 else odds
+        x = torch.tensor([float(r)])
+        dist.all_reduce(x, group=mine)
+        out["parity"] = x.item() == sum(i for i in range(n) if i % 2 == r % 2)
+        pair = dist.new_group([0, 1])
+        if r < 2:
+            y = torch.tensor([r + 1.0])
+            dist.all_reduce(y, group=pair)
+            t = torch.zeros(2)
+            dist.all_gather_into_tensor(t, torch.tensor([float(r)]), group=pair)
+            out["pair"] = (y.item(), t.tolist())
+        # torch 2.13's split_group needs an accelerator (it refuses gloo on CPU alike); a
+        # DeviceMesh on CPU makes its groups with new_group.
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (n // 2, 2) if n % 2 == 0 else (n, 1), mesh_dim_names=("dp", "tp"))
+        for dim in ("dp", "tp"):
+            z = torch.tensor([float(r)])
+            dist.all_reduce(z, group=mesh.get_group(dim))
+            out[dim] = z.item()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def mismatch_then_usable():
+    """Rank 0 reduces 4 elements where rank 1 reduces 5: both raise naming the ranks; the group
+    then still works."""
+    r, _n = start()
+    try:
+        out = {}
+        try:
+            dist.all_reduce(torch.ones(4 + r))
+            out["raised"] = None
+        except RuntimeError as e:
+            out["raised"] = str(e)
+        x = torch.ones(2)
+        dist.all_reduce(x)
+        out["after"] = x.tolist()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def dead_peer(dying_rank):
+    """A rank that exits mid-job: the survivors' pending all_reduce raises, not hangs."""
+    import time
+
+    r, _n = start()
+    dist.all_reduce(torch.ones(1))
+    if r == dying_rank:
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1024))
+        return ("completed", time.monotonic() - t0)
+    except RuntimeError as e:
+        return (str(e)[:400], time.monotonic() - t0)
+
+
+def init_method_tcp(port):
+    """init_process_group with init_method, rank and world_size and no launcher variables: the
+    hvdlite job forms through torch's own store."""
+    r = int(os.environ["CASE_RANK"])
+    rank, _n = start(init_method="tcp://127.0.0.1:%d" % port, rank=r, world_size=2)
+    import hvdlite.torch as hvd
+
+    x = torch.tensor([rank + 1.0])
+    dist.all_reduce(x)
+    y = hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum)  # hvd.* in the same job, one runtime
+    dist.destroy_process_group()
+    return (rank, hvd.rank(), x.item(), y.item())
