@@ -151,7 +151,7 @@ def pipelining(schedule_name):
             .item()
             for name, p in stage_module.named_parameters()
         )
-        loss_err = abs(sum(l.item() for l in losses) - ref_loss.item()) if losses else 0.0
+        loss_err = abs(sum(loss.item() for loss in losses) - ref_loss.item()) if losses else 0.0
         return grad_err, loss_err
     finally:
         dist.destroy_process_group()
