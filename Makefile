@@ -84,12 +84,17 @@ $(VENV)/.tf-keras-stamp: requirements-dev.txt | $(VENV)/.pip-stamp
 	$(VPY) -m pip install --no-deps "tf-keras==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')"
 	touch $@
 
+# Lightning and what else needs torch (requirements-torch-nodeps.txt says why --no-deps).
+$(VENV)/.torch-nodeps-stamp: requirements-torch-nodeps.txt | $(VENV)/.pip-stamp
+	$(VPY) -m pip install --no-deps -r requirements-torch-nodeps.txt
+	touch $@
+
 $(CUDA_STAMP): requirements-cuda.txt | $(VENV)/.pip-stamp
 	$(if $(NVCC),$(VPY) -m pip install -r requirements-cuda.txt,@echo "no nvcc: hvdlite builds without its NCCL module")
 	touch $@
 
 # First build of the core and registration of the package (console script hvdliterun included).
-$(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp $(VENV)/.tf-keras-stamp $(CUDA_STAMP) | apt
+$(VENV)/.editable-stamp: setup.py pyproject.toml $(VENV)/.pip-stamp $(VENV)/.tf-keras-stamp $(VENV)/.torch-nodeps-stamp $(CUDA_STAMP) | apt
 	env -u MAKEFLAGS -u MAKELEVEL $(VPY) -m pip install --no-build-isolation --no-deps -e .
 	touch $@
 
