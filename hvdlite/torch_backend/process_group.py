@@ -30,24 +30,27 @@ from hvdlite.torch_backend.work import DoneWork, HvdliteWork, _settle
 SLOTS = 8
 
 _R = dist.ReduceOp.RedOpType
-_REDUCE = {_R.SUM: dtypes.Sum, _R.AVG: dtypes.Average, _R.MIN: dtypes.Min, _R.MAX: dtypes.Max}
-_REDUCE[_R.PRODUCT] = dtypes.Product
+# By the RedOpType's integer value: hashing and comparing torch's enum objects costs microseconds.
+_REDUCE = {int(_R.SUM): dtypes.Sum, int(_R.AVG): dtypes.Average, int(_R.MIN): dtypes.Min}
+_REDUCE.update({int(_R.MAX): dtypes.Max, int(_R.PRODUCT): dtypes.Product})
+_PREMUL_SUM = int(_R.PREMUL_SUM)
 
 
 def _reduction(reduce_op, what):
     """(hvdlite ReduceOp, prescale) of a torch ReduceOp (PREMUL_SUM: Sum after scaling)."""
-    kind = getattr(reduce_op, "op", reduce_op)
-    if kind == _R.PREMUL_SUM:
+    kind = int(getattr(reduce_op, "op", reduce_op))
+    op = _REDUCE.get(kind)
+    if op is not None:
+        return op, 1.0
+    if kind == _PREMUL_SUM:
         factor = reduce_op.factor if hasattr(reduce_op, "factor") else 1.0
         if isinstance(factor, torch.Tensor):
             factor = float(factor.item())
         return dtypes.Sum, float(factor)
-    if kind not in _REDUCE:
-        raise exceptions.NotSupportedError(
-            "%s: the hvdlite backend reduces with SUM, AVG, MIN, MAX, PRODUCT and PREMUL_SUM, not %s"
-            % (what, kind)
-        )
-    return _REDUCE[kind], 1.0
+    raise exceptions.NotSupportedError(
+        "%s: the hvdlite backend reduces with SUM, AVG, MIN, MAX, PRODUCT and PREMUL_SUM, not %s"
+        % (what, reduce_op)
+    )
 
 
 def _dtype_label(tensor):
@@ -304,10 +307,10 @@ class _CombinedWork(HvdliteWork):
         if not all(w._complete(deadline) for w in self._parts):
             return False
         with self._lock:
-            if not self._done.is_set():
+            if not self._done:
                 self._error = next((w._error for w in self._parts if w._error is not None), None)
                 self._outputs = [t for w in self._parts for t in (w._outputs or [])]
-                self._done.set()
+                self._done = True
         if self._future is not None:
             _settle(self._future, self._outputs, self._error)
         return True
