@@ -109,6 +109,19 @@ def test_horovod_names_and_builtin_bases():
     assert issubclass(exceptions.MismatchError, exceptions.HorovodInternalError)
     assert issubclass(exceptions.MismatchError, RuntimeError)
     assert issubclass(exceptions.HvdliteTimeoutError, exceptions.HorovodInternalError)
+    # Horovod raises Python's TimeoutError where a Ray placement group is not ready in time
+    # (tests/test_ray.py raises it for real), IndexError for a dispatcher id out of range,
+    # ImportError for a missing extension or a framework version mismatch.
+    assert issubclass(exceptions.HvdliteTimeoutError, TimeoutError)
+    assert issubclass(exceptions.OutOfRangeError, IndexError)
+    assert issubclass(exceptions.ExtensionNotBuiltError, ImportError)
+    err = exceptions.HorovodVersionMismatchError("torch", "2.1", "2.0")
+    assert isinstance(err, ImportError) and (err.name, err.version, err.installed_version) == (
+        "torch",
+        "2.1",
+        "2.0",
+    )
+    assert isinstance(exceptions.error_for(exceptions.TIMEOUT, "m"), TimeoutError)
     for name in ("Mismatch", "Aborted", "Timeout", "Internal"):
         err = exceptions.error_for(exceptions.STATUS_CODES[name], "m")
         assert isinstance(err, exceptions.HorovodInternalError), name
