@@ -6,7 +6,7 @@ against Horovod catches the same things.
 
 Where Horovod raises one of Python's own exceptions, the hvdlite error raised in
 the same situation also subclasses that builtin, so ``except <builtin>:`` written
-for Horovod still catches it (tests/test_exceptions_parity.py checks each row):
+for Horovod still catches it (tests/test_error_family.py checks each row):
 
   Horovod raises          situation (Horovod)                       hvdlite error
   TimeoutError            Ray placement group not ready in time     HvdliteTimeoutError
