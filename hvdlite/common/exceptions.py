@@ -13,6 +13,8 @@ for Horovod still catches it (tests/test_error_family.py checks each row):
                           (horovod/ray/strategy.py)
   ValueError              bad argument, not initialized, a name     InvalidArgumentError,
                           in flight, a duplicate process set        PreconditionError
+  ValueError              init failed ("Horovod initialization      InitError, InitTimeoutError
+                          failed")                                  (init_error_for)
   NotImplementedError     a feature the build or backend lacks      NotSupportedError
   AssertionError          zero_grad() before step(), too many       CallOrderError
                           backward passes
@@ -43,6 +45,17 @@ class HvdliteTimeoutError(HvdliteInternalError, TimeoutError):
     Ray placement group is not ready in time; still a HorovodInternalError (a RuntimeError) for
     elastic training. TimeoutError is an OSError: hvdlite code catches OSError only around its
     own socket and file calls, never around a wait that raises this."""
+
+
+class InitError(HvdliteInternalError, ValueError):
+    """hvd.init() could not form the job (the store unreachable or refusing this rank, a peer
+    that failed while joining). Horovod raises ValueError("Horovod initialization failed") for
+    any failed init, so this is also a ValueError; still a HorovodInternalError."""
+
+
+class InitTimeoutError(InitError, HvdliteTimeoutError):
+    """hvd.init()'s bounded wait for the other ranks expired (HVDLITE_START_TIMEOUT): an
+    InitError (a ValueError, as Horovod's) and an HvdliteTimeoutError (Python's TimeoutError)."""
 
 
 class InvalidArgumentError(HvdliteError, ValueError):
@@ -145,3 +158,14 @@ def raise_for_status(code, message):
     """Raises the exception for a non-zero core status code."""
     if code != OK:
         raise error_for(code, message)
+
+
+def init_error_for(code, message):
+    """The exception (not raised) for a non-zero status of init(): error_for's, made a
+    ValueError as Horovod's failed init is (InitError, InitTimeoutError) unless it is one
+    already (InvalidArgumentError, PreconditionError) or names a missing feature
+    (NotSupportedError)."""
+    err = error_for(code, message)
+    if isinstance(err, (ValueError, NotImplementedError)):
+        return err
+    return (InitTimeoutError if code == TIMEOUT else InitError)(message)
