@@ -52,6 +52,11 @@ class MiniSettings:
     discovery: Any = None
 
 
+# Horovod's variable of each topology field (HOROVOD_LOCAL_RANK, ...), from the one table of
+# identity variables (hvdlite/common/job.py): finalize_registration's keys, as in Horovod.
+_HOROVOD = {f: jobs.names(f)[-1] for f in ("local_rank", "local_size", "cross_rank", "cross_size")}
+
+
 class Coordinator:
     """Horovod's horovod.ray.runner.Coordinator: the registry of which rank runs on which Ray node,
     from which every rank's local and cross topology follows, and the job's rendezvous.
@@ -67,6 +72,8 @@ class Coordinator:
     rendezvous: Any = None
     global_rendezv_port: int | None = None
     nics: Any = None
+    store_addr: str | None = None  # set by establish_rendezvous, with the secret (hex)
+    secret: str | None = None
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
@@ -100,18 +107,19 @@ class Coordinator:
                 cross_sizes[local_rank] += 1
         return {
             world_rank: {
-                "HOROVOD_CROSS_RANK": cross_ranks[world_rank],
-                "HOROVOD_CROSS_SIZE": cross_sizes[local_rank],
-                "HOROVOD_LOCAL_RANK": local_rank,
-                "HOROVOD_LOCAL_SIZE": len(ranks),
+                _HOROVOD["cross_rank"]: cross_ranks[world_rank],
+                _HOROVOD["cross_size"]: cross_sizes[local_rank],
+                _HOROVOD["local_rank"]: local_rank,
+                _HOROVOD["local_size"]: len(ranks),
             }
             for ranks in self.node_id_by_rank.values()
             for local_rank, world_rank in enumerate(ranks)
         }
 
     def establish_rendezvous(self, host: Any = None) -> dict[str, str]:
-        """Starts the job's store for world_size clients under a fresh secret and returns
-        {HVDLITE_STORE_ADDR, HVDLITE_SECRET} for every worker. `host`: a BaseHorovodWorker actor
+        """Starts the job's store for world_size clients under a fresh secret and returns the
+        variables every worker needs to reach it (HVDLITE_STORE_ADDR, HVDLITE_SECRET, written by
+        hvdlite.common.job.write). `host`: a BaseHorovodWorker actor
         to host it (RayExecutor passes rank 0's, so the store lives and dies with the job's
         actors); None: this process hosts it, as Horovod's driver does, for this object's
         lifetime. Blocks until the store listens (a Ray call, bounded by Ray's actor calls)."""
@@ -128,7 +136,8 @@ class Coordinator:
             address = str(ray.util.get_node_ip_address())
             self.rendezvous = core.TcpStoreServer("0.0.0.0", 0, bytes.fromhex(secret), clients=clients)
             self.global_rendezv_port = int(self.rendezvous.port)
-        return {"HVDLITE_STORE_ADDR": "%s:%d" % (address, self.global_rendezv_port), "HVDLITE_SECRET": secret}
+        self.store_addr, self.secret = "%s:%d" % (address, self.global_rendezv_port), secret
+        return dict(jobs.write({}, jobs.Job(store_addr=self.store_addr, secret=secret)))
 
 
 class StaticAdapter:
@@ -203,23 +212,21 @@ class StaticAdapter:
         for rank, i in enumerate(order):
             self.coordinator.register(hostnames[i], nodes[i][0], rank)
         topology = self.coordinator.finalize_registration()
-        store = self.coordinator.establish_rendezvous(host=self.workers[0])
+        self.coordinator.establish_rendezvous(host=self.workers[0])
         extra = {k: str(v) for k, v in (extra_env_vars or {}).items()}
         extra.setdefault("HVDLITE_START_TIMEOUT", str(getattr(self.settings, "timeout_s", 30)))
         size = len(workers)
+        job = jobs.Job(size=size, store_addr=self.coordinator.store_addr, secret=self.coordinator.secret)
         jobs_ = []
         for rank in range(size):
-            topo = topology[rank]
+            topo = {f: topology[rank][name] for f, name in _HOROVOD.items()}
             jobs_.append(
-                jobs.Job(
-                    rank,
-                    size,
-                    topo["HOROVOD_LOCAL_RANK"],
-                    topo["HOROVOD_LOCAL_SIZE"],
-                    topo["HOROVOD_CROSS_RANK"],
-                    topo["HOROVOD_CROSS_SIZE"],
-                    store_addr=store["HVDLITE_STORE_ADDR"],
-                    secret=store["HVDLITE_SECRET"],
+                job._replace(
+                    rank=rank,
+                    local_rank=topo["local_rank"],
+                    local_size=topo["local_size"],
+                    cross_rank=topo["cross_rank"],
+                    cross_size=topo["cross_size"],
                 )
             )
         ray.get([w.set_env.remote(job, extra) for w, job in zip(self.workers, jobs_)])
