@@ -13,7 +13,7 @@ each mode (ulysses, allgather, and ring where hvdlite has point-to-point), three
   budget (stated as an extrapolation in the report);
 - throughput, forward + backward at --seq: per repetition (after a barrier) the max over ranks,
   the median over --reps repetitions after one warm-up; against "compute-only", the time the same
-  call spent in the attention arithmetic itself (cp_math's block kernels, merges and masks, timed
+  call spent in the attention arithmetic itself (cp/blocks.py's block kernels, merges and masks, timed
   on every rank, max over ranks), i.e. the call with free communication. The ratio
   compute-only / total is the mode's efficiency (median over repetitions, and its range); the
   goal for ring is >= 0.85 at cp=2 and 4.
@@ -50,7 +50,7 @@ def _saved_bytes(fn):
 
 def _timed_kernels(spent):
     """Wraps cp_math's arithmetic so that its wall time adds up in spent[0]."""
-    from hvdlite.torch.parallel import cp_math
+    from hvdlite.torch.parallel.cp import blocks as cp_math
 
     for name in ("block_forward", "block_backward", "merge", "allowed"):
         inner = getattr(cp_math, name)
@@ -69,7 +69,7 @@ def worker(args):
     import torch
 
     import hvdlite.torch as hvd
-    from hvdlite.torch.parallel import cp_ring
+    from hvdlite.torch.parallel.cp import ring as cp_ring
 
     torch.set_num_threads(1)
     hvd.init()

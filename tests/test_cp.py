@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import run_pooled
 
-from hvdlite.parallel import cp_layout
+from hvdlite.parallel import cp as cp_layout
 
 RTOL, ATOL = 1e-5, 1e-6
 B, D = 2, 8
@@ -65,7 +65,7 @@ def _cp_cases(cases):
     import torch
 
     import hvdlite.torch as hvd
-    from hvdlite.torch.parallel import cp_ring
+    from hvdlite.torch.parallel.cp import ring as cp_ring
 
     torch.set_num_threads(1)
     hvd.init()
@@ -152,7 +152,7 @@ def test_blockwise_math_equals_sdpa():
     import torch
     import torch.nn.functional as F
 
-    from hvdlite.torch.parallel import cp_math
+    from hvdlite.torch.parallel.cp import blocks as cp_math
 
     q, k, v, probe = _inputs(10, 4, 2, 3)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
@@ -283,7 +283,7 @@ def test_local_attention_in_pieces_of_query_rows_equals_sdpa(monkeypatch):
     import torch
     import torch.nn.functional as F
 
-    from hvdlite.torch.parallel import cp_math
+    from hvdlite.torch.parallel.cp import blocks as cp_math
 
     monkeypatch.setattr(cp_math, "_SCORE_ELEMENTS", 50)
     q, k, v, probe = _inputs(13, 4, 2, 7)

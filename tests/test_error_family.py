@@ -18,7 +18,11 @@ import hvdlite
 from hvdlite.common import exceptions
 
 PACKAGE = pathlib.Path(hvdlite.__file__).parent
-FACTORIES = {"error_for", "tf_error"}  # tf_error: the error itself, or a subclass of its class
+FACTORIES = {
+    "error_for",
+    "init_error_for",
+    "tf_error",
+}  # tf_error: the error itself, or a subclass of its class
 
 
 def _name(node):
@@ -109,9 +113,69 @@ def test_horovod_names_and_builtin_bases():
     assert issubclass(exceptions.MismatchError, exceptions.HorovodInternalError)
     assert issubclass(exceptions.MismatchError, RuntimeError)
     assert issubclass(exceptions.HvdliteTimeoutError, exceptions.HorovodInternalError)
+    # Horovod raises Python's TimeoutError where a Ray placement group is not ready in time
+    # (tests/test_ray.py raises it for real), IndexError for a dispatcher id out of range,
+    # ImportError for a missing extension or a framework version mismatch.
+    assert issubclass(exceptions.HvdliteTimeoutError, TimeoutError)
+    assert issubclass(exceptions.OutOfRangeError, IndexError)
+    assert issubclass(exceptions.ExtensionNotBuiltError, ImportError)
+    err = exceptions.HorovodVersionMismatchError("torch", "2.1", "2.0")
+    assert isinstance(err, ImportError) and (err.name, err.version, err.installed_version) == (
+        "torch",
+        "2.1",
+        "2.0",
+    )
+    assert isinstance(exceptions.error_for(exceptions.TIMEOUT, "m"), TimeoutError)
     for name in ("Mismatch", "Aborted", "Timeout", "Internal"):
         err = exceptions.error_for(exceptions.STATUS_CODES[name], "m")
         assert isinstance(err, exceptions.HorovodInternalError), name
+
+
+def test_a_failed_init_is_a_value_error_as_horovods():
+    """Horovod raises ValueError("Horovod initialization failed") for any failed init."""
+    for name, code in exceptions.STATUS_CODES.items():
+        if name != "Ok":
+            err = exceptions.init_error_for(code, "m")
+            assert isinstance(err, exceptions.HvdliteError) and str(err) == "m", name
+            assert isinstance(err, (ValueError, NotImplementedError)), name
+    timeout = exceptions.init_error_for(exceptions.TIMEOUT, "m")
+    assert isinstance(timeout, exceptions.InitTimeoutError) and isinstance(timeout, TimeoutError)
+    assert isinstance(timeout, exceptions.HorovodInternalError)
+    assert type(exceptions.init_error_for(exceptions.STATUS_CODES["InvalidArgument"], "m")) is (
+        exceptions.InvalidArgumentError
+    )
+
+
+_INIT_ALONE = """
+import os
+from hvdlite.common.native import core
+secret = os.urandom(32)
+server = core.TcpStoreServer("127.0.0.1", 0, secret)
+os.environ.update(HVDLITE_RANK="0", HVDLITE_SIZE="2", HVDLITE_STORE_ADDR="127.0.0.1:%d" % server.port,
+                  HVDLITE_SECRET=secret.hex(), HVDLITE_START_TIMEOUT="1")
+import hvdlite
+caught, message = [], ""
+for kind in (ValueError, TimeoutError, hvdlite.HorovodInternalError):
+    try:
+        hvdlite.init()
+    except kind as e:
+        caught.append(type(e).__name__)
+        message = str(e)
+print("CAUGHT", caught, message)
+"""
+
+
+def test_init_whose_peer_never_joins_raises_horovods_builtin():
+    """A real rank 0 of 2 whose rank 1 never starts: init() ends after HVDLITE_START_TIMEOUT with
+    an error that `except ValueError` (Horovod's), `except TimeoutError` and `except
+    HorovodInternalError` all catch, naming the missing rank."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _INIT_ALONE], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "CAUGHT ['InitTimeoutError', 'InitTimeoutError', 'InitTimeoutError']" in run.stdout, run.stdout
+    assert "rank 1" in run.stdout, run.stdout
 
 
 def test_torch_exposes_the_same_classes():

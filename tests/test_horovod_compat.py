@@ -115,7 +115,7 @@ def test_torch_and_common_aliases_are_hvdlite_modules(installed):
 # Horovod 0.28.1's public names per horovod.ray module, as its users import them.
 _RAY_NAMES = {
     "horovod.ray": ["RayExecutor", "BaseHorovodWorker", "ElasticRayExecutor"],
-    "horovod.ray.runner": ["RayExecutor", "MiniSettings"],
+    "horovod.ray.runner": ["RayExecutor", "MiniSettings", "Coordinator"],
     "horovod.ray.strategy": ["BaseStrategy", "ColocatedStrategy", "PGStrategy", "create_placement_group"],
     "horovod.ray.worker": ["BaseHorovodWorker"],
     "horovod.ray.elastic": ["ElasticRayExecutor", "RayHostDiscovery"],

@@ -261,3 +261,41 @@ def test_the_core_has_one_loader_module():
                 if _under(n, ("hvdlite._core",))
             ]
     assert bad == [], "import the core through %s:\n%s" % (CORE_LOADER, "\n".join(bad))
+
+
+# ---- the add-ons' layout (docs/architecture.md, "Add-ons") ----
+#
+# hvdlite/torch/parallel/ holds one package per technique and no loose technique modules; every
+# public name of a technique is importable from its package and from hvd.parallel.
+
+TECHNIQUES = ("zero", "tensor", "cp", "pipeline", "moe", "sparse")
+TORCH_ADDON = os.path.join(ROOT, "hvdlite", "torch", "parallel")
+
+
+def test_torch_parallel_is_a_package_per_technique():
+    entries = sorted(e for e in os.listdir(TORCH_ADDON) if e != "__pycache__")
+    assert entries == sorted(("__init__.py",) + TECHNIQUES), (
+        "hvdlite/torch/parallel/ holds one package per technique and its __init__.py only; "
+        "put a new module into its technique's package: %s" % entries
+    )
+    prefixed = []
+    for dirpath, _, files in os.walk(TORCH_ADDON):
+        prefixed += [
+            os.path.join(dirpath, f) for f in files if f.endswith(".py") and f.split("_")[0] in TECHNIQUES
+        ]
+    assert prefixed == [], "a module name carries its technique as a prefix: %s" % prefixed
+
+
+def test_each_technique_package_exports_its_public_names():
+    pytest.importorskip("torch")
+    import importlib
+
+    parallel = importlib.import_module("hvdlite.torch.parallel")
+    exported = set()
+    for technique in TECHNIQUES:
+        package = importlib.import_module("hvdlite.torch.parallel." + technique)
+        for name in package.__all__:
+            assert getattr(parallel, name) is getattr(package, name), (technique, name)
+        exported |= set(package.__all__)
+    missing = sorted(set(parallel.__all__) - exported)
+    assert missing == [], "hvd.parallel names that no technique package exports: %s" % missing

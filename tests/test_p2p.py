@@ -177,8 +177,8 @@ def _unmatched():
     else:
         try:
             hvd.recv(np.ones(2), 0, tag=2, name="act")
-        except hvd.HvdliteTimeoutError as e:
-            out = str(e)
+        except TimeoutError as e:  # an HvdliteTimeoutError, caught as Python's TimeoutError
+            out = str(e) if isinstance(e, hvd.HvdliteTimeoutError) else "not hvdlite's: %r" % e
         hvd.recv(np.ones(2), 0, tag=1)  # the job goes on
     hvd.shutdown()
     return out

@@ -1,4 +1,4 @@
-"""The pipeline's stage-to-stage transfer (hvdlite/torch/parallel/p2p.py) on two real ranks:
+"""The pipeline's stage-to-stage transfer (hvdlite/torch/parallel/pipeline/transfer.py) on two real ranks:
 every supported dtype, empty and 0-dim tensors, requires_grad, non-contiguous input, receives
 posted before the send and after it, a list too long for the fixed header (the packed
 fallback), and lists inside the first message and past its inline room arrive exactly as
@@ -31,7 +31,7 @@ def _body():
     import torch
 
     import hvdlite.torch as hvd
-    from hvdlite.torch.parallel import p2p
+    from hvdlite.torch.parallel.pipeline import transfer as p2p
 
     hvd.init()
     ps, got = hvd.global_process_set, []

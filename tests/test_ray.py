@@ -61,6 +61,17 @@ def test_static_run_across_two_ray_nodes(cluster):
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2, num_workers_per_host=2)
     executor.start(extra_env_vars={"FROM_DRIVER": "yes"})
     try:
+        # Horovod's layout: the executor's adapter holds the strategy (here one that reserved a
+        # placement group of its own) and the Coordinator that numbered the workers.
+        assert type(executor.adapter).__name__ == "StaticAdapter"
+        assert type(executor.adapter.strategy).__name__ == "ColocatedStrategy"
+        assert (
+            executor.adapter.coordinator.world_size == 4 and len(executor.adapter.coordinator.hostnames) == 1
+        )
+        assert (
+            executor.adapter.coordinator.node_id_string.endswith(":2")
+            and executor.adapter.strategy.placement_group
+        )
         got = executor.run(_allreduce, args=[2.0])
         refs = executor.run_remote(_allreduce, args=[1.0])
         again = ray.get(refs)
@@ -86,8 +97,10 @@ def test_executable_class_execute_and_execute_single(cluster):
     try:
         assert executor.execute(lambda model: model.step()) == [21.0, 21.0]
         assert executor.execute_single(lambda model: model.base) == 10.0
+        assert executor.adapter.strategy._created_placement_group  # PGStrategy reserved its own
     finally:
         executor.shutdown()
+    assert executor.adapter is None  # shutdown drops the adapter, as Horovod's deletes it
 
 
 def _log_steps(steps):
@@ -153,6 +166,8 @@ def _inside_a_placement_group():
     try:
         got = executor.run(_allreduce, args=[1.0])
         inherited = executor.strategy.placement_group.id == get_current_placement_group().id
+        # Horovod's own check (test_horovod_train_in_pg): the strategy made no group of its own.
+        inherited = inherited and not executor.adapter.strategy._created_placement_group
     finally:
         executor.shutdown()
     return [g[6] for g in got], inherited
@@ -173,6 +188,149 @@ def test_workers_go_into_the_current_placement_group(cluster):
         assert placement_group_table(pg)["state"] == "CREATED"  # not removed by the executor
     finally:
         remove_placement_group(pg)
+
+
+def test_coordinator_numbers_ranks_as_horovods():
+    """Horovod's Coordinator semantics: local rank = place among the node's ranks in registration
+    order, cross rank = how many earlier nodes hold that local rank; uneven nodes."""
+    from hvdlite.ray.runner import Coordinator, MiniSettings
+
+    coord = Coordinator(MiniSettings())
+    assert coord.world_size == 0 and coord.node_id_string == "" and coord.finalize_registration() == {}
+    for rank, node in enumerate(["a", "b", "a", "c", "a", "b"]):
+        coord.register("host-" + node, node_id=node, world_rank=rank)
+    assert coord.world_size == 6 and coord.node_id_string == "a:3,b:2,c:1"
+    assert coord.hostnames == {"host-a", "host-b", "host-c"}
+    got = coord.finalize_registration()
+    keys = ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+    assert {r: tuple(got[r][k] for k in keys) for r in got} == {
+        0: (0, 3, 0, 3),
+        2: (1, 3, 0, 2),
+        4: (2, 3, 0, 1),
+        1: (0, 2, 1, 3),
+        5: (1, 2, 1, 2),
+        3: (0, 1, 2, 3),
+    }
+
+
+def test_coordinator_rendezvous_hosted_by_the_driver():
+    """establish_rendezvous() without a host starts the job's store in this process, as Horovod's
+    driver does; the returned variables are what a worker needs to be admitted."""
+    from test_store import GET, SET, admitted, call
+
+    from hvdlite.ray.runner import Coordinator, MiniSettings
+
+    coord = Coordinator(MiniSettings())
+    coord.register("h", node_id="n", world_rank=0)
+    env = coord.establish_rendezvous()
+    try:
+        host, port = env["HVDLITE_STORE_ADDR"].rsplit(":", 1)
+        assert host == ray.util.get_node_ip_address() and int(port) == coord.global_rendezv_port
+        sock = admitted(int(port), bytes.fromhex(env["HVDLITE_SECRET"]))
+        assert call(sock, SET, b"k", b"v")[0] == 0 and call(sock, GET, b"k") == (0, b"v")
+        sock.close()
+    finally:
+        coord.rendezvous.stop()
+
+
+# Test-environment shim for Horovod's test file, not for hvdlite: Ray since 2.x rejects the
+# ray.init(_redis_max_memory=...) that Horovod 0.28.1's fixtures pass; this pytest plugin drops
+# that one argument.
+_RAY_INIT_SHIM = """
+import ray
+
+_init = ray.init
+
+
+def init(*args, **kwargs):
+    kwargs.pop("_redis_max_memory", None)
+    return _init(*args, **kwargs)
+
+
+ray.init = init
+"""
+
+
+def _horovods_test_ray(tmp_path, select):
+    """Runs Horovod 0.28.1's test/single/test_ray.py, unchanged, with pytest -k `select` in a
+    fresh process that imports horovod.ray through the compat package; returns pytest's -rA
+    report. Skips without Horovod's sources (tests/horovod_suite.py)."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    import horovod_suite
+
+    pytest.importorskip("torch")
+    if horovod_suite.available():
+        pytest.skip(horovod_suite.available())
+    kind, path = horovod_suite.source()
+    for name in ["test/single/test_ray.py"] + horovod_suite.HELPERS:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(horovod_suite._read(kind, path, horovod_suite.REF, name))
+    here = tmp_path / "test" / "single"
+    (here / "ray_init_shim.py").write_text(_RAY_INIT_SHIM)
+    paths = [str(REPO), str(REPO / "compat" / "src"), str(here)]
+    # Its own Ray temp root: ray.init() would otherwise join the cluster this module's fixture
+    # runs (Ray finds it through its temp root), and Horovod's fixtures start their own. Short,
+    # for Ray's socket paths.
+    ray_tmp = tempfile.mkdtemp(prefix="hvr", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="1", RAY_TMPDIR=ray_tmp)
+    argv = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "ray_init_shim"]
+    try:
+        run = subprocess.run(
+            argv + ["test_ray.py", "-k", select],
+            cwd=here,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    return run.stdout
+
+
+def test_horovods_own_coordinator_tests_pass(tmp_path):
+    """Horovod's tests that need no Ray cluster: Coordinator registration and cross ranks."""
+    report = _horovods_test_ray(tmp_path, "coordinator or cross_rank")
+    assert "3 passed" in report, report[-3000:]
+
+
+@pytest.mark.slow
+def test_horovods_own_ray_tests_pass(tmp_path):
+    """All of Horovod's test_ray.py (local Ray instances of 2 to 6 CPUs that each test starts):
+    the executor's forms, executables, training, a job inside a placement group (its
+    `adapter.strategy`), Ray client, and infeasible placements raising TimeoutError. Only its
+    GPU tests skip where there is no GPU."""
+    report = _horovods_test_ray(tmp_path, "test_")
+    passed = {line.split("::")[1] for line in report.splitlines() if line.startswith("PASSED ")}
+    for name in ("test_horovod_train_in_pg", "test_remote_client_train", "test_horovod_mixin"):
+        assert name in passed, report[-3000:]
+    assert {p.split("[")[0] for p in passed} >= {"test_infeasible_placement", "test_horovod_train"}
+    assert "FAILED" not in report and "ERROR" not in report, report[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_workers,num_hosts,per_host", [(9, None, 1), (None, 1, 9)])
+def test_infeasible_placement_is_pythons_timeout_error(cluster, num_workers, num_hosts, per_host):
+    """Horovod's semantics (its test_infeasible_placement): more workers than the cluster's CPUs
+    end start() with Python's TimeoutError after placement_group_timeout_s, naming what is free;
+    shutdown() after it is fine."""
+    from hvdlite.common.exceptions import HvdliteTimeoutError
+    from hvdlite.ray import RayExecutor
+
+    settings = RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=2)
+    executor = RayExecutor(
+        settings, num_workers=num_workers, num_hosts=num_hosts, num_workers_per_host=per_host
+    )
+    with pytest.raises(TimeoutError, match="placement_group_timeout_s") as info:
+        executor.start()
+    assert isinstance(info.value, HvdliteTimeoutError) and "free" in str(info.value)
+    executor.shutdown()
 
 
 def test_static_form_needs_num_workers_or_num_hosts():

@@ -267,4 +267,4 @@ def test_settings_are_mutable_and_a_discovery_set_on_them_is_used():
     assert ElasticRayExecutor(settings).discovery is not mine
     static = RayExecutor.create_settings(timeout_s=5)
     static.discovery = mine
-    assert RayExecutor(static, min_workers=1, override_discovery=False)._elastic.discovery is mine
+    assert RayExecutor(static, min_workers=1, override_discovery=False).adapter.discovery is mine

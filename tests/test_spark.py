@@ -182,3 +182,54 @@ def test_run_elastic_reset_limit_and_sizes(spark, tmp_path):
         _elastic_loop, args=(str(tmp_path / "again"), 6), num_proc=2, reset_limit=1
     )
     assert [g[2] for g in got] == [[(s, 2) for s in range(6)]] * 2
+
+
+# The driver of test_executors_without_hvdlite_are_reported_at_once: a Spark local cluster whose
+# executors run PYSPARK_PYTHON = a Python without hvdlite; prints the error and how long run() took.
+_MISCONFIGURED_DRIVER = """
+import json, os, sys, time
+sys.path.insert(0, {repo!r})
+os.environ["PYSPARK_PYTHON"] = {python!r}
+from pyspark.sql import SparkSession
+session = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("hvdlite-misconfigured")
+           .config("spark.ui.enabled", "false").getOrCreate())
+import hvdlite.spark
+out = {{}}
+for call in ("run", "run_elastic"):
+    start = time.monotonic()
+    try:
+        getattr(hvdlite.spark, call)(abs, args=(-1,), num_proc=2)
+        out[call] = ["no error", "", 0.0]
+    except Exception as e:
+        out[call] = [type(e).__name__, str(e), time.monotonic() - start]
+session.stop()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_executors_without_hvdlite_are_reported_at_once(tmp_path):
+    """The driver's Python has hvdlite; the executors start another Python (PYSPARK_PYTHON = a
+    fresh virtual environment of the same Python version, with no packages). run() and
+    run_elastic() raise hvdlite's PreconditionError from their probe task, before any barrier
+    stage (Spark's own failure would be a Py4J error after the stage's retries), naming
+    PYSPARK_PYTHON, the executors' Python and the fix."""
+    import json
+    import subprocess
+
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java (apt-get install openjdk-17-jre-headless)")
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = str(bare / "bin" / "python")
+    assert subprocess.run([python, "-c", "import hvdlite"], capture_output=True, timeout=60).returncode != 0
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
+    code = _MISCONFIGURED_DRIVER.format(repo=str(REPO), python=python)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-3000:]
+    for call, (kind, message, seconds) in json.loads(lines[0][len("RESULT ") :]).items():
+        print("%s: %s after %.1f s" % (call, kind, seconds))  # the report's number, not asserted
+        assert kind == "PreconditionError", (call, kind, message)
+        assert "hvdlite.spark.%s:" % call in message and "PYSPARK_PYTHON" in message, message
+        assert python in message and "No module named 'hvdlite'" in message, message
+        assert "Fix: set PYSPARK_PYTHON" in message and "pip install hvdlite" in message, message

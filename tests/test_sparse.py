@@ -286,7 +286,7 @@ def test_collection_planner_memory_traffic_and_bad_ids():
 
 def test_planner_places_by_size_and_budget():
     from hvdlite.common import exceptions
-    from hvdlite.parallel.sparse_plan import plan_tables
+    from hvdlite.parallel.sparse import plan_tables
 
     tables = {"big": (10**6, 64), "mid": (10**4, 64), "small": (100, 16), "narrow": (3, 64)}
     plan = plan_tables(tables, 4, memory_budget=10**9, optimizer="adagrad")
@@ -358,12 +358,12 @@ def test_alike_bags_pooled_at_once_equal_one_process(include_last):
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_pooled_bags_backward_equals_embedding_bag(mode):
-    """sparse_pool.pool_bags (one index_add backward) against F.embedding_bag's own backward, with
+    """pool.pool_bags (one index_add backward) against F.embedding_bag's own backward, with
     repeated rows and empty bags (first, middle and last)."""
     import torch
     import torch.nn.functional as F
 
-    from hvdlite.torch.parallel.sparse_pool import pool_bags
+    from hvdlite.torch.parallel.sparse.pool import pool_bags
 
     g = torch.Generator().manual_seed(4)
     rows = torch.randn(9, D, generator=g)

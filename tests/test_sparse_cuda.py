@@ -1,6 +1,6 @@
 """Sharded embedding tables on CUDA tensors: ids, offsets, the dense module and so the shards and
 their optimizer state on the GPU; the exchange itself runs through host memory (the core's
-alltoall takes host buffers; hvdlite/torch/parallel/sparse_exchange.py copies rows and
+alltoall takes host buffers; hvdlite/torch/parallel/sparse/exchange.py copies rows and
 gradients across at the holder and at the requester). A one-rank job still goes through the
 alltoall path, so this checks the device handling end to end against nn.EmbeddingBag /
 nn.Embedding on the same GPU: SGD and row-wise Adagrad, row, column and table sharding, bag

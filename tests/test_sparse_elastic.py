@@ -1,4 +1,4 @@
-"""Elastic training of the parameter-server mode (hvdlite/torch/parallel/sparse_elastic.py), with
+"""Elastic training of the parameter-server mode (hvdlite/torch/parallel/sparse/elastic.py), with
 real processes killed: tests/elastic_sparse_train.py under `hvdliterun --min-np` over localhost
 "hosts" (as tests/test_elastic.py runs its NumPy loop).
 

@@ -77,7 +77,8 @@ def init(comm=None, process_sets=None):
         return
     launch_setup.prepare()  # torchrun, srun: their variables become the job description
     code, message = _init_hook(_core.init) if _init_hook is not None else _core.init()
-    exceptions.raise_for_status(code, message)
+    if code != exceptions.OK:  # a ValueError, as Horovod's failed init (init_error_for)
+        raise exceptions.init_error_for(code, message)
     naming.reset()
     ops.start_session()
     if not _atexit_registered:

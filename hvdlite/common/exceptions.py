@@ -3,6 +3,27 @@
 Every failure the core reports becomes an ``HvdliteError`` (a ``RuntimeError``)
 or one of its subclasses. Horovod's names are kept as aliases so code written
 against Horovod catches the same things.
+
+Where Horovod raises one of Python's own exceptions, the hvdlite error raised in
+the same situation also subclasses that builtin, so ``except <builtin>:`` written
+for Horovod still catches it (tests/test_error_family.py checks each row):
+
+  Horovod raises          situation (Horovod)                       hvdlite error
+  TimeoutError            Ray placement group not ready in time     HvdliteTimeoutError
+                          (horovod/ray/strategy.py)
+  ValueError              bad argument, not initialized, a name     InvalidArgumentError,
+                          in flight, a duplicate process set        PreconditionError
+  ValueError              init failed ("Horovod initialization      InitError, InitTimeoutError
+                          failed")                                  (init_error_for)
+  NotImplementedError     a feature the build or backend lacks      NotSupportedError
+  AssertionError          zero_grad() before step(), too many       CallOrderError
+                          backward passes
+  IndexError              a dispatcher id out of range              OutOfRangeError
+  ImportError             the extension is not built; a framework   ExtensionNotBuiltError,
+                          version mismatch                          HorovodVersionMismatchError
+  RuntimeError            HorovodInternalError, HostsUpdated-       HvdliteError and every
+                          Interrupt, launcher and rendezvous        subclass
+                          failures
 """
 
 
@@ -18,8 +39,23 @@ class HvdliteInternalError(HvdliteError):
     """
 
 
-class HvdliteTimeoutError(HvdliteInternalError):
-    """A bounded wait expired (a stalled tensor or a peer that stopped responding)."""
+class HvdliteTimeoutError(HvdliteInternalError, TimeoutError):
+    """A bounded wait expired (a stalled tensor, a peer that stopped responding, a Ray placement
+    group that did not become ready). Also Python's TimeoutError, which Horovod raises where a
+    Ray placement group is not ready in time; still a HorovodInternalError (a RuntimeError) for
+    elastic training. TimeoutError is an OSError: hvdlite code catches OSError only around its
+    own socket and file calls, never around a wait that raises this."""
+
+
+class InitError(HvdliteInternalError, ValueError):
+    """hvd.init() could not form the job (the store unreachable or refusing this rank, a peer
+    that failed while joining). Horovod raises ValueError("Horovod initialization failed") for
+    any failed init, so this is also a ValueError; still a HorovodInternalError."""
+
+
+class InitTimeoutError(InitError, HvdliteTimeoutError):
+    """hvd.init()'s bounded wait for the other ranks expired (HVDLITE_START_TIMEOUT): an
+    InitError (a ValueError, as Horovod's) and an HvdliteTimeoutError (Python's TimeoutError)."""
 
 
 class InvalidArgumentError(HvdliteError, ValueError):
@@ -59,6 +95,19 @@ class CallOrderError(PreconditionError, AssertionError):
 class ExtensionNotBuiltError(HvdliteError, ImportError):
     """hvdlite's core extension cannot be loaded (also an ImportError, which Horovod's
     check_extension raises)."""
+
+
+class HorovodVersionMismatchError(HvdliteError, ImportError):
+    """Horovod's error for a framework whose version differs from the one Horovod was built
+    against (an ImportError there and here). hvdlite's core has no framework headers and serves
+    every framework version, so hvdlite never raises it; it exists so code that imports or
+    catches it by name (horovod.common.exceptions) keeps working."""
+
+    def __init__(self, name, version, installed_version):
+        super().__init__(
+            "Framework %s installed with version %s but found version %s" % (name, installed_version, version)
+        )
+        self.name, self.version, self.installed_version = name, version, installed_version
 
 
 class HostsUpdatedInterrupt(HvdliteError):
@@ -109,3 +158,14 @@ def raise_for_status(code, message):
     """Raises the exception for a non-zero core status code."""
     if code != OK:
         raise error_for(code, message)
+
+
+def init_error_for(code, message):
+    """The exception (not raised) for a non-zero status of init(): error_for's, made a
+    ValueError as Horovod's failed init is (InitError, InitTimeoutError) unless it is one
+    already (InvalidArgumentError, PreconditionError) or names a missing feature
+    (NotSupportedError)."""
+    err = error_for(code, message)
+    if isinstance(err, (ValueError, NotImplementedError)):
+        return err
+    return (InitTimeoutError if code == TIMEOUT else InitError)(message)

@@ -3,6 +3,9 @@ returns their results in rank order (Horovod's horovod.spark.run, on barrier mod
 task services of its own). Needs pyspark (`pip install hvdlite[spark]`) and an active SparkContext.
 
 How a job forms (docs/launchers.md, "Spark"):
+  - first, one probe task per rank checks that the Python Spark's executors run for tasks
+    (PYSPARK_PYTHON) can import hvdlite, and raises at once naming the fix when it cannot
+    (executors.py);
   - the driver draws the job's secret and ships it to the tasks inside the stage's closure (as
     protected as Spark's own RPC is: enable spark.authenticate and its encryption to keep it
     from the network);
@@ -31,6 +34,7 @@ from typing import Any
 
 from hvdlite.common import exceptions
 from hvdlite.common import job as jobs
+from hvdlite.spark import executors
 
 STDERR_TAIL = 4000  # characters of a failed rank's stderr put in the task's error
 RESET_LIMIT_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
@@ -154,6 +158,7 @@ def run(
     start_timeout bounds hvd.init()'s wait for the other ranks (HVDLITE_START_TIMEOUT)."""
     sc = _spark_context("run")
     num_proc = num_proc or sc.defaultParallelism
+    executors.check(sc, num_proc, "run")
     return _run_stage(sc, fn, args, kwargs, num_proc, _rank_env(env, start_timeout, verbose), executable)
 
 
@@ -248,6 +253,7 @@ def run_elastic(
             "hvdlite.spark.run_elastic: want 1 <= min_num_proc <= num_proc <= max_num_proc, got "
             "%s <= %s <= %s (a barrier stage runs exactly num_proc tasks)" % (low, num_proc, high)
         )
+    executors.check(sc, num_proc, "run_elastic")
     extra = _rank_env(env, start_timeout, verbose)
     if reset_limit is None:
         return _run_stage(sc, fn, args, kwargs, num_proc, extra, executable)

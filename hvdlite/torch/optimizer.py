@@ -121,7 +121,7 @@ class _DistributedOptimizer(HookedOptimizer):
         return handle, ctx
 
     def _own_set_allreduce_async(self, p, name, tensor, prescale, postscale):
-        """A parameter marked `p.hvd_process_set` (MoE experts: hvdlite/torch/parallel/moe.py)
+        """A parameter marked `p.hvd_process_set` (MoE experts: hvdlite/torch/parallel/moe/layer.py)
         is replicated only over that set (None: this rank alone), and its gradient already
         sums the contributions of the optimizer's other ranks (through the all-to-all), so it
         is reduced over its own set only; Average divides by the optimizer set's size."""

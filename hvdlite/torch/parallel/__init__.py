@@ -1,6 +1,7 @@
 """hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor, context, pipeline and expert (MoE)
 parallelism and sharded embedding tables for PyTorch modules, built only on hvdlite.torch's public
-collectives. One file (or name_*.py family) per technique."""
+collectives. One package per technique (zero/, tensor/, cp/, pipeline/, moe/, sparse/), each
+re-exporting its public names here; their framework-neutral halves live in hvdlite.parallel."""
 
 from hvdlite.torch.parallel.cp import (
     ContextParallelAttention,
@@ -8,8 +9,7 @@ from hvdlite.torch.parallel.cp import (
     cp_shard,
     cp_unshard,
 )
-from hvdlite.torch.parallel.moe import MoE, expert_parameters
-from hvdlite.torch.parallel.moe_zero import moe_zero_optimizers
+from hvdlite.torch.parallel.moe import MoE, expert_parameters, moe_zero_optimizers
 from hvdlite.torch.parallel.pipeline import (
     PipelineStage,
     Schedule1F1B,
@@ -22,8 +22,9 @@ from hvdlite.torch.parallel.sparse import (
     ShardedEmbeddingBag,
     ShardedEmbeddingCollection,
     TableSpec,
+    load_sparse_checkpoint,
+    save_sparse_checkpoint,
 )
-from hvdlite.torch.parallel.sparse_checkpoint import load_sparse_checkpoint, save_sparse_checkpoint
 from hvdlite.torch.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -31,13 +32,13 @@ from hvdlite.torch.parallel.tensor import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
-from hvdlite.torch.parallel.zero_checkpoint import (
+from hvdlite.torch.parallel.zero import (
+    ZeroOptimizer,
     consolidate_checkpoint,
     full_state_dict,
     load_checkpoint,
     save_checkpoint,
 )
-from hvdlite.torch.parallel.zero_optimizer import ZeroOptimizer
 
 __all__ = [
     "ColumnParallelLinear",

@@ -1,5 +1,5 @@
 """Checkpoints of sharded embedding tables and their optimizer state, saved per member and
-resharded on load to another set size or sharding (as ZeRO's are: zero_checkpoint.py, whose
+resharded on load to another set size or sharding (as ZeRO's are: zero/checkpoint.py, whose
 file naming this shares).
 
 A checkpoint is a directory:
@@ -21,8 +21,8 @@ import torch
 
 from hvdlite.common import exceptions
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel.sparse import ShardedEmbeddingCollection
-from hvdlite.torch.parallel.zero_checkpoint import shard_file
+from hvdlite.torch.parallel.sparse.embedding import ShardedEmbeddingCollection
+from hvdlite.torch.parallel.zero.checkpoint import shard_file
 
 FORMAT = "hvdlite-sparse-1"
 PREFIX = "sparse"
@@ -82,7 +82,7 @@ class _Saved:
     """The saved layouts and the member files, opened on first use."""
 
     def __init__(self, path):
-        from hvdlite.parallel.sparse_plan import TableLayout
+        from hvdlite.parallel.sparse import TableLayout
 
         self.path = path
         meta_file = os.path.join(path, PREFIX + "-meta.json")

@@ -29,9 +29,9 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.objects import allgather_object
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.parallel.sparse_plan import TableLayout
-from hvdlite.torch.parallel.sparse_exchange import Exchange
-from hvdlite.torch.parallel.sparse_optim import RowOptimizer
+from hvdlite.parallel.sparse import TableLayout
+from hvdlite.torch.parallel.sparse.exchange import Exchange
+from hvdlite.torch.parallel.sparse.optim import RowOptimizer
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""Pooling of looked-up rows into bags for sharded embedding tables (hvdlite/torch/parallel/sparse.py):
+"""Pooling of looked-up rows into bags for sharded embedding tables (hvdlite/torch/parallel/sparse/embedding.py):
 all tables' bags by one embedding_bag, with a backward that sums each id's output gradient into
 its row by one index_add instead of torch's dense embedding_bag backward (which sorts the ids
 and, on CPU, took most of the pooling's time in benchmarks/sparse_embeddings.py's profile).

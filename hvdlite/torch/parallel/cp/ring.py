@@ -5,7 +5,7 @@ longest member's length, K and V in one buffer) travel around the ring, member i
 i+1 and receiving from i-1. At step s a member holds the block of member (i - s) mod P; it
 posts the send of that block and the receive of the next one before computing on it (double
 buffering: transfer overlaps compute) and merges the block's partial result into its running
-output by log-sum-exp in float32 (cp_math.merge). It computes piece by piece (a member's two
+output by log-sum-exp in float32 (blocks.merge). It computes piece by piece (a member's two
 zigzag chunks against the block's two; Layout.visible) and skips the pieces the mask hides
 entirely: with the zigzag layout of causal attention every member skips about half of every
 other member's block, the same share on every member.
@@ -26,7 +26,7 @@ import torch
 
 from hvdlite.common import exceptions
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel import cp_math
+from hvdlite.torch.parallel.cp import blocks as cp_math
 
 _KV_TAG, _GRAD_TAG = 7301, 7302
 

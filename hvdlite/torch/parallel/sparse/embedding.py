@@ -2,8 +2,8 @@
 ShardedEmbedding, ShardedEmbeddingCollection). docs/sparse.md is the user page.
 
 Each member of the process set holds its shard of every table (row-, column- or table-wise,
-hvdlite/parallel/sparse_plan.py) and the optimizer state of that shard only. A forward
-exchanges ids and rows (hvdlite/torch/parallel/sparse_exchange.py); the backward of the loss
+hvdlite/parallel/sparse.py) and the optimizer state of that shard only. A forward
+exchanges ids and rows (hvdlite/torch/parallel/sparse/exchange.py); the backward of the loss
 sends each touched row's gradient to its holder, which updates it there: the tables are not
 parameters (model.parameters() does not list them, DistributedOptimizer never sees them) and
 no dense gradient of a table is built. Gradients are averaged over the set, as
@@ -24,12 +24,12 @@ from torch import nn
 
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.parallel.sparse_plan import TableLayout, plan_tables
+from hvdlite.parallel.sparse import TableLayout, plan_tables
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel import sparse_elastic
-from hvdlite.torch.parallel.sparse_exchange import Exchange, KeyedLookup, Lookup, Step
-from hvdlite.torch.parallel.sparse_optim import RowOptimizer
-from hvdlite.torch.parallel.sparse_pool import pool_bags
+from hvdlite.torch.parallel.sparse import elastic as sparse_elastic
+from hvdlite.torch.parallel.sparse.exchange import Exchange, KeyedLookup, Lookup, Step
+from hvdlite.torch.parallel.sparse.optim import RowOptimizer
+from hvdlite.torch.parallel.sparse.pool import pool_bags
 
 # Default collective names: one counter per process set, so the members of a set, which must
 # build the same collections over it in the same order, agree on the names whatever else
@@ -184,7 +184,7 @@ class ShardedEmbeddingCollection(nn.Module):
         kinds = {(s.mode, s.dim, s.include_last_offset) for s in self.specs.values()}
         self.pooled_alike = len(kinds) == 1 and next(iter(kinds))[0] is not None
         self.include_last = next(iter(kinds))[2]
-        # the last world these tables were formed in (rejoin(), hvdlite/torch/parallel/sparse_elastic.py)
+        # the last world these tables were formed in (rejoin(), hvdlite/torch/parallel/sparse/elastic.py)
         self.joined, self.last_members = False, len(ps.ranks)
         self.last_holder_ranks = [ps.ranks[p] for p in (self.holders or range(len(ps.ranks)))]
 
@@ -232,7 +232,7 @@ class ShardedEmbeddingCollection(nn.Module):
         """Re-forms the tables over the current world of an elastic job, keeping every surviving
         server's shards and optimizer state (collective over the job; call it first thing in the
         function hvd.elastic.run runs, every rank). Returns the workers' global ranks (every rank
-        without servers). A dead server is an error naming its rank. See sparse_elastic.py."""
+        without servers). A dead server is an error naming its rank. See elastic.py."""
         return sparse_elastic.rejoin(self)
 
     def forward(self, inputs):

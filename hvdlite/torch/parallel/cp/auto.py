@@ -15,7 +15,7 @@ import torch
 
 from hvdlite.common import dtypes
 from hvdlite.torch import conjugate
-from hvdlite.torch.parallel import cp_ring
+from hvdlite.torch.parallel.cp import ring as cp_ring
 
 _CHOSEN: dict[tuple[object, ...], str] = {}
 

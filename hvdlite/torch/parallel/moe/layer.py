@@ -31,7 +31,7 @@ from torch import nn
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import conjugate
-from hvdlite.torch.parallel import moe_experts
+from hvdlite.torch.parallel.moe import experts as moe_experts
 
 _LAYER_IDS = itertools.count()
 
@@ -67,7 +67,7 @@ class MoE(nn.Module):
       member alone), which DistributedOptimizer honours: see hvdlite/torch/optimizer.py.
     - A member's L local experts run as one batched computation (torch.func.vmap of
       functional_call over their stacked parameters, on the rows padded to
-      [L, max rows, hidden]; see moe_experts.py) when L > 1 and ``batch_experts`` allows:
+      [L, max rows, hidden]; see experts.py) when L > 1 and ``batch_experts`` allows:
       None (default) batches experts built only from row-wise torch modules
       (moe_experts.ROWWISE_MODULES: Sequential, Linear, LayerNorm, activations), True
       batches any experts of identical structure (you assert they are row-wise, pure and

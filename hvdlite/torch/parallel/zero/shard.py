@@ -1,4 +1,4 @@
-"""ZeRO's flat-buffer layout and its sharding groups (hvdlite.torch.parallel.zero_*).
+"""ZeRO's flat-buffer layout and its sharding groups (used by the rest of hvdlite.torch.parallel.zero).
 
 A *bucket* is an ordered list of parameters of one optimizer param group, laid out back to
 back in one flat fp32 buffer padded to a multiple of the shard count S. Member i (0-based) of

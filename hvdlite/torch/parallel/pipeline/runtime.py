@@ -27,7 +27,7 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.parallel import schedules
-from hvdlite.torch.parallel import p2p
+from hvdlite.torch.parallel.pipeline import transfer as p2p
 
 # Receives are posted this many actions ahead of the action that needs them: far enough that
 # a transfer's header (and then its tensors) arrive while this rank computes, near enough

@@ -20,7 +20,7 @@ only the last ZeroOptimizer built on a model, which is `experts` when it is one.
 
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.torch.parallel.zero_optimizer import ZeroOptimizer
+from hvdlite.torch.parallel.zero.optimizer import ZeroOptimizer
 
 
 def moe_zero_optimizers(model, optimizer_factory, stage=1, process_set=None, **zero_kwargs):

@@ -2,7 +2,7 @@
 members of a process set (the mesh's ``cp`` axis).
 
 - ``cp_shard(x, seq_dim, process_set, causal=False)``: this member's tokens of a full sequence
-  (``hvdlite/parallel/cp_layout.py``: contiguous blocks, or the zigzag layout for causal
+  (``hvdlite/parallel/cp.py``: contiguous blocks, or the zigzag layout for causal
   attention); ``cp_unshard`` gathers them back into the full sequence.
 - ``context_parallel_attention(q, k, v, causal=False, process_set=None, mode="auto")``:
   softmax(q k^T / sqrt(d)) v over the whole sequence, from each member's local queries, keys
@@ -16,8 +16,8 @@ members of a process set (the mesh's ``cp`` axis).
   allgather  every member gathers all keys and values (their gradient is reduce-scattered) and
              attends its own queries to them.
   ring       key/value blocks travel around the ring on point-to-point, double-buffered, merged
-             by log-sum-exp in float32 (``cp_ring.py``).
-  auto       the fastest of those for the shape, measured on first use (``cp_auto.py``).
+             by log-sum-exp in float32 (``ring.py``).
+  auto       the fastest of those for the shape, measured on first use (``auto.py``).
 
 Any sequence length works: members' blocks may differ by a token, and inside the attention they
 are padded to the longest and the padding masked. Packed variable-length sequences are given
@@ -35,9 +35,9 @@ import torch
 
 from hvdlite.common import exceptions
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.parallel import cp_layout
+from hvdlite.parallel import cp as cp_layout
 from hvdlite.torch import conjugate
-from hvdlite.torch.parallel import cp_math
+from hvdlite.torch.parallel.cp import blocks as cp_math
 
 MODES = ("auto", "ulysses", "allgather", "ring")
 
@@ -178,7 +178,7 @@ def context_parallel_attention(q, k, v, causal=False, process_set=None, mode="au
     if ps.size() == 1:
         return local_attention(q, k, v, layout, scale)
     if mode == "auto":
-        from hvdlite.torch.parallel import cp_auto
+        from hvdlite.torch.parallel.cp import auto as cp_auto
 
         mode = cp_auto.choose(q, k, v, layout, ps, scale, run_mode)
     return run_mode(mode, q, k, v, layout, ps, scale)
@@ -190,7 +190,7 @@ def run_mode(mode, q, k, v, layout, ps, scale):
         return ulysses_attention(q, k, v, layout, ps, scale)
     if mode == "allgather":
         return allgather_attention(q, k, v, layout, ps, scale)
-    from hvdlite.torch.parallel import cp_ring
+    from hvdlite.torch.parallel.cp import ring as cp_ring
 
     return cp_ring.ring_attention(q, k, v, layout, ps, scale)
 
@@ -265,7 +265,7 @@ class ContextParallelAttention(torch.nn.Module):
 
     def __init__(self, embed_dim, num_heads, mesh, num_kv_heads=None, causal=True, mode="auto", bias=True):
         super().__init__()
-        from hvdlite.torch.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+        from hvdlite.torch.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         tp = mesh.size("tp")

@@ -3,13 +3,13 @@
     opt = hvd.ZeroOptimizer(torch.optim.AdamW(model.parameters()), model, stage=2)
     loss.backward(); opt.step(); opt.zero_grad()
 
-Every rank keeps, per bucket (hvdlite.torch.parallel.zero_shard), an fp32 *master shard*: an
+Every rank keeps, per bucket (hvdlite.torch.parallel.zero.shard), an fp32 *master shard*: an
 nn.Parameter of shard_numel elements that the wrapped optimizer updates, so its state is
 shard-sized (stage 1). Gradients are reduce-scattered bucket by bucket as backward produces
 them (a post-accumulate-grad hook per parameter); stage 2 and 3 drop the full gradients once
 their bucket is submitted. After the update each shard is allgathered inside its shard group
 into the parameters (stages 1, 2) or kept until the next forward gathers it (stage 3,
-hvdlite.torch.parallel.zero_stage3). Every shard's update is computed by its owner alone, so
+hvdlite.torch.parallel.zero.stage3). Every shard's update is computed by its owner alone, so
 all ranks hold bitwise-identical parameters.
 
 No hangs from unused parameters: a bucket whose gradients did not all arrive during backward
@@ -28,8 +28,8 @@ import torch
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common.objects import broadcast_object
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel import zero_shard
-from hvdlite.torch.parallel.zero_stage3 import Stage3Gatherer
+from hvdlite.torch.parallel.zero import shard as zero_shard
+from hvdlite.torch.parallel.zero.stage3 import Stage3Gatherer
 
 # torch.optim classes whose update and state are elementwise per parameter element.
 _ELEMENTWISE = (

@@ -22,15 +22,15 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.topology import rank as global_rank
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel.zero_optimizer import OWNERS, ZeroOptimizer
-from hvdlite.torch.parallel.zero_shard import describe
+from hvdlite.torch.parallel.zero.optimizer import OWNERS, ZeroOptimizer
+from hvdlite.torch.parallel.zero.shard import describe
 
 FORMAT = "hvdlite-zero-1"
 
 
 def shard_file(path, member, count, prefix="shard"):
     """The file of member `member` of `count` in checkpoint directory `path` (also the sharded
-    embedding tables' checkpoints, hvdlite/torch/parallel/sparse_checkpoint.py)."""
+    embedding tables' checkpoints, hvdlite/torch/parallel/sparse/checkpoint.py)."""
     return os.path.join(path, "%s-%05d-of-%05d.pt" % (prefix, member, count))
 
 
