@@ -32,8 +32,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Debian packages the build needs: Open MPI for the mpi backend, mpirun, mpi4py and the benchmarks' peer; openssh-server for the simulated-hosts tests (tests/simhosts.py); Slurm's daemons and commands for the Slurm tests (tests/simslurm.py).
-APT_PACKAGES := cmake g++ make libopenmpi-dev openmpi-bin openssh-server slurmctld slurmd slurm-client
+# Debian packages the build needs: libssl-dev for libcrypto (csrc/common/crypto.h); Open MPI for the mpi backend, mpirun, mpi4py and the benchmarks' peer; openssh-server for the simulated-hosts tests (tests/simhosts.py); Slurm's daemons and commands for the Slurm tests (tests/simslurm.py).
+APT_PACKAGES := cmake g++ make libssl-dev libopenmpi-dev openmpi-bin openssh-server slurmctld slurmd slurm-client
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
