@@ -59,7 +59,7 @@ def gloo_built():
     backend (ring collectives over hvdlite's own transports, shared memory between ranks
     on one host and TCP across hosts, launched by hvdliterun without MPI) plays that part.
     Every build includes it, so this is True; it is read from the core's build info
-    (its "ring" entry) like the other *_built() queries."""
+    (its "ring" entry) like the other `*_built()` queries."""
     return _built("ring")
 
 

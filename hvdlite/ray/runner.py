@@ -160,7 +160,7 @@ class RayExecutor:
         extra_env_vars: dict[str, str] | None = None,
     ) -> None:
         """Starts the workers (one actor each), forms the job's description and hands it to them;
-        then creates executable_cls(*executable_args, **executable_kwargs) in every worker.
+        then creates `executable_cls(*executable_args, **executable_kwargs)` in every worker.
         Blocks until every worker has its executable."""
         if self._elastic is not None:
             return self._elastic.start(executable_cls, executable_args, executable_kwargs, extra_env_vars)
@@ -220,7 +220,7 @@ class RayExecutor:
         kwargs: dict[str, Any] | None = None,
         callbacks: list[Callable[..., Any]] | None = None,
     ) -> list[Any]:
-        """fn(*args, **kwargs) on every worker; the results in rank order. Each callback is
+        """`fn(*args, **kwargs)` on every worker; the results in rank order. Each callback is
         called with every value the workers log (ray_logger.log) meanwhile."""
         if self._elastic is not None:
             return self._elastic.run(fn, args, kwargs, callbacks)
