@@ -65,6 +65,17 @@ def public_names(namespace):
     return out
 
 
+def undocumented(namespace):
+    """The public classes and functions of `namespace` without a docstring of their own."""
+    module = importlib.import_module(namespace)
+    out = []
+    for name in public_names(namespace):
+        obj = getattr(module, name)
+        if (inspect.isclass(obj) or callable(obj)) and not (obj.__doc__ or "").strip():
+            out.append(name)
+    return out
+
+
 def _directive(obj):
     if inspect.isclass(obj):
         if issubclass(obj, BaseException):
@@ -134,13 +145,18 @@ def write_pages(out_dir):
 def main():
     parser = argparse.ArgumentParser(description="Write the API reference's .rst pages.")
     parser.add_argument("out_dir", nargs="?", help="where to write them")
-    parser.add_argument("--list", action="store_true", help="print every documented name as JSON instead")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print, as JSON, every documented name and those without a docstring",
+    )
     args = parser.parse_args()
     if args.list:
         names = {ns: public_names(ns) for ns, _ in NAMESPACES}
         for ns, extra in EXTRA.items():
             names[ns] = names[ns] + ["%s.%s" % pair for pair in extra]
-        print(json.dumps(names))
+        missing = {ns: undocumented(ns) for ns, _ in NAMESPACES}
+        print(json.dumps({"names": names, "undocumented": {ns: m for ns, m in missing.items() if m}}))
     elif args.out_dir:
         write_pages(args.out_dir)
     else:

@@ -81,9 +81,10 @@ def _inventory(site):
     return names
 
 
-def _public_names():
-    """{namespace: [names]} as docs/apigen.py documents them (a subprocess: it imports every
-    framework)."""
+@pytest.fixture(scope="module")
+def public():
+    """{"names": {namespace: [names]}, "undocumented": {namespace: [names]}} as docs/apigen.py
+    documents them (a subprocess: it imports every framework)."""
     cmd = [sys.executable, os.path.join(DOCS, "apigen.py"), "--list"]
     run = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300, check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -99,9 +100,9 @@ def test_site_builds_and_its_internal_links_resolve(site):
 
 
 @pytest.mark.slow
-def test_inventory_lists_every_public_name(site):
+def test_inventory_lists_every_public_name(site, public):
     listed = _inventory(site)
-    public = _public_names()
+    public = public["names"]
     assert set(public) >= {
         "hvdlite",
         "hvdlite.torch",
@@ -139,3 +140,8 @@ def test_required_names_carry_their_docstrings(site):
         first_paragraph = inspect.getdoc(obj).split("\n\n")[0]
         expected = re.sub(r"\s+", " ", first_paragraph.replace("`", "")).strip()[:70]
         assert expected in _page_text(page), "%s: %r is not on %s" % (full, expected, uri)
+
+
+@pytest.mark.slow
+def test_every_public_class_and_function_has_a_docstring(public):
+    assert not public["undocumented"], "public names without a docstring: %s" % public["undocumented"]

@@ -72,12 +72,15 @@ def gloo_enabled():
 
 
 def rocm_built():
+    """Horovod's "was ROCm support built?": always False (hvdlite has no ROCm backend)."""
     return False
 
 
 def ddl_built():
+    """Horovod's "was IBM DDL built?": always False (hvdlite has no DDL backend)."""
     return False
 
 
 def ccl_built():
+    """Horovod's "was oneCCL built?": always False (hvdlite has no oneCCL backend)."""
     return False
