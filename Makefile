@@ -16,6 +16,8 @@
 #                  NCCL module required, runs the GPU tests and benchmarks/gpu_one_rank.py (tests/gpu_check.sh)
 #   make install-horovod-compat   opt-in: the `horovod` package and `horovodrun` over hvdlite
 #                  (distribution hvdlite-horovod-compat from compat/; refuses over a real Horovod)
+#   make docs      install, then the HTML site in docs/_build/html/ (Sphinx: docs/*.md and the API
+#                  reference from the docstrings, warnings as errors, then a check of every internal link)
 #   make lint      ruff check + ruff format --check (Python), mypy (hvdlite/), clang-format (csrc/)
 #   make format    apply ruff format, ruff's safe fixes and clang-format
 #   make build     incremental rebuild of the C++ core only (what install runs last)
@@ -32,8 +34,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Debian packages the build needs: Open MPI for the mpi backend, mpirun, mpi4py and the benchmarks' peer; openssh-server for the simulated-hosts tests (tests/simhosts.py); Slurm's daemons and commands for the Slurm tests (tests/simslurm.py).
-APT_PACKAGES := cmake g++ make libopenmpi-dev openmpi-bin openssh-server slurmctld slurmd slurm-client
+# Debian packages the build needs: libssl-dev for libcrypto (csrc/common/crypto.h); Open MPI for the mpi backend, mpirun, mpi4py and the benchmarks' peer; openssh-server for the simulated-hosts tests (tests/simhosts.py); Slurm's daemons and commands for the Slurm tests (tests/simslurm.py).
+APT_PACKAGES := cmake g++ make libssl-dev libopenmpi-dev openmpi-bin openssh-server slurmctld slurmd slurm-client
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
@@ -52,7 +54,7 @@ ifneq ($(NVCC),)
 export CUDACXX ?= $(NVCC)
 endif
 
-.PHONY: install apt build demo test test-all lint format bench horovod horovod-suite gpu-check clean distclean install-horovod-compat \
+.PHONY: install apt build demo test test-all docs lint format bench horovod horovod-suite gpu-check clean distclean install-horovod-compat \
 	uninstall-horovod-compat
 
 install: build
@@ -137,7 +139,7 @@ gpu-check:
 
 # Static checks; the tools are pinned in requirements-dev.txt, configured in pyproject.toml (ruff),
 # mypy.ini and .clang-format. Needs only the venv, not a build of the core.
-PY_LINT_DIRS := hvdlite tests benchmarks examples compat
+PY_LINT_DIRS := hvdlite tests benchmarks examples compat $(wildcard docs/*.py)
 CXX_SOURCES = $(shell git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu' 'tests/cpp/*.cc' 'tests/cpp/*.h')
 lint: $(VENV)/.pip-stamp
 	$(VENV)/bin/ruff check $(PY_LINT_DIRS)
@@ -159,8 +161,13 @@ horovod: install
 bench: install horovod
 	$(VPY) benchmarks/_suite.py $(if $(filter 1,$(BENCH_FULL)),--full)
 
+# A fresh build each time (-E): Sphinx reports a page's warnings only when it reads the page.
+docs: install
+	$(VPY) -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
+	$(VPY) docs/check_links.py docs/_build/html
+
 clean:
-	rm -rf build hvdlite/_core*.so hvdlite.egg-info .pytest_cache
+	rm -rf build hvdlite/_core*.so hvdlite.egg-info .pytest_cache docs/_build docs/api
 	rm -f $(VENV)/.editable-stamp
 
 distclean: clean

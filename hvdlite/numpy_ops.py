@@ -39,6 +39,8 @@ def allreduce_async_(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Starts reducing `tensor` (a C-contiguous NumPy array) across the process set in place;
+    returns a handle for synchronize() / poll(), which returns `tensor`."""
     reduce_op = resolve_op(op, average)
     return collectives.start(
         adasum.allreduce_inplace_any(
@@ -56,6 +58,8 @@ def allreduce_async(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Starts reducing a copy of `tensor` across the process set; returns a handle whose
+    synchronize() returns the reduced copy (default: averaged)."""
     return allreduce_async_(
         np.array(tensor, copy=True, order="C"),
         average,
@@ -117,6 +121,8 @@ def grouped_allreduce_async_(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Starts reducing each array of `tensors` in place, as one group; returns one handle per
+    array."""
     names = collectives.group_names("allreduce", name, len(tensors))
     return [
         allreduce_async_(t, average, n, op, prescale_factor, postscale_factor, process_set)
@@ -133,6 +139,8 @@ def grouped_allreduce_async(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Starts reducing a copy of each array of `tensors`, as one group; returns one handle
+    per array."""
     copies = [np.array(t, copy=True, order="C") for t in tensors]
     return grouped_allreduce_async_(copies, average, name, op, prescale_factor, postscale_factor, process_set)
 
@@ -146,6 +154,7 @@ def grouped_allreduce_(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Reduces each array of `tensors` in place, as one group; returns them."""
     handles = grouped_allreduce_async_(
         tensors, average, name, op, prescale_factor, postscale_factor, process_set
     )
@@ -161,6 +170,7 @@ def grouped_allreduce(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Returns new arrays: each of `tensors` reduced (default: averaged) across the process set."""
     handles = grouped_allreduce_async(
         tensors, average, name, op, prescale_factor, postscale_factor, process_set
     )
@@ -171,6 +181,7 @@ def grouped_allreduce(
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts an allgather of `tensor` (see allgather); returns a handle for synchronize()."""
     pending = _output_async("allgather", ops.ALLGATHER, tensor, name, process_set=resolve(process_set))
     return collectives.start(pending, then=lambda result: result[0])
 
@@ -182,12 +193,16 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts overwriting `tensor` with root_rank's value, in place; returns a handle whose
+    synchronize() returns `tensor`."""
     return _inplace_async(
         "broadcast", ops.BROADCAST, tensor, name, root=root_rank, process_set=resolve(process_set)
     )
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts a broadcast of root_rank's `tensor` into a copy; returns a handle whose
+    synchronize() returns it."""
     return broadcast_async_(np.array(tensor, copy=True, order="C"), root_rank, name, process_set)
 
 
@@ -204,6 +219,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall of `tensor` (see alltoall); returns a handle for synchronize()."""
     if np.ndim(tensor) == 0:
         raise exceptions.InvalidArgumentError("alltoall needs a tensor with at least one dimension")
     split_list = [] if splits is None else [int(s) for s in np.asarray(splits).reshape(-1)]
@@ -229,6 +245,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def reducescatter_async(
     tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0
 ):
+    """Starts a reducescatter of `tensor` (see reducescatter); returns a handle whose
+    synchronize() returns this member's block of rows."""
     if np.ndim(tensor) == 0:
         raise exceptions.InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
     pending = _output_async(

@@ -98,9 +98,14 @@ def test_csrc_folders_include_only_lower_layers():
 # ---- the link-time layering check (CMakeLists.txt: <layer>_check) ----
 
 
-def _compiler():
+def _cache_path(key):
+    """A FILEPATH entry of build/CMakeCache.txt."""
     with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
-        return re.search(r"^CMAKE_CXX_COMPILER:FILEPATH=(.*)$", f.read(), re.M).group(1)
+        return re.search(r"^%s:FILEPATH=(.*)$" % key, f.read(), re.M).group(1)
+
+
+def _compiler():
+    return _cache_path("CMAKE_CXX_COMPILER")
 
 
 def _link_layer(tmp_path, extra_source, whole, below):
@@ -121,7 +126,7 @@ def _link_layer(tmp_path, extra_source, whole, below):
         + archives(whole)
         + ["-Wl,--no-whole-archive"]
         + archives(below)
-        + ["-pthread"]
+        + [_cache_path("OPENSSL_CRYPTO_LIBRARY"), "-pthread"]  # common's one outside dependency
     )
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-#include "common/sha256.h"
+#include "common/crypto.h"
 #include "common/socket_util.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
@@ -116,7 +116,10 @@ Status Authenticate(int fd, const std::string& secret, const Deadline& deadline)
     return Status::InvalidArgument("the peer is not an hvdlite rendezvous store");
   }
   std::string nonce(challenge + sizeof(kServerMagic), kNonceLen);
-  Digest256 proof = HmacSha256(secret, nonce + kProofContext);
+  Digest256 proof;
+  if (!HmacSha256(secret, nonce + kProofContext, &proof)) {
+    return Status::Internal("libcrypto's HMAC-SHA256 failed: cannot prove the job secret to the store");
+  }
   HVD_RETURN_IF_ERROR(net::WriteExact(fd, proof.data(), proof.size(), deadline));
   char admitted = 0;
   Status st = net::ReadExact(fd, &admitted, 1, deadline);

@@ -23,9 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/fd_limit.h"
 #include "common/logging.h"
-#include "common/sha256.h"
 #include "common/socket_util.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
@@ -165,12 +165,14 @@ void TcpStoreServerImpl::AcceptAll() {
     c.fd = fd;
     c.auth_deadline = Deadline::After(kAuthTimeoutS);
     uint8_t nonce[kNonceLen];
-    if (!RandomBytes(nonce, sizeof(nonce))) {
+    std::string challenge;
+    if (RandomBytes(nonce, sizeof(nonce)))
+      challenge.assign(reinterpret_cast<const char*>(nonce), sizeof(nonce));
+    if (challenge.empty() || !HmacSha256(secret_, challenge + kProofContext, &c.expected_proof)) {
+      HVD_LOG(kWarning, "store server: libcrypto failed (random bytes or HMAC); closed a new connection");
       net::CloseFd(&fd);
       continue;
     }
-    std::string challenge(reinterpret_cast<const char*>(nonce), sizeof(nonce));
-    c.expected_proof = HmacSha256(secret_, challenge + kProofContext);
     c.out.assign(kServerMagic, sizeof(kServerMagic));
     c.out += challenge;
     clients_.push_back(std::move(c));

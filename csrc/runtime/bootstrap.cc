@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/crypto.h"
 #include "common/logging.h"
-#include "common/sha256.h"
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_store.h"
 

@@ -33,16 +33,18 @@
 #include <cctype>
 #include <cstring>
 
+#include "common/crypto.h"
 #include "common/logging.h"
-#include "common/sha256.h"
 #include "rendezvous/store.h"
 #include "transport/shm_transport.h"
 
 namespace hvdlite {
 namespace {
 
+// "" when libcrypto's HMAC failed (the rank then has no segment: TCP to this host's ranks).
 std::string SegmentName(const std::string& secret, const std::string& prefix, int rank) {
-  const Digest256 d = HmacSha256(secret, "hvdlite-shm-segment");
+  Digest256 d;
+  if (!HmacSha256(secret, "hvdlite-shm-segment", &d)) return "";
   std::string safe;
   for (char c : prefix) safe += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
   return "/hvdlite-" + HexEncode(d.data(), 8) + "-" + safe + "r" + std::to_string(rank);
@@ -82,12 +84,12 @@ size_t ChannelBytesFor(const ShmOptions& opts, size_t partners) {
 Status PublishOwn(Store* store, const std::string& prefix, const std::string& secret, int rank,
                   const HostPlan& plan, const ShmOptions& opts, shm::Segment* own) {
   uint64_t nonce[2] = {0, 0};
-  RandomBytes(nonce, sizeof(nonce));
-  const std::string name = SegmentName(secret, prefix, rank);
+  const std::string name = RandomBytes(nonce, sizeof(nonce)) ? SegmentName(secret, prefix, rank) : "";
   const uint32_t pairs = static_cast<uint32_t>(plan.partners.size());
   shm::Geometry geometry = shm::MakeGeometry(ChannelBytesFor(opts, plan.partners.size()));
   geometry.arena_bytes = shm::RoundUp(opts.p2p_arena_bytes, shm::kArenaAlign);
-  Status st = shm::Segment::Create(name, geometry, pairs, rank, nonce, own);
+  Status st = name.empty() ? Status::Internal("libcrypto failed (random bytes or HMAC) naming the segment")
+                           : shm::Segment::Create(name, geometry, pairs, rank, nonce, own);
   if (!st.ok())
     HVD_LOG(kWarning, "shared memory unavailable, using TCP to this host's ranks: " << st.message());
   std::string value = own->mapped() ? name + " " + HexEncode(nonce, sizeof(nonce)) : "";

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/crypto.h"
 #include "common/logging.h"
-#include "common/sha256.h"
 #include "common/socket_util.h"
 #include "rendezvous/store.h"
 #include "transport/tcp_wire.h"
@@ -31,14 +31,15 @@ std::string U32Bytes(uint32_t v) {
   return s;
 }
 
-Digest256 ConnectorProof(const std::string& secret, const std::string& nonce_a, int rank,
-                         const std::string& prefix) {
-  return HmacSha256(secret, nonce_a + U32Bytes(uint32_t(rank)) + prefix + "conn");
+// The proofs are false only when libcrypto fails; the handshake then fails closed.
+bool ConnectorProof(const std::string& secret, const std::string& nonce_a, int rank,
+                    const std::string& prefix, Digest256* out) {
+  return HmacSha256(secret, nonce_a + U32Bytes(uint32_t(rank)) + prefix + "conn", out);
 }
 
-Digest256 AcceptorProof(const std::string& secret, const std::string& nonce_c, int rank,
-                        const std::string& prefix) {
-  return HmacSha256(secret, nonce_c + U32Bytes(uint32_t(rank)) + prefix + "acc");
+bool AcceptorProof(const std::string& secret, const std::string& nonce_c, int rank, const std::string& prefix,
+                   Digest256* out) {
+  return HmacSha256(secret, nonce_c + U32Bytes(uint32_t(rank)) + prefix + "acc", out);
 }
 
 std::string NewNonce() {
@@ -90,12 +91,18 @@ Step ReadHello(Incoming* in, int rank, int size, const std::string& prefix, cons
   }
   Digest256 proof;
   std::copy(in->hello + 8, in->hello + 40, proof.begin());
-  if (!DigestEqual(proof, ConnectorProof(secret, in->nonce, int(peer), prefix))) {
+  Digest256 expected;
+  if (!ConnectorProof(secret, in->nonce, int(peer), prefix, &expected)) {
+    HVD_LOG(kWarning, "rank " << rank << ": dropped a connection: libcrypto's HMAC-SHA256 failed");
+    return Step::kDrop;
+  }
+  if (!DigestEqual(proof, expected)) {
     HVD_LOG(kWarning, "rank " << rank << ": dropped a connection with a wrong proof of the job secret");
     return Step::kDrop;
   }
   std::string nonce_c(in->hello + 40, kNonceLen);
-  Digest256 answer = AcceptorProof(secret, nonce_c, rank, prefix);
+  Digest256 answer;
+  if (!AcceptorProof(secret, nonce_c, rank, prefix, &answer)) return Step::kDrop;
   if (!SendAll(in->fd, std::string(answer.begin(), answer.end()))) return Step::kDrop;
   *peer_out = int(peer);
   return Step::kDone;
@@ -146,14 +153,21 @@ Status ConnectToPeer(Store* store, const std::string& prefix, int rank, int peer
   std::string nonce_c = NewNonce();
   if (st.ok() && nonce_c.empty()) st = Status::Internal("no random bytes for the handshake");
   if (st.ok()) {
-    Digest256 proof = ConnectorProof(secret, std::string(greeting + 4, kNonceLen), rank, prefix);
-    std::string hello(kHandshakeMagic, 4);
-    hello += U32Bytes(uint32_t(rank)) + std::string(proof.begin(), proof.end()) + nonce_c;
-    st = net::WriteExact(fd, hello.data(), hello.size(), deadline);
+    Digest256 proof;
+    if (!ConnectorProof(secret, std::string(greeting + 4, kNonceLen), rank, prefix, &proof)) {
+      st = Status::Internal("libcrypto's HMAC-SHA256 failed");
+    } else {
+      std::string hello(kHandshakeMagic, 4);
+      hello += U32Bytes(uint32_t(rank)) + std::string(proof.begin(), proof.end()) + nonce_c;
+      st = net::WriteExact(fd, hello.data(), hello.size(), deadline);
+    }
   }
-  Digest256 answer;
+  Digest256 answer, expected;
   if (st.ok()) st = net::ReadExact(fd, answer.data(), answer.size(), deadline);
-  if (st.ok() && !DigestEqual(answer, AcceptorProof(secret, nonce_c, peer, prefix))) {
+  if (st.ok() && !AcceptorProof(secret, nonce_c, peer, prefix, &expected)) {
+    st = Status::Internal("libcrypto's HMAC-SHA256 failed");
+  }
+  if (st.ok() && !DigestEqual(answer, expected)) {
     st = Status::Aborted("it did not prove the job secret (another job on that port?)");
   }
   if (!st.ok()) {

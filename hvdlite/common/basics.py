@@ -138,6 +138,7 @@ def _shutdown_at_exit():
 
 
 def is_initialized():
+    """Whether init() has run in this process and shutdown() has not."""
     return bool(_core.is_initialized())
 
 

@@ -59,7 +59,7 @@ def gloo_built():
     backend (ring collectives over hvdlite's own transports, shared memory between ranks
     on one host and TCP across hosts, launched by hvdliterun without MPI) plays that part.
     Every build includes it, so this is True; it is read from the core's build info
-    (its "ring" entry) like the other *_built() queries."""
+    (its "ring" entry) like the other `*_built()` queries."""
     return _built("ring")
 
 
@@ -72,12 +72,15 @@ def gloo_enabled():
 
 
 def rocm_built():
+    """Horovod's "was ROCm support built?": always False (hvdlite has no ROCm backend)."""
     return False
 
 
 def ddl_built():
+    """Horovod's "was IBM DDL built?": always False (hvdlite has no DDL backend)."""
     return False
 
 
 def ccl_built():
+    """Horovod's "was oneCCL built?": always False (hvdlite has no oneCCL backend)."""
     return False

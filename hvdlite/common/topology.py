@@ -21,26 +21,32 @@ def _query(index: int) -> int:
 
 
 def rank() -> int:
+    """This process's rank in the job, 0 to size() - 1. Needs init()."""
     return _query(0)
 
 
 def size() -> int:
+    """The number of ranks in the job. Needs init()."""
     return _query(1)
 
 
 def local_rank() -> int:
+    """This process's rank among the ranks of its host. Needs init()."""
     return _query(2)
 
 
 def local_size() -> int:
+    """The number of ranks on this process's host. Needs init()."""
     return _query(3)
 
 
 def cross_rank() -> int:
+    """The rank of this process's host among the hosts (its index in host order). Needs init()."""
     return _query(4)
 
 
 def cross_size() -> int:
+    """The number of hosts of the job. Needs init()."""
     return _query(5)
 
 

@@ -35,6 +35,8 @@ def get_average_backwards_compatibility_fun(reduce_ops=dtypes):
     Average."""
 
     def impl(op, average):
+        """Horovod's handle_average_backwards_compatibility(op, average): the reduce op that
+        `op` and the deprecated `average` argument mean (see get_average_backwards_compatibility_fun)."""
         return resolve_op(op, average, reduce_ops.Average, reduce_ops)
 
     return impl

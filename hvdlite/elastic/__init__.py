@@ -1,4 +1,4 @@
-"""hvdlite.elastic: Horovod's elastic training API, framework-neutral (horovod.common.elastic).
+"""hvdlite.elastic: Horovod's elastic training API, framework-neutral (horovod.common.elastic)::
 
     import hvdlite as hvd
     hvd.init()

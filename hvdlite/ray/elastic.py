@@ -294,7 +294,7 @@ class ElasticRayExecutor:
         **kwargs: Any,
     ) -> ElasticSettings:
         """Horovod's settings (min_np/max_np: its deprecated spellings). ssh_identity_file and
-        nics are accepted and unused (Ray starts the workers); of **kwargs, verbose and
+        nics are accepted and unused (Ray starts the workers); of `**kwargs`, verbose and
         cooldown_range are read."""
         return ElasticSettings(
             min_np if min_np is not None else min_num_proc,
@@ -390,7 +390,7 @@ class ElasticAdapter:
     ) -> None:
         """Keeps extra_env_vars and the executable class for the workers: nothing runs before
         run()/execute(), and every worker of every generation creates its own
-        executable_cls(*executable_args, **executable_kwargs) (module doc)."""
+        `executable_cls(*executable_args, **executable_kwargs)` (module doc)."""
         self.executable = (
             (executable_cls, executable_args, executable_kwargs) if executable_cls is not None else None
         )
@@ -403,7 +403,7 @@ class ElasticAdapter:
         kwargs: dict[str, Any] | None = None,
         callbacks: list[Callable[..., Any]] | None = None,
     ) -> list[Any]:
-        """fn(*args, **kwargs) on every worker, elastically; values in rank order."""
+        """`fn(*args, **kwargs)` on every worker, elastically; values in rank order."""
         a, kw = list(args or ()), dict(kwargs or {})
         return self.execute(lambda _: fn(*a, **kw), callbacks)
 

@@ -392,7 +392,7 @@ class RayExecutor:
         kwargs: dict[str, Any] | None = None,
         callbacks: list[Callable[..., Any]] | None = None,
     ) -> list[Any]:
-        """fn(*args, **kwargs) on every worker; the results in rank order. Each callback is
+        """`fn(*args, **kwargs)` on every worker; the results in rank order. Each callback is
         called with every value the workers log (ray_logger.log) meanwhile."""
         return list(self._started("run").run(fn, args, kwargs, callbacks))
 

@@ -74,7 +74,7 @@ class BaseHorovodWorker:
         executable_args: list[Any] | None = None,
         executable_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """self.executable = executable_cls(*args, **kwargs); None without a class."""
+        """`self.executable = executable_cls(*args, **kwargs)`; None without a class."""
         if executable_cls is not None:
             self.executable = executable_cls(*(executable_args or ()), **(executable_kwargs or {}))
 

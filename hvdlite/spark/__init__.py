@@ -150,7 +150,7 @@ def run(
     prefix_output_with_timestamp: bool = False,
     executable: str | None = None,
 ) -> list[Any]:
-    """Horovod's horovod.spark.run(): fn(*args, **kwargs) on num_proc ranks (default
+    """Horovod's horovod.spark.run(): `fn(*args, **kwargs)` on num_proc ranks (default
     spark.default.parallelism), one per task of a barrier stage; returns their results in rank
     order. env: variables added to each rank's environment; executable: the Python that runs fn
     (default sys.executable). Horovod's use_mpi, use_gloo, extra_mpi_args, stdout, stderr, nics and
@@ -226,7 +226,7 @@ def run_elastic(
     max_np: int | None = None,
     executable: str | None = None,
 ) -> list[Any]:
-    """Horovod's horovod.spark.run_elastic() on barrier mode: fn(*args, **kwargs) on num_proc
+    """Horovod's horovod.spark.run_elastic() on barrier mode: `fn(*args, **kwargs)` on num_proc
     ranks (default spark.default.parallelism), results in rank order.
 
     Semantics (docs/launchers.md, "Spark"): a barrier stage's tasks run together or not at all,

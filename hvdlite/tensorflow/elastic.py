@@ -1,6 +1,6 @@
 """hvdlite.tensorflow.elastic: Horovod's horovod.tensorflow.elastic for TensorFlow 2 (eager).
 
-TensorFlowKerasState(model, optimizer=None, **kwargs) and TensorFlowState(variables, **kwargs)
+`TensorFlowKerasState(model, optimizer=None, **kwargs)` and `TensorFlowState(variables, **kwargs)`
 save/restore their variables in host memory and sync them from rank 0 (broadcast_variables);
 run() is hvdlite.elastic's run, which also maps a collective failure raised inside a
 tf.function (TensorFlow wraps it in an OpError) back to HorovodInternalError.

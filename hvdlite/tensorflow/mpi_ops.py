@@ -215,6 +215,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Every member's tensors concatenated along the first dimension, in rank order, one
+    result per tensor of `tensors`, as one group. Differentiable."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     return (
         _gather_many(tensors, collectives_group_names("allgather", name, len(tensors)), process_set)
@@ -276,6 +278,8 @@ def grouped_reducescatter(
     postscale_factor=1.0,
     name=None,
 ):
+    """Each tensor of `tensors` reduced (default: averaged) across the process set, as one
+    group; returns this member's block of rows of each. Differentiable."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []

@@ -25,6 +25,9 @@ _BatchNormalization: Any = _keras.get().layers.BatchNormalization
 
 
 class SyncBatchNormalization(_BatchNormalization):
+    """Keras BatchNormalization whose training-mode batch mean and variance are taken over
+    every rank of `process_set` (Horovod's SyncBatchNormalization; module docstring)."""
+
     def __init__(self, *args, process_set=global_process_set, **kwargs):
         if _keras.is_keras3():
             for name in _KERAS2_ONLY:

@@ -166,6 +166,8 @@ def grouped_allreduce_async(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Starts reducing a copy of each tensor of `tensors`, as one group; returns a handle
+    whose synchronize() returns the reduced copies."""
     return grouped_allreduce_async_(
         [_copy(t) for t in tensors], average, name, op, prescale_factor, postscale_factor, process_set
     )
@@ -180,6 +182,7 @@ def grouped_allreduce_(
     postscale_factor=1.0,
     process_set=global_process_set,
 ):
+    """Reduces each tensor of `tensors` in place, as one group; returns them."""
     return synchronize(
         grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
     )
@@ -220,6 +223,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts an allgather of each tensor of `tensors`, as one group; returns a handle whose
+    synchronize() returns the gathered tensors."""
     names = collectives.group_names("allgather", name, len(tensors))
     return collectives.start_group(
         [_allgather_pending(t, n, process_set) for t, n in zip(tensors, names)], then=_first
@@ -238,6 +243,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts a broadcast of root_rank's `tensor` into a copy; returns a handle whose
+    synchronize() returns it."""
     return broadcast_async_(_copy(tensor, name), root_rank, name, process_set)
 
 
@@ -313,6 +320,8 @@ def grouped_reducescatter_async(
     prescale_factor=1.0,
     postscale_factor=1.0,
 ):
+    """Starts a reducescatter of each tensor of `tensors`, as one group; returns a handle
+    whose synchronize() returns this member's block of each."""
     names = collectives.group_names("reducescatter", name, len(tensors))
     return collectives.start_group(
         [

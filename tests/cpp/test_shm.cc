@@ -12,7 +12,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "common/sha256.h"
+#include "common/crypto.h"
 #include "net_test_util.h"
 #include "transport/shm_transport.h"
 
@@ -243,7 +243,8 @@ void TestDepart(Store* store) {
 
 // Names in /dev/shm that belong to segments made with kSecret.
 int Leftovers() {
-  const Digest256 d = HmacSha256(kSecret, "hvdlite-shm-segment");
+  Digest256 d{};
+  HmacSha256(kSecret, "hvdlite-shm-segment", &d);
   const std::string tag = "hvdlite-" + HexEncode(d.data(), 8);
   int n = 0;
   if (DIR* dir = ::opendir("/dev/shm")) {

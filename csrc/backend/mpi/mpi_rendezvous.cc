@@ -10,12 +10,12 @@
 
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/mpi/mpi_world.h"
+#include "common/crypto.h"
 #include "common/logging.h"
 #include "rendezvous/tcp_store.h"
 
@@ -59,11 +59,10 @@ std::string ReachableAddress() {
   return out;
 }
 
+// "" when libcrypto has no random bytes (the caller reports it).
 std::string RandomSecret() {
-  std::random_device rd;  // /dev/urandom (getrandom) on Linux
   std::string s(kSecretBytes, '\0');
-  for (auto& c : s) c = static_cast<char>(rd() & 0xFF);
-  return s;
+  return RandomBytes(&s[0], s.size()) ? s : "";
 }
 
 // Rank 0: starts the store and fills `msg`; a failure is written into msg
@@ -83,7 +82,9 @@ void HostStore(bool one_host, MpiJob* job, char* msg) {
   } else {
     job->secret = RandomSecret();
     // Rank 0 holds a store socket per rank and, later, a transport socket per peer.
-    st = StartTcpStoreServer(bind, 0, job->secret, &server, 2 * job->size);
+    st = job->secret.empty()
+             ? Status::Internal("rank 0 got no random bytes from libcrypto for the job secret")
+             : StartTcpStoreServer(bind, 0, job->secret, &server, 2 * job->size);
   }
   std::string text = st.ok() ? advertise + ":" + std::to_string(server->port()) : st.message();
   msg[0] = st.ok() ? 1 : 0;

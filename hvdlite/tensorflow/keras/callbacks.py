@@ -65,6 +65,9 @@ class BroadcastGlobalVariablesCallback(Callback):
 
 
 class MetricAverageCallback(Callback):
+    """Averages the epoch's metrics (the `logs` of on_epoch_end) across ranks, so every rank
+    reports the same values. `device` is Horovod's argument and is ignored."""
+
     def __init__(self, device=''):
         super().__init__()
 
@@ -102,6 +105,11 @@ def _set_lr(optimizer, value):
 
 
 class LearningRateScheduleCallback(Callback):
+    """Sets the optimizer's learning rate to initial_lr * multiplier(epoch) from start_epoch
+    up to end_epoch: once per epoch (staircase), or per batch with a fractional epoch
+    (staircase=False, needs steps_per_epoch). `multiplier` is a number or a function of the
+    epoch; initial_lr=None reads the optimizer's rate at the start of training."""
+
     def __init__(
         self,
         initial_lr,
@@ -156,6 +164,10 @@ class LearningRateScheduleCallback(Callback):
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Horovod's gradual warmup: over warmup_epochs, the learning rate goes from
+    initial_lr / size() to initial_lr, per batch (Goyal et al., "Accurate, Large Minibatch
+    SGD"); verbose > 0 prints when it is done."""
+
     def __init__(
         self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0
     ):

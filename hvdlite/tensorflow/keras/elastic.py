@@ -1,16 +1,16 @@
 """hvdlite.tensorflow.keras.elastic: Horovod's horovod.tensorflow.keras.elastic, for the Keras
-that tf.keras is (Keras 3, or Keras 2 under TF_USE_LEGACY_KERAS).
+that tf.keras is (Keras 3, or Keras 2 under TF_USE_LEGACY_KERAS)::
 
-state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
 
-@hvd.elastic.run
-def train(state):
-    model.fit(data, steps_per_epoch=..., epochs=epochs - state.epoch, callbacks=[
-        hvd.elastic.UpdateBatchStateCallback(state),
-        hvd.elastic.UpdateEpochStateCallback(state),
-        hvd.elastic.CommitStateCallback(state, batches_per_commit=1)])
+    @hvd.elastic.run
+    def train(state):
+        model.fit(data, steps_per_epoch=..., epochs=epochs - state.epoch, callbacks=[
+            hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.UpdateEpochStateCallback(state),
+            hvd.elastic.CommitStateCallback(state, batches_per_commit=1)])
 
-train(state)
+    train(state)
 """
 
 from hvdlite.tensorflow import _keras

@@ -1,7 +1,7 @@
 // `test_algorithms --bench [WORLD [tcp|shm]]`: allreduce busbw of WORLD
 // thread-ranks over the chosen transport, float32 Sum, in place. Information
 // only, never asserted.
-// Conventions (BENCHMARKING.md): busbw = bytes / time * 2(n-1)/n; every
+// Conventions (those of nccl-tests): busbw = bytes / time * 2(n-1)/n; every
 // repetition starts after a barrier, its time is the max over ranks; the
 // median (and min) over repetitions is reported; small sizes time K calls.
 #pragma once

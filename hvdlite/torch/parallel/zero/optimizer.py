@@ -331,7 +331,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Scales the (reduced, sharded) gradients so that their global norm is at most
-        max_norm, as torch.nn.utils.clip_grad_norm_ on the full gradients; returns the norm
+        max_norm, as `torch.nn.utils.clip_grad_norm_` on the full gradients; returns the norm
         before clipping. Collective: call it on every rank, between backward and step()."""
         self._finish_reduction()
         grads = [m.grad for m in self.master]
