@@ -40,6 +40,7 @@ SUITE = {
     "zero_gpt": (["--rows", "zero3", "fsdp2", "--steps", "2", "--idle-wait", "0"], 240),
     "pipeline_bubble": (["--steps", "2"], 60),
     "pipeline_vs_torch": (["--steps", "3"], 90),
+    "torch_backend": (["--reps", "8", "--rounds", "3", "--steps", "3", "--idle-wait", "3"], 150),
 }
 DEFAULT_BUDGET_S = 14.5 * 60
 MIN_SLOT_S = 30

@@ -109,6 +109,26 @@ def _pipeline(data):
             )
 
 
+def _torch_backend(data):
+    import statistics
+
+    for row in data.get("allreduce", []):
+        med = {lib: statistics.median(t) for lib, t in row["times"].items()}
+        yield (
+            "dist.all_reduce %s, %d ranks" % (fmt_size(row["bytes"]), row["n"]),
+            fmt_time(med["hvdlite"]),
+            "gloo",
+            fmt_time(med["gloo"]),
+            _ratio(med["gloo"], med["hvdlite"]),
+        )
+    times = data.get("models", {}).get("times", {})
+    for kind in ("DDP", "FSDP2"):
+        mine, peer = times.get(kind + " hvdlite"), times.get(kind + " gloo")
+        if mine and peer:
+            m, p = statistics.median(mine), statistics.median(peer)
+            yield ("%s step, 25M MLP" % kind, fmt_time(m), "gloo", fmt_time(p), _ratio(p, m))
+
+
 RATIOS = {
     "collectives": _collectives,
     "fusion": _fusion,
@@ -116,6 +136,7 @@ RATIOS = {
     "e2e_tf": _e2e,
     "zero_gpt": _zero,
     "pipeline_vs_torch": _pipeline,
+    "torch_backend": _torch_backend,
 }
 
 

@@ -27,6 +27,10 @@ NAMESPACES = [
     ("hvdlite.torch", "the PyTorch API, a drop-in for horovod.torch"),
     ("hvdlite.torch.parallel", "``hvd.parallel``: ZeRO, tensor, context, pipeline and expert parallelism"),
     ("hvdlite.torch.elastic", "elastic training for PyTorch"),
+    (
+        "hvdlite.torch_backend",
+        "torch.distributed's ``hvdlite`` backend (``dist.init_process_group(\"hvdlite\")``)",
+    ),
     ("hvdlite.parallel", "framework-neutral model-parallel building blocks (the mesh)"),
     ("hvdlite.elastic", "elastic training, framework-neutral"),
     ("hvdlite.tensorflow", "the TensorFlow API, a drop-in for horovod.tensorflow"),

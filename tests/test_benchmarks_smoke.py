@@ -5,6 +5,7 @@ script finishes and that the #wrong column (wrong elements after the correctness
 rank-dependent data) is 0 for every collective; it never looks at a time.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -203,3 +204,23 @@ def test_compare_builds_one_round_writes_the_table(tmp_path):
         assert rows[0][3].startswith("Open MPI per tensor") and rows[0][4].endswith("×"), text
     assert "- before: %s" % ROOT in text and "1 rounds of latency/fusion" in text, text
     assert (tmp_path / "compare_builds.json").exists()
+
+
+@pytest.mark.slow
+def test_torch_backend_quick_is_correct_and_reports_each_ratio(tmp_path):
+    """benchmarks/torch_backend.py --quick: the hvdlite group's all_reduce equals gloo's, and every
+    row of the report (both libraries, every model variant) is there."""
+    script = os.path.join(ROOT, "benchmarks", "torch_backend.py")
+    r = subprocess.run(
+        [sys.executable, script, "--quick", "--out-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with open(tmp_path / "torch_backend.json") as f:
+        data = json.load(f)
+    assert [row["wrong"] for row in data["allreduce"]] == [0, 0]
+    assert sorted(data["models"]["times"]) == sorted(
+        ["no communication", "DDP gloo", "DDP hvdlite", "FSDP2 gloo", "FSDP2 hvdlite"]
+    )

@@ -4,7 +4,11 @@ ranks get an error and the group stays usable, a dead peer fails the survivors' 
 job forms under hvdliterun's variables or through torch's own store. Model-level equivalence
 (DDP, FSDP2, TP, pipelining) is in tests/test_torch_backend_models.py."""
 
+import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch_backend_cases as cases
@@ -61,6 +65,13 @@ def test_divergent_ranks_get_an_error_naming_both_and_the_group_stays_usable():
         assert o["after"] == [2.0, 2.0]
 
 
+def test_group_and_wait_timeouts_are_honoured():
+    out = run_pooled(cases.timeouts, 2, timeout=90)
+    assert out[0]["group"] == ("timeout", 2, True) and out[1]["group"][0] == "completed"
+    assert out[0]["wait"] == "timeout" and out[1]["wait"] == "completed"
+    assert [o["after"] for o in out] == [([2.0] * 3, [2.0] * 2)] * 2
+
+
 def test_dead_peer_fails_the_survivors_pending_call():
     results = spawn_ranks(cases.dead_peer, 3, args=(2,), timeout=90)
     for rank in (0, 1):
@@ -84,3 +95,21 @@ def test_job_forms_through_torchs_store_without_launcher_variables():
 
     out = run_ranks(cases.init_method_tcp, 2, args=(_free_port(),), env=env, timeout=90)
     assert out == [(0, 0, 3.0, 3.0), (1, 1, 3.0, 3.0)]
+
+
+@pytest.mark.slow
+def test_every_collective_equals_gloo_under_torchrun(tmp_path):
+    """The same cases as a torchrun job: torch's own launcher, its agent store, its variables."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_backend_cases.py")
+    cmd = [torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()), script, str(tmp_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for name in [n for n in env if n.startswith(("HVDLITE_", "HOROVOD_"))]:
+        del env[name]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = []
+    for rank in range(2):
+        with open(tmp_path / ("rank%d.json" % rank)) as f:
+            results.append(json.load(f))
+    _check_all_true(results)

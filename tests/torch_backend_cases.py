@@ -249,3 +249,45 @@ def init_method_tcp(port):
     y = hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum)  # hvd.* in the same job, one runtime
     dist.destroy_process_group()
     return (rank, hvd.rank(), x.item(), y.item())
+
+
+def timeouts():
+    """The group's timeout bounds a blocking call, and Work.wait(timeout) its own wait; the call
+    itself keeps running and completes once the late rank joins it."""
+    import time
+
+    r, _n = start(timeout=timedelta(seconds=2))
+    try:
+        out = {}
+        x = torch.ones(3)
+        if r == 1:
+            time.sleep(3)  # past rank 0's 2 s bound, and within the bound of its barrier after
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(x)
+            out["group"] = ("completed", round(time.monotonic() - t0))
+        except TimeoutError as e:
+            out["group"] = ("timeout", round(time.monotonic() - t0), "2.000 s" in str(e))
+        dist.barrier()  # rank 0's all_reduce completed meanwhile: the group goes on
+        if r == 1:
+            time.sleep(1.5)
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        try:
+            work.wait(timeout=timedelta(seconds=0.3))
+            out["wait"] = "completed"
+        except TimeoutError:
+            out["wait"] = "timeout"
+        work.wait()
+        out["after"] = (x.tolist(), work.result()[0].tolist())
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # under a launcher (tests/test_torch_backend.py runs it with torchrun)
+    import json
+    import sys
+
+    result = collectives_vs_gloo()
+    with open(os.path.join(sys.argv[1], "rank%d.json" % int(os.environ["RANK"])), "w") as f:
+        json.dump(result, f)

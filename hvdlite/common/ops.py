@@ -6,6 +6,7 @@ the integer handles users see (Horovod's async API) and the waiting policy.
 
 import ctypes
 import threading
+import time
 
 from hvdlite.common import exceptions
 from hvdlite.common.native import core as _core
@@ -111,18 +112,27 @@ def run(
     _core.release(handle)
 
 
-def wait(core_handle):
-    """Blocks until the operation completes; raises its error, if any."""
+def wait(core_handle, deadline=None):
+    """Blocks until the operation completes; raises its error, if any. With `deadline` (a
+    time.monotonic() value): returns False, the operation still running and its handle live,
+    when the deadline passes first; True once it completed."""
     token = _core.wait_begin([core_handle])
     try:
-        _wait_one(core_handle)
+        return _wait_one(core_handle, deadline)
     finally:
         _core.wait_end(token)
 
 
-def _wait_one(core_handle):
+def _wait_one(core_handle, deadline=None):
     while True:
-        code, message = _core.wait(core_handle, _WAIT_SLICE_S)
+        slice_s = _WAIT_SLICE_S
+        if deadline is not None:
+            slice_s = min(slice_s, deadline - time.monotonic())
+            if slice_s <= 0:
+                if _core.poll(core_handle) == 0:
+                    return False
+                slice_s = 0.0
+        code, message = _core.wait(core_handle, slice_s)
         if code == exceptions.TIMEOUT:  # the slice ended, or the operation itself timed out
             state = _core.poll(core_handle)
             if state == 0:  # still running: wait another slice
@@ -134,7 +144,7 @@ def _wait_one(core_handle):
         if code != exceptions.OK:
             _core.release(core_handle)
         exceptions.raise_for_status(code, message)
-        return
+        return True
 
 
 def take_output(core_handle):

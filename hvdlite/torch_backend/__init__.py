@@ -11,7 +11,10 @@ This module only registers the backend: the process group itself
 (``hvdlite.torch_backend.process_group``) is imported when torch first creates one.
 """
 
+__all__ = ["BACKEND_NAME", "register"]
+
 BACKEND_NAME = "hvdlite"
+"""The name torch.distributed knows the backend by."""
 
 
 def _create(dist_backend_opts, backend_options):

@@ -28,6 +28,9 @@ from hvdlite.torch_backend.work import DoneWork, HvdliteWork, _settle
 # How many calls of one kind and signature may be in flight before the next waits for the
 # oldest (see the module doc).
 SLOTS = 8
+# Group timeouts from this long up leave blocking calls to the core's own bounds (the transport
+# timeout, the liveness check), which are shorter; torch's default is 30 minutes.
+FAST_PATH_MIN_TIMEOUT_S = 600.0
 
 _R = dist.ReduceOp.RedOpType
 # By the RedOpType's integer value: hashing and comparing torch's enum objects costs microseconds.
@@ -73,8 +76,13 @@ class HvdliteProcessGroup(dist.ProcessGroup):
     ranks in group-rank order). Thread-safety: torch issues a group's calls from one thread at a
     time; the works it returns may complete on the completer thread."""
 
-    def __init__(self, rank, size, process_set, group_name):
+    def __init__(self, rank, size, process_set, group_name, timeout):
         super().__init__(rank, size)
+        # The group's timeout bounds every wait on its works. A blocking call submits and waits
+        # in one call into the core, bounded by the core's own timeouts, unless the group asked
+        # for a shorter bound than those leave it.
+        self._timeout_s = timeout.total_seconds()
+        self._blocking_fast_path = self._timeout_s >= FAST_PATH_MIN_TIMEOUT_S
         self._set = process_set
         self._set_id = process_set.process_set_id
         self._members = process_set.ranks
@@ -110,6 +118,10 @@ class HvdliteProcessGroup(dist.ProcessGroup):
     def _track(self, names, work):
         for name in names:
             self._in_flight[name] = work
+        return self._bounded(work)
+
+    def _bounded(self, work):
+        work.default_timeout_s = self._timeout_s
         return work
 
     # ---- submissions ----
@@ -134,7 +146,13 @@ class HvdliteProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op, prescale = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "all_reduce")
-        if opts is not None and not opts.asyncOp and len(tensors) == 1 and tensors[0].is_cpu:
+        if (
+            self._blocking_fast_path
+            and opts is not None
+            and not opts.asyncOp
+            and len(tensors) == 1
+            and tensors[0].is_cpu
+        ):
             t = tensors[0]  # a blocking call: submit and wait in one call into the core
             name = self._name("allreduce", _signature(t))
             collectives.inplace_sync(
@@ -280,11 +298,11 @@ class HvdliteProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors, dst_rank, tag):
         pendings = [p2p.post(TORCH, p2p.SEND, t, dst_rank, tag, self._set, "c10d.send") for t in tensors]
-        return HvdliteWork(pendings, lambda: [p.finish() for p in pendings] and tensors)
+        return self._bounded(HvdliteWork(pendings, lambda: [p.finish() for p in pendings] and tensors))
 
     def recv(self, tensors, src_rank, tag):
         pendings = [p2p.post(TORCH, p2p.RECV, t, src_rank, tag, self._set, "c10d.recv") for t in tensors]
-        return HvdliteWork(pendings, lambda: [p.finish() for p in pendings])
+        return self._bounded(HvdliteWork(pendings, lambda: [p.finish() for p in pendings]))
 
     def recv_anysource(self, tensors, tag):
         raise exceptions.NotSupportedError(
@@ -299,6 +317,7 @@ class _CombinedWork(HvdliteWork):
     def __init__(self, works):
         super().__init__((), list)
         self._parts = works
+        self.default_timeout_s = works[0].default_timeout_s if works else 0.0
 
     def _core_done(self):
         return all(w.is_completed() for w in self._parts)
@@ -328,7 +347,7 @@ def create(dist_backend_opts, backend_options):
         process_set = global_process_set
     else:
         process_set = _member_set(members)
-    return HvdliteProcessGroup(rank, size, process_set, dist_backend_opts.group_id)
+    return HvdliteProcessGroup(rank, size, process_set, dist_backend_opts.group_id, dist_backend_opts.timeout)
 
 
 def _member_set(members):

@@ -25,10 +25,10 @@ import torch.distributed as dist
 from hvdlite.common import exceptions, ops
 
 
-def _timeout_error(seconds):
-    return exceptions.HvdliteTimeoutError(
+def _timeout_message(seconds):
+    return (
         "torch.distributed work on the hvdlite backend did not complete within %.3f s "
-        "(Work.wait timeout); it is still running and may be waited for again" % seconds
+        "(Work.wait timeout, or the group's); it is still running and may be waited for again" % seconds
     )
 
 
@@ -51,6 +51,8 @@ class HvdliteWork(dist.Work):
         self._error = None
         self._outputs = None
         self._future = None
+        self._waited: set[int] = set()  # indexes of the pendings whose core operation completed
+        self.default_timeout_s = 0.0  # the group's timeout, for wait() without one (0: none)
 
     def _core_done(self):
         return all(ops.poll_core(p.core) for p in self._pendings)
@@ -71,10 +73,8 @@ class HvdliteWork(dist.Work):
         try:
             if self.is_done():  # completed by another thread while this one waited for the lock
                 return True
-            while deadline is not None and not self._core_done():
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.0002)
+            if not self._wait_core(deadline):
+                return False
             self._run_finish()
         finally:
             self._lock.release()
@@ -82,35 +82,45 @@ class HvdliteWork(dist.Work):
             _settle(self._future, self._outputs, self._error)
         return True
 
-    def _run_finish(self):
-        first_error = None
-        for p in self._pendings:
+    def _wait_core(self, deadline):
+        """Waits for every core operation, even after one failed (the core may still use the
+        others' buffers); the first failure becomes the work's error. False: the deadline
+        passed first (the operations still run; a later call waits for the rest)."""
+        for i, p in enumerate(self._pendings):
+            if i in self._waited:
+                continue
             try:
-                ops.wait(p.core)
-            except exceptions.HvdliteError as e:
-                first_error = first_error or e
+                if not ops.wait(p.core, deadline):
+                    return False
+            except exceptions.HvdliteError as e:  # ops.wait released the failed handle
+                self._error = self._error or e
+            self._waited.add(i)
+        return True
+
+    def _run_finish(self):
         try:
-            if first_error is None:
+            if self._error is None:
                 self._outputs = self._finish()
             else:
                 for p in self._pendings:  # all done now: free what the others produced
                     ops.release(p.core)
         except exceptions.HvdliteError as e:
-            first_error = e
-        self._error = first_error
+            self._error = e
         self._pendings = ()
         self._done = True
 
     # ---- torch's Work API ----
 
     def wait(self, timeout=None):
-        """Blocks until done (at most `timeout`, a timedelta; None or 0: no timeout of its own,
-        the core's bounds still apply) and raises the operation's error; returns True."""
-        seconds = _seconds(timeout)
+        """Blocks until done (at most `timeout`, a timedelta; None or 0: the group's timeout from
+        init_process_group / new_group; the core's bounds always apply) and raises the
+        operation's error; returns True."""
+        seconds = _seconds(timeout) or self.default_timeout_s
         if not self._complete(time.monotonic() + seconds if seconds > 0 else None):
-            raise _timeout_error(seconds)
-        if self._error is not None:
-            raise self._error
+            raise exceptions.HvdliteTimeoutError(_timeout_message(seconds))
+        error = self._error
+        if error is not None:
+            raise error
         return True
 
     def is_completed(self):
