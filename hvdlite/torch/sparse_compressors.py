@@ -1,0 +1,189 @@
+"""``Compression.topk`` and ``Compression.sign`` for torch gradients: each rank sends a
+sparse or 1-bit version of (gradient + residual) through one allgather, and every rank
+sums the gathered contributions in rank order, so all of them hold the same bits.
+Past the allgather's crossover in ranks (hvdlite/common/compressors.py, gather_wins)
+the same contribution travels densified through an allreduce instead. Contracts as in
+hvdlite/torch/compressors.py.
+"""
+
+import torch
+
+from hvdlite.common import compressors as policy
+from hvdlite.common import dtypes
+from hvdlite.torch import mpi_ops
+from hvdlite.torch.compressors import StatefulCompressor, _Pending
+
+_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)
+
+
+def _dense_pending(contribution, name, process_set):
+    """The contribution (already what this rank sends) summed by an allreduce."""
+    handle = mpi_ops.allreduce_async_(contribution, name=name, op=dtypes.Sum, process_set=process_set)
+
+    def finish():
+        return mpi_ops.synchronize(handle)
+
+    return _Pending(finish)
+
+
+def _gather_pending(wire, name, process_set, decode):
+    """An allgather of every rank's `wire`; decode(segment, out) adds one rank's
+    contribution into out, called in rank order."""
+    handle = mpi_ops.allgather_async(wire, name=name, process_set=process_set)
+
+    def finish():
+        gathered = mpi_ops.synchronize(handle).view(process_set.size(), -1)
+        out = None
+        for segment in gathered:
+            out = decode(segment, out)
+        return out
+
+    return _Pending(finish)
+
+
+def _sampled_threshold(magnitude, k, generator):
+    """A threshold that about 1.3 k (at least k, most of the time) magnitudes reach,
+    from a random sample of them instead of a sort; None when a sample would not be
+    much smaller than the tensor."""
+    n = magnitude.numel()
+    samples = min(n, -(-64 * n // k))
+    if 2 * samples > n:
+        return None
+    picks = torch.randint(n, (samples,), generator=generator).to(magnitude.device)
+    position = min(samples, int(1.3 * k * samples / n) + 2)
+    return torch.topk(magnitude[picks], position, sorted=False).values.min()
+
+
+def select_topk(magnitude, k, generator):
+    """Indices of the k largest magnitudes (ties broken arbitrarily): the candidates
+    above a sampled threshold, then an exact top-k among them; a full top-k when the
+    sample misjudged (fewer than k candidates)."""
+    threshold = _sampled_threshold(magnitude, k, generator)
+    if threshold is not None:
+        candidates = torch.nonzero(magnitude >= threshold).view(-1)
+        if candidates.numel() >= k:
+            chosen = torch.topk(magnitude[candidates], k, sorted=False).indices
+            return candidates[chosen]
+    return torch.topk(magnitude, k, sorted=False).indices
+
+
+class TopKCompressor(StatefulCompressor):
+    """Top-k sparsification with error feedback: each rank sends the k = ratio x numel
+    entries of largest magnitude of (gradient + residual) as int32 indices and float32
+    values, and keeps the rest as its residual. With momentum > 0, momentum correction as
+    in DGC (Lin et al., 2018): the compressor accumulates velocity u = momentum u + g and
+    sends from residual + u, clearing both where it sent; use it with a momentum-free
+    optimizer then."""
+
+    method = "topk"
+
+    def __init__(self, ratio=0.01, momentum=0.0, min_numel=policy.DEFAULT_MIN_NUMEL, seed=0):
+        super().__init__(min_numel)
+        self.ratio = policy.check_ratio(ratio)
+        self.momentum = policy.check_momentum(momentum)
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def _describe(self):
+        return "ratio=%g, momentum=%g, min_numel=%d" % (self.ratio, self.momentum, self.min_numel)
+
+    def _plan(self, shape, is_float, itemsize, size):
+        return policy.topk_plan(shape, is_float, itemsize, self.ratio, size, self.min_numel)
+
+    def _corrected(self, name, grad):
+        if self.momentum == 0.0:
+            return super()._corrected(name, grad)
+        local = self._state.local_of(name)
+        velocity = grad.to(torch.float32, copy=True).contiguous()
+        if "velocity" in local:
+            velocity.add_(local["velocity"].to(velocity.device), alpha=self.momentum)
+        local["velocity"] = velocity
+        residual = local.get("residual")
+        return velocity.clone() if residual is None else velocity + residual.to(velocity.device)
+
+    def _start(self, name, corrected, plan, process_set):
+        flat = corrected.view(-1)
+        n = flat.numel()
+        k = policy.topk_count(n, self.ratio)
+        index = select_topk(flat.abs(), k, self._generator)
+        values = flat[index]
+        local = self._state.local_of(name)
+        residual = flat.clone()
+        residual[index] = 0.0
+        local["residual"] = residual.view(corrected.shape)
+        if self.momentum != 0.0:
+            velocity = local["velocity"].view(-1).clone()
+            velocity[index] = 0.0
+            local["velocity"] = velocity.view(corrected.shape)
+        if plan.collective != "allgather":
+            dense = torch.zeros_like(flat)
+            dense[index] = values
+            return _dense_pending(dense, name + ".topk", process_set)
+        wire = torch.cat([index.to(torch.int32), values.view(torch.int32)])
+
+        def decode(segment, out):
+            if out is None:
+                out = torch.zeros_like(flat)
+            # Indices within one rank are distinct: one addition per entry, in rank order.
+            return out.index_add_(0, segment[:k].long(), segment[k:].view(torch.float32))
+
+        return _gather_pending(wire, name + ".topk", process_set, decode)
+
+
+def pack_bits(bits, nbytes):
+    """A bool tensor as `nbytes` uint8, bit i of byte j = element 8 j + i."""
+    padded = torch.zeros(nbytes * 8, dtype=torch.uint8, device=bits.device)
+    padded[: bits.numel()] = bits.view(-1)
+    return (padded.view(-1, 8) * _BIT_WEIGHTS.to(bits.device)).sum(1, dtype=torch.uint8)
+
+
+def unpack_bits(packed, n):
+    """pack_bits' inverse: the first n bits as a bool tensor."""
+    shifts = _BIT_SHIFTS.to(packed.device)
+    return ((packed.view(-1, 1) >> shifts) & 1).view(-1)[:n].bool()
+
+
+class SignCompressor(StatefulCompressor):
+    """Scaled sign (1-bit) with error feedback: each chunk of whole rows (at least `chunk`
+    elements) of (gradient + residual) is sent as its signs, packed 8 to a byte, and one
+    float32 scale, the chunk's mean magnitude (the scale that minimizes the chunk's
+    squared error); the residual is what that leaves out."""
+
+    method = "sign"
+
+    def __init__(self, chunk=policy.DEFAULT_SIGN_CHUNK, min_numel=policy.DEFAULT_MIN_NUMEL):
+        super().__init__(min_numel)
+        self.chunk = policy.check_positive_int(chunk, "sign chunk")
+
+    def _describe(self):
+        return "chunk=%d, min_numel=%d" % (self.chunk, self.min_numel)
+
+    def _plan(self, shape, is_float, itemsize, size):
+        return policy.sign_plan(shape, is_float, itemsize, self.chunk, size, self.min_numel)
+
+    def _start(self, name, corrected, plan, process_set):
+        flat = corrected.view(-1)
+        n = flat.numel()
+        chunk, chunks = policy.sign_layout(tuple(corrected.shape), self.chunk)
+        padded = torch.zeros(chunk * chunks, dtype=torch.float32, device=flat.device)
+        padded[:n] = flat
+        counts = torch.full((chunks,), float(chunk), device=flat.device)
+        counts[-1] = n - (chunks - 1) * chunk
+        scales = padded.view(chunks, chunk).abs().sum(1) / counts
+        positive = flat >= 0
+        magnitude = scales.repeat_interleave(chunk)[:n]
+        sent = torch.where(positive, magnitude, -magnitude)
+        self._state.local_of(name)["residual"] = (flat - sent).view(corrected.shape)
+        if plan.collective != "allgather":
+            return _dense_pending(sent, name + ".sign", process_set)
+        nbytes = 4 * (-(-n // 32))
+        wire = torch.cat([pack_bits(positive, nbytes), scales.view(torch.uint8)])
+
+        def decode(segment, out):
+            signs = unpack_bits(segment[:nbytes], n)
+            rank_scales = segment[nbytes:].clone().view(torch.float32)
+            mag = rank_scales.repeat_interleave(chunk)[:n]
+            contribution = torch.where(signs, mag, -mag)
+            return contribution if out is None else out.add_(contribution)
+
+        return _gather_pending(wire, name + ".sign", process_set, decode)
