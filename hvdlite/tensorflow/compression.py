@@ -1,4 +1,4 @@
-"""Compression.none / Compression.fp16 for TensorFlow tensors (the policy is
+"""Compression.none / .fp16 / .bf16 for TensorFlow tensors (the policy is
 in hvdlite.common.compression; this binds it to tf dtypes)."""
 
 import tensorflow as tf
@@ -20,4 +20,11 @@ class FP16Compressor(FP16CompressorBase):
         return tf.cast(tensor, dtype)
 
 
-Compression = make_compression(FP16Compressor)
+class BF16Compressor(FP16Compressor):
+    """Floating-point tensors travel as tf.bfloat16 and come back in their own dtype."""
+
+    _float16 = tf.bfloat16
+
+
+# The stateful compressors (powersgd, topk, sign) exist for torch only so far.
+Compression = make_compression(FP16Compressor, BF16Compressor)
