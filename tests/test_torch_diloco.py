@@ -149,6 +149,48 @@ def test_diloco_trains_with_identical_replicas_after_each_sync():
         assert np.array_equal(mine, theirs)
 
 
+def _elastic_state():
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    model = _model(seed=1)
+    x, y = _data()
+    shard = slice(hvd.rank(), None, hvd.size())
+    opt = hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), sync_every=2)
+
+    def step():
+        opt.zero_grad()
+        _loss(model, x[shard], y[shard]).backward()
+        opt.step()
+
+    for _ in range(4):
+        step()
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, step=4)
+    saved = copy.deepcopy(opt.state_dict())
+    for _ in range(3):
+        step()
+    state.restore()
+    restored = opt.state_dict()
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(saved["outer"] + saved["momentum"], restored["outer"] + restored["momentum"])
+    )
+    if hvd.rank() == 1:  # as if this rank had joined late: sync gives it rank 0's state
+        opt.inner_steps, opt._outer[0] = 0, torch.zeros_like(opt._outer[0])
+    state.sync()
+    step()
+    step()  # a sync: every replica must hold the same weights
+    return same, opt.inner_steps, [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def test_diloco_state_travels_with_torch_state():
+    results = run_pooled(_elastic_state, 2, timeout=60)
+    for same, inner_steps, _ in results:
+        assert same and inner_steps == 6
+    for mine, theirs in zip(results[0][2], results[1][2]):
+        assert np.array_equal(mine, theirs)
+
+
 def _misuse():
     import hvdlite.torch as hvd
 

@@ -18,9 +18,10 @@ Floating-point buffers (BatchNorm statistics) are averaged at each sync.
 import torch
 
 from hvdlite.common import dtypes, exceptions
+from hvdlite.common.objects import broadcast_object
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.functions import broadcast_parameters
+from hvdlite.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
 
 def _check(inner_optimizer, sync_every, outer_lr, outer_momentum):
@@ -141,6 +142,20 @@ class DiLoCo:
             "inner_steps": self.inner_steps,
             "syncs": self.syncs,
         }
+
+    def broadcast_state(self, root_rank=0):
+        """Makes every rank's outer weights, outer momentum, step counts and inner optimizer
+        state root_rank's (a collective; hvd.elastic.TorchState's sync after a reset)."""
+        tensors = list(self._outer) + (list(self._momentum) if self._momentum is not None else [])
+        broadcast_parameters(tensors, root_rank, self.process_set)
+        counts = broadcast_object(
+            (self.inner_steps, self.syncs),
+            root_rank,
+            name="%s.counts" % self.name,
+            process_set=self.process_set,
+        )
+        self.inner_steps, self.syncs = counts
+        broadcast_optimizer_state(self.inner_optimizer, root_rank, process_set=self.process_set)
 
     def load_state_dict(self, state):
         if len(state["outer"]) != len(self._params):
