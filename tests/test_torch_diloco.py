@@ -191,6 +191,55 @@ def test_diloco_state_travels_with_torch_state():
         assert np.array_equal(mine, theirs)
 
 
+def _overlap():
+    """sync_every=2, overlap: the sync begun by step 2 lands in step 3, on top of step 3's
+    inner step; returns (weights, expected) after step 3, outer weights, final weights."""
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    model = _model(seed=1)
+    x, y = _data()
+    shard = slice(hvd.rank(), None, hvd.size())
+    opt = hvd.DiLoCo(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        sync_every=2,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        overlap=True,
+    )
+    snapshot = None
+    for step in range(3):
+        local = _local_step(model, 0.1, x[shard], y[shard])
+        opt.zero_grad()
+        _loss(model, x[shard], y[shard]).backward()
+        opt.step()
+        if step == 1:
+            snapshot = [p.detach().clone() for p in local.parameters()]
+            pending = opt._pending is not None
+    gathered = [hvd.allgather(s.unsqueeze(0)) for s in snapshot]
+    expected = [
+        (g[0] + g[1]) / 2 + (q.detach() - s) for g, q, s in zip(gathered, local.parameters(), snapshot)
+    ]
+    after = [(p.detach().numpy().copy(), e.numpy()) for p, e in zip(model.parameters(), expected)]
+    outer = [o.numpy().copy() for o in opt.outer_weights().values()]
+    opt.synchronize()
+    return pending, after, outer, [p.detach().numpy().copy() for p in model.parameters()], opt.syncs
+
+
+def test_overlap_lands_the_sync_one_step_later():
+    results = run_pooled(_overlap, 2, timeout=60)
+    for pending, after, _, _, syncs in results:
+        assert pending and syncs == 2
+        for actual, expected in after:
+            np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7)
+    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(results[0][1], results[1][1]))
+    for mine, theirs in zip(results[0][2], results[1][2]):
+        assert np.array_equal(mine, theirs)  # the outer weights are shared
+    for mine, theirs in zip(results[0][3], results[1][3]):
+        assert np.array_equal(mine, theirs)  # synchronize() makes the weights equal
+
+
 def _misuse():
     import hvdlite.torch as hvd
 
