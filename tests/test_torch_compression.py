@@ -231,3 +231,23 @@ def test_misuse_fails_with_a_clear_error():
     assert errors["op"][0] == "NotSupportedError" and "Average or Sum" in errors["op"][1]
     assert errors["ratio"][0] == "InvalidArgumentError" and "ratio" in errors["ratio"][1]
     assert errors["rank"][0] == "InvalidArgumentError" and "rank" in errors["rank"][1]
+
+
+def test_bit_packing_and_sampled_top_k_single_process():
+    from hvdlite.torch import sparse_compressors as sc
+
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 7, 8, 9, 1000, 4099):
+        bits = torch.rand(n, generator=g) > 0.5
+        nbytes = 4 * (-(-n // 32))
+        packed = sc.pack_bits(bits, nbytes)
+        # the NumPy path (CPU) and the torch path (other devices) agree, and round-trip
+        assert packed.dtype == torch.uint8 and packed.numel() == nbytes
+        assert torch.equal(packed, sc._pack_bits_torch(bits, nbytes))
+        assert torch.equal(sc.unpack_bits(packed, n).bool(), bits)
+        assert torch.equal(sc._unpack_bits_torch(packed, n).bool(), bits)
+    magnitude = torch.randn(200_000, generator=g).abs()
+    for k in (1, 50, 2000):
+        chosen = sc.select_topk(magnitude, k, g)
+        assert chosen.numel() == k and chosen.unique().numel() == k
+        assert magnitude[chosen].min() >= torch.topk(magnitude, k).values.min()

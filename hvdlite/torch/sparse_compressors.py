@@ -131,25 +131,33 @@ class TopKCompressor(StatefulCompressor):
         return _gather_pending(wire, name + ".topk", process_set, decode)
 
 
-def pack_bits(bits, nbytes):
-    """A bool tensor as `nbytes` uint8, bit i of byte j = element 8 j + i (NumPy's
-    packbits on the CPU, 50x faster than the torch arithmetic used on other devices)."""
-    if bits.device.type == "cpu":
-        packed = np.packbits(bits.view(-1).numpy(), bitorder="little")
-        out = torch.zeros(nbytes, dtype=torch.uint8)
-        out[: packed.size] = torch.from_numpy(packed)
-        return out
+def _pack_bits_torch(bits, nbytes):
     padded = torch.zeros(nbytes * 8, dtype=torch.uint8, device=bits.device)
     padded[: bits.numel()] = bits.view(-1)
     return (padded.view(-1, 8) * _BIT_WEIGHTS.to(bits.device)).sum(1, dtype=torch.uint8)
 
 
-def unpack_bits(packed, n):
-    """pack_bits' inverse: the first n bits, as uint8 0 or 1."""
-    if packed.device.type == "cpu":
-        return torch.from_numpy(np.unpackbits(packed.numpy(), count=n, bitorder="little"))
+def _unpack_bits_torch(packed, n):
     shifts = _BIT_SHIFTS.to(packed.device)
     return ((packed.view(-1, 1) >> shifts) & 1).view(-1)[:n]
+
+
+def pack_bits(bits, nbytes):
+    """A bool tensor as `nbytes` uint8, bit i of byte j = element 8 j + i (NumPy's
+    packbits on the CPU, 50x faster than the torch arithmetic used on other devices)."""
+    if bits.device.type != "cpu":
+        return _pack_bits_torch(bits, nbytes)
+    packed = np.packbits(bits.view(-1).numpy(), bitorder="little")
+    out = torch.zeros(nbytes, dtype=torch.uint8)
+    out[: packed.size] = torch.from_numpy(packed)
+    return out
+
+
+def unpack_bits(packed, n):
+    """pack_bits' inverse: the first n bits, as uint8 0 or 1."""
+    if packed.device.type != "cpu":
+        return _unpack_bits_torch(packed, n)
+    return torch.from_numpy(np.unpackbits(packed.numpy(), count=n, bitorder="little"))
 
 
 def _scaled_signs(signs, scales, chunk, n):
