@@ -18,6 +18,7 @@ _FACTORIES = {
     "powersgd": lambda hvd: hvd.Compression.powersgd(rank=2, start_step=3, min_numel=256),
     "topk": lambda hvd: hvd.Compression.topk(ratio=0.1, min_numel=256),
     "topk_dgc": lambda hvd: hvd.Compression.topk(ratio=0.1, momentum=0.9, min_numel=256),
+    "topk_fused": lambda hvd: hvd.Compression.topk(ratio=0.1, min_numel=256, fused=True),
     "sign": lambda hvd: hvd.Compression.sign(min_numel=256),
 }
 
@@ -67,7 +68,7 @@ def _train(kind, steps):
     return loss, params, sent
 
 
-_STATEFUL = ("powersgd", "topk", "topk_dgc", "sign")
+_STATEFUL = ("powersgd", "topk", "topk_dgc", "topk_fused", "sign")
 
 
 def _train_all(steps):
@@ -123,10 +124,10 @@ def _one_step_feedback(kind):
 
 
 def test_error_feedback_keeps_exactly_what_was_not_sent():
-    for kind in ("powersgd", "topk", "sign"):
+    for kind in ("powersgd", "topk", "topk_fused", "sign"):
         results = run_pooled(_one_step_feedback, 2, args=(kind,), timeout=60)
         assert results[0].keys() == results[1].keys()
-        methods = set()
+        methods, sent_counts = set(), {}
         for name, (gathered, output, method) in results[0].items():
             methods.add(method)
             assert np.array_equal(output, results[1][name][1]), (kind, name)
@@ -136,12 +137,17 @@ def test_error_feedback_keeps_exactly_what_was_not_sent():
             np.testing.assert_allclose(residual_sum + 2 * output, grad_sum, rtol=1e-5, atol=1e-6)
             if method == "none":
                 assert not residual_sum.any()
-            if kind == "topk" and method == "topk":
+            if kind.startswith("topk") and method == "topk":
                 for g, r in ((gathered[0], gathered[1]), (gathered[2], gathered[3])):
                     sent = r == 0
                     assert np.array_equal(r[~sent], g[~sent])  # unsent entries kept exactly
-                    assert sent.sum() == int(g.size * 0.1) and not (g == 0).any()
-        assert methods == {"none", kind}, (kind, methods)  # biases uncompressed
+                    assert not (g == 0).any()
+                    sent_counts.setdefault(name, []).append(int(sent.sum()))
+        assert methods == {"none", kind.split("_")[0]}, (kind, methods)  # biases uncompressed
+        if kind == "topk":
+            assert sent_counts == {"0.weight": [102, 102], "2.weight": [25, 25]}, sent_counts  # 10% each
+        if kind == "topk_fused":  # 10% of the 1024 + 256 entries of both weights, chosen together
+            assert [sum(c) for c in zip(*sent_counts.values())] == [128, 128], sent_counts
 
 
 def _state_round_trip(kind):
@@ -183,7 +189,7 @@ def _state_round_trip(kind):
     return out
 
 
-@pytest.mark.parametrize("kind", ["powersgd", "topk_dgc", "sign"])
+@pytest.mark.parametrize("kind", ["powersgd", "topk_dgc", "topk_fused", "sign"])
 def test_residuals_are_state(kind):
     results = run_pooled(_state_round_trip, 2, args=(kind,), timeout=60)
     for out in results:

@@ -39,10 +39,11 @@ def powersgd(rank=4, start_step=10, min_numel=_policy.DEFAULT_MIN_NUMEL):
     return PowerSGDCompressor(rank=rank, start_step=start_step, min_numel=min_numel)
 
 
-def topk(ratio=0.01, momentum=0.0, min_numel=_policy.DEFAULT_MIN_NUMEL):
+def topk(ratio=0.01, momentum=0.0, min_numel=_policy.DEFAULT_MIN_NUMEL, fused=False):
     """A new top-k compressor (the `ratio` largest entries, error feedback; momentum > 0:
-    DGC's momentum correction, with a momentum-free optimizer)."""
-    return TopKCompressor(ratio=ratio, momentum=momentum, min_numel=min_numel)
+    DGC's momentum correction, with a momentum-free optimizer; fused=True: chosen across
+    all of a step's compressed gradients, one collective per step)."""
+    return TopKCompressor(ratio=ratio, momentum=momentum, min_numel=min_numel, fused=fused)
 
 
 def sign(chunk=_policy.DEFAULT_SIGN_CHUNK, min_numel=_policy.DEFAULT_MIN_NUMEL):

@@ -16,6 +16,8 @@ ranks' weights. The inner optimizer's state (momentum, Adam's moments) stays loc
 Floating-point buffers (BatchNorm statistics) are averaged at each sync.
 """
 
+from typing import Any
+
 import torch
 
 from hvdlite.common import dtypes, exceptions
@@ -70,7 +72,8 @@ class DiLoCo:
     ):
         _check(inner_optimizer, sync_every, outer_lr, outer_momentum)
         self.overlap = bool(overlap)
-        self._pending = None  # (handle, snapshot or None): the sync in flight        self.model = model
+        self._pending: Any = None  # (handle, snapshot or None): the sync in flight
+        self.model = model
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every
         self.outer_lr = float(outer_lr)

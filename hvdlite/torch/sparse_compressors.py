@@ -6,11 +6,13 @@ the same contribution travels densified through an allreduce instead. Contracts 
 hvdlite/torch/compressors.py.
 """
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from hvdlite.common import compressors as policy
-from hvdlite.common import dtypes
+from hvdlite.common import dtypes, exceptions
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.compressors import StatefulCompressor, _Pending
 
@@ -69,27 +71,67 @@ def select_topk(magnitude, k, generator):
     return torch.topk(magnitude, k, sorted=False).indices
 
 
+class _FusedBucket:
+    """One step's gradients for a fused top-k: filled by start() in hook order, closed by
+    the first advance() (in synchronize), which selects across all of them, sorted by
+    name (the same order on every rank), and submits one collective."""
+
+    def __init__(self, compressor, process_set):
+        self.compressor = compressor
+        self.process_set = process_set
+        self.entries = {}
+        self.pending: Any = None
+        self.outputs = None
+
+    def advance(self):
+        if self.pending is None:
+            self.pending = self.compressor._fused_start(self)
+
+    def output(self, name):
+        self.advance()
+        if self.outputs is None:
+            out, self.outputs, offset = self.pending(), {}, 0
+            for entry_name in sorted(self.entries):
+                numel = self.entries[entry_name].numel()
+                self.outputs[entry_name] = out[offset : offset + numel]
+                offset += numel
+        return self.outputs[name]
+
+
 class TopKCompressor(StatefulCompressor):
     """Top-k sparsification with error feedback: each rank sends the k = ratio x numel
     entries of largest magnitude of (gradient + residual) as int32 indices and float32
     values, and keeps the rest as its residual. With momentum > 0, momentum correction as
     in DGC (Lin et al., 2018): the compressor accumulates velocity u = momentum u + g and
     sends from residual + u, clearing both where it sent; use it with a momentum-free
-    optimizer then."""
+    optimizer then. With fused=True the k entries are chosen across all compressed
+    gradients of a step together (one collective per step, started in step() rather than
+    during backward), so a layer with larger gradients gets more of them."""
 
     method = "topk"
 
-    def __init__(self, ratio=0.01, momentum=0.0, min_numel=policy.DEFAULT_MIN_NUMEL, seed=0):
+    def __init__(self, ratio=0.01, momentum=0.0, min_numel=policy.DEFAULT_MIN_NUMEL, fused=False, seed=0):
         super().__init__(min_numel)
         self.ratio = policy.check_ratio(ratio)
         self.momentum = policy.check_momentum(momentum)
+        self.fused = bool(fused)
         self._generator = torch.Generator().manual_seed(seed)
+        self._bucket: Any = None
 
     def _describe(self):
-        return "ratio=%g, momentum=%g, min_numel=%d" % (self.ratio, self.momentum, self.min_numel)
+        return "ratio=%g, momentum=%g, min_numel=%d, fused=%s" % (
+            self.ratio,
+            self.momentum,
+            self.min_numel,
+            self.fused,
+        )
 
     def _plan(self, shape, is_float, itemsize, size):
         return policy.topk_plan(shape, is_float, itemsize, self.ratio, size, self.min_numel)
+
+    def load_state_dict(self, state):
+        self._bucket = None  # a step in flight is abandoned with its handles
+        super().load_state_dict(state)
 
     def _corrected(self, name, grad):
         if self.momentum == 0.0:
@@ -102,33 +144,70 @@ class TopKCompressor(StatefulCompressor):
         residual = local.get("residual")
         return velocity.clone() if residual is None else velocity + residual.to(velocity.device)
 
-    def _start(self, name, corrected, plan, process_set):
-        flat = corrected.view(-1)
-        n = flat.numel()
-        k = policy.topk_count(n, self.ratio)
-        index = select_topk(flat.abs(), k, self._generator)
+    def _select(self, flat, pieces):
+        """Top-k of `flat`, which concatenates `pieces` ([(name, shape)]); keeps each
+        piece's unsent part as its residual (and clears the sent part of its velocity).
+        Returns (index, values)."""
+        index = select_topk(flat.abs(), policy.topk_count(flat.numel(), self.ratio), self._generator)
         values = flat[index]
-        local = self._state.local_of(name)
         residual = flat.clone()
         residual[index] = 0.0
-        local["residual"] = residual.view(corrected.shape)
+        velocity = None
         if self.momentum != 0.0:
-            velocity = local["velocity"].view(-1).clone()
+            velocity = torch.cat([self._state.local_of(n)["velocity"].view(-1) for n, _ in pieces])
             velocity[index] = 0.0
-            local["velocity"] = velocity.view(corrected.shape)
-        if plan.collective != "allgather":
-            dense = torch.zeros_like(flat)
+        offset = 0
+        for name, shape in pieces:
+            local, numel = self._state.local_of(name), int(torch.Size(shape).numel())
+            local["residual"] = residual[offset : offset + numel].clone().view(shape)
+            if velocity is not None:
+                local["velocity"] = velocity[offset : offset + numel].clone().view(shape)
+            offset += numel
+        return index, values
+
+    def _exchange(self, like, index, values, gather, name, process_set):
+        """The ranks' (index, values) summed into a dense tensor shaped as flat `like`."""
+        if not gather:
+            dense = torch.zeros_like(like)
             dense[index] = values
-            return _dense_pending(dense, name + ".topk", process_set)
+            return _dense_pending(dense, name, process_set)
+        k = index.numel()
         wire = torch.cat([index.to(torch.int32), values.view(torch.int32)])
 
         def decode(segment, out):
             if out is None:
-                out = torch.zeros_like(flat)
+                out = torch.zeros_like(like)
             # Indices within one rank are distinct: one addition per entry, in rank order.
             return out.index_add_(0, segment[:k].long(), segment[k:].view(torch.float32))
 
-        return _gather_pending(wire, name + ".topk", process_set, decode)
+        return _gather_pending(wire, name, process_set, decode)
+
+    def _start(self, name, corrected, plan, process_set):
+        if self.fused:
+            if self._bucket is None or self._bucket.pending is not None:
+                self._bucket = _FusedBucket(self, process_set)
+            bucket = self._bucket
+            bucket.entries[name] = corrected
+            return _Pending(lambda: bucket.output(name), bucket.advance)
+        flat = corrected.view(-1)
+        index, values = self._select(flat, [(name, corrected.shape)])
+        gather = plan.collective == "allgather"
+        return self._exchange(flat, index, values, gather, name + ".topk", process_set)
+
+    def _fused_start(self, bucket):
+        names = sorted(bucket.entries)
+        devices = {bucket.entries[n].device for n in names}
+        if len(devices) > 1:
+            raise exceptions.NotSupportedError(
+                "Compression.topk(fused=True) needs every compressed gradient on one device; got %s"
+                " (use fused=False)" % sorted(str(d) for d in devices)
+            )
+        flat = torch.cat([bucket.entries[n].view(-1) for n in names])
+        index, values = self._select(flat, [(n, bucket.entries[n].shape) for n in names])
+        size = bucket.process_set.size()
+        gather = policy.gather_wins(8 * index.numel(), 4 * flat.numel(), size)
+        tag = "%s.topk.fused%d" % (names[0], len(names))
+        return self._exchange(flat, index, values, gather, tag, bucket.process_set)
 
 
 def _pack_bits_torch(bits, nbytes):
