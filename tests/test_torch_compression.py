@@ -95,8 +95,9 @@ def test_each_compressor_trains_close_to_uncompressed_with_identical_replicas():
             assert submitted * {"powersgd": 2, "sign": 10}.get(kind, 4) < uncompressed, (kind, sent)
 
 
-def _one_step_feedback(kind):
-    """One compressed step from zero residuals: every rank's gradient, residual and output."""
+def _one_step_feedback(kind, mode="average"):
+    """One compressed step from zero residuals: every rank's gradient, residual and output.
+    mode "sum": op=Sum; "accumulate": backward_passes_per_step=2, one pass per half batch."""
     import hvdlite.torch as hvd
 
     hvd.init()
@@ -106,12 +107,25 @@ def _one_step_feedback(kind):
     if kind == "powersgd":
         compression.start_step = 0
     shard = slice(hvd.rank(), None, hvd.size())
+    passes = (
+        [x[shard], y[shard]]
+        if mode != "accumulate"
+        else [x[shard][:32], y[shard][:32], x[shard][32:], y[shard][32:]]
+    )
     reference = copy.deepcopy(model)  # this rank's gradient, away from the in-place allreduces
-    torch.nn.functional.mse_loss(reference(x[shard]), y[shard]).backward()
+    for i in range(0, len(passes), 2):
+        torch.nn.functional.mse_loss(reference(passes[i]), passes[i + 1]).backward()
     grads = {n: p.grad for n, p in reference.named_parameters()}
-    opt = _optimizer(hvd, model, compression)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Sum if mode == "sum" else hvd.Average,
+        backward_passes_per_step=2 if mode == "accumulate" else 1,
+    )
     opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+    for i in range(0, len(passes), 2):
+        torch.nn.functional.mse_loss(model(passes[i]), passes[i + 1]).backward()
     opt.synchronize()
     out = {}
     for n, p in model.named_parameters():
@@ -124,8 +138,15 @@ def _one_step_feedback(kind):
 
 
 def test_error_feedback_keeps_exactly_what_was_not_sent():
-    for kind in ("powersgd", "topk", "topk_fused", "sign"):
-        results = run_pooled(_one_step_feedback, 2, args=(kind,), timeout=60)
+    for kind, mode in [
+        ("powersgd", "average"),
+        ("topk", "average"),
+        ("topk_fused", "average"),
+        ("sign", "average"),
+        ("sign", "sum"),
+        ("powersgd", "accumulate"),
+    ]:
+        results = run_pooled(_one_step_feedback, 2, args=(kind, mode), timeout=60)
         assert results[0].keys() == results[1].keys()
         methods, sent_counts = set(), {}
         for name, (gathered, output, method) in results[0].items():
@@ -133,8 +154,9 @@ def test_error_feedback_keeps_exactly_what_was_not_sent():
             assert np.array_equal(output, results[1][name][1]), (kind, name)
             grad_sum = gathered[0] + gathered[2]
             residual_sum = gathered[1] + gathered[3]
-            # sum of residuals + size x averaged output == sum of gradients
-            np.testing.assert_allclose(residual_sum + 2 * output, grad_sum, rtol=1e-5, atol=1e-6)
+            # sum of residuals + size x averaged output (op=Sum: + the summed output) == sum of gradients
+            times = 1 if mode == "sum" else 2
+            np.testing.assert_allclose(residual_sum + times * output, grad_sum, rtol=1e-5, atol=1e-6)
             if method == "none":
                 assert not residual_sum.any()
             if kind.startswith("topk") and method == "topk":
