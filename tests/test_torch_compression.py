@@ -75,17 +75,18 @@ def _train_all(steps):
     return {kind: _train(kind, steps) for kind in _FACTORIES}
 
 
-def test_each_compressor_trains_close_to_uncompressed_with_identical_replicas():
-    results = run_pooled(_train_all, 2, args=(100,), timeout=120)
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_each_compressor_trains_close_to_uncompressed_with_identical_replicas(size):
+    results = run_pooled(_train_all, size, args=(100,), timeout=120)
     with torch.no_grad():
         initial = float(torch.nn.functional.mse_loss(_model()(_data()[0]), _data()[1]))
     baseline = results[0]["none"][0]
     for kind in _FACTORIES:
         loss, params, sent = results[0][kind]
-        other = results[1][kind]
-        assert loss == other[0], kind
-        for mine, theirs in zip(params, other[1]):
-            assert np.array_equal(mine, theirs), "%s: replicas differ" % kind
+        for other in results[1:]:
+            assert loss == other[kind][0], kind
+            for mine, theirs in zip(params, other[kind][1]):
+                assert np.array_equal(mine, theirs), "%s: replicas differ" % kind
         assert loss < 0.2 * initial, (kind, loss, initial)
         # DGC's momentum masking restarts the momentum of every entry it sends, so with 10% of
         # the entries sent per step it trails plain SGD with momentum on this small model.
