@@ -195,8 +195,10 @@ class CompressorState:
 
     def load_state_dict(self, state):
         if not isinstance(state, dict) or set(state) != {"local", "shared"}:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise exceptions.InvalidArgumentError(
-                "not a compressor state (expected keys 'local' and 'shared'): %r" % (sorted(state),)
+                "not a compressor state (expected a dict with keys 'local' and 'shared'), got %r: load a"
+                " state_dict() of a DistributedOptimizer with a stateful compressor" % (got,)
             )
         self.local = {k: dict(v) for k, v in state["local"].items()}
         self.shared = {k: dict(v) for k, v in state["shared"].items()}
