@@ -1,9 +1,11 @@
-"""Compression.none / .fp16 / .bf16 for TensorFlow tensors (the policy is
+"""Compression.none / .fp16 / .bf16 / .topk / .sign for TensorFlow tensors (the policy is
 in hvdlite.common.compression; this binds it to tf dtypes)."""
 
 import tensorflow as tf
 
+from hvdlite.common import compressors as _policy
 from hvdlite.common.compression import FP16CompressorBase, make_compression
+from hvdlite.tensorflow.compressors import TFSignCompressor, TFTopKCompressor
 
 
 class FP16Compressor(FP16CompressorBase):
@@ -26,5 +28,15 @@ class BF16Compressor(FP16Compressor):
     _float16 = tf.bfloat16
 
 
-# The stateful compressors (powersgd, topk, sign) exist for torch only so far.
-Compression = make_compression(FP16Compressor, BF16Compressor)
+def topk(ratio=0.01, min_numel=_policy.DEFAULT_MIN_NUMEL):
+    """A new top-k compressor with error feedback (docs/compression.md)."""
+    return TFTopKCompressor(ratio=ratio, min_numel=min_numel)
+
+
+def sign(chunk=_policy.DEFAULT_SIGN_CHUNK, min_numel=_policy.DEFAULT_MIN_NUMEL):
+    """A new scaled-sign (1-bit) compressor with error feedback (docs/compression.md)."""
+    return TFSignCompressor(chunk=chunk, min_numel=min_numel)
+
+
+# PowerSGD exists for torch only so far.
+Compression = make_compression(FP16Compressor, BF16Compressor, topk=topk, sign=sign)
