@@ -19,7 +19,7 @@ def _problem(tf):
     return tf.constant(x), tf.constant(y), w1, w2
 
 
-def _train(hvd, tf, make, graph, steps=100):
+def _train(hvd, tf, make, graph, steps=60):
     x, y, w1_init, w2_init = _problem(tf)
     shard = slice(hvd.rank(), None, hvd.size())
     xs, ys = x[shard], y[shard]
