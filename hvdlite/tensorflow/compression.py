@@ -1,11 +1,11 @@
-"""Compression.none / .fp16 / .bf16 / .topk / .sign for TensorFlow tensors (the policy is
+"""Compression.none / .fp16 / .bf16 / .powersgd / .topk / .sign for TensorFlow tensors (the policy is
 in hvdlite.common.compression; this binds it to tf dtypes)."""
 
 import tensorflow as tf
 
 from hvdlite.common import compressors as _policy
 from hvdlite.common.compression import FP16CompressorBase, make_compression
-from hvdlite.tensorflow.compressors import TFSignCompressor, TFTopKCompressor
+from hvdlite.tensorflow.compressors import TFPowerSGDCompressor, TFSignCompressor, TFTopKCompressor
 
 
 class FP16Compressor(FP16CompressorBase):
@@ -38,5 +38,9 @@ def sign(chunk=_policy.DEFAULT_SIGN_CHUNK, min_numel=_policy.DEFAULT_MIN_NUMEL):
     return TFSignCompressor(chunk=chunk, min_numel=min_numel)
 
 
-# PowerSGD exists for torch only so far.
-Compression = make_compression(FP16Compressor, BF16Compressor, topk=topk, sign=sign)
+def powersgd(rank=4, start_step=10, min_numel=_policy.DEFAULT_MIN_NUMEL):
+    """A new PowerSGD compressor (low rank, warm start, error feedback; docs/compression.md)."""
+    return TFPowerSGDCompressor(rank=rank, start_step=start_step, min_numel=min_numel)
+
+
+Compression = make_compression(FP16Compressor, BF16Compressor, powersgd=powersgd, topk=topk, sign=sign)

@@ -7,8 +7,10 @@ created outside any graph on first use), so ``tf.train.Checkpoint(compression=c)
 and restores them. ``reduce`` runs from the thread that computes the gradients; inside
 tf.function its collectives are stateful ops ordered after the residual's read and
 before its assignment. Every rank sums the gathered contributions in rank order, so all
-of them hold the same bits. PowerSGD is torch-only so far.
+of them hold the same bits.
 """
+
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -155,3 +157,73 @@ class TFSignCompressor(TFStatefulCompressor):
         signs = tf.cast(tf.reshape(bits, [-1])[:n], tf.float32)
         scales = tf.bitcast(tf.reshape(segment[nbytes:], [chunks, 4]), tf.float32)
         return self._scaled(signs, scales, shape)
+
+
+def _orthogonalize(p, eps=1e-8):
+    """Gram-Schmidt on the columns of p (deterministic: the same bits on every rank)."""
+    columns: list[tf.Tensor] = []
+    for i in range(int(p.shape[1])):
+        col = p[:, i : i + 1]
+        for prev in columns:
+            col = col - prev * tf.reduce_sum(prev * col)
+        columns.append(col / (tf.norm(col) + eps))
+    return tf.concat(columns, 1)
+
+
+class TFPowerSGDCompressor(TFStatefulCompressor):
+    """PowerSGD as in hvdlite/torch/compressors.py: P = M Q and Q = M^T P (after P is
+    orthogonalized) travel as two allreduces; Q is kept between steps (a tf.Variable,
+    seeded by the gradient's name); the first `start_step` steps of each gradient go
+    uncompressed (a tf.cond on a step counter, the same on every rank)."""
+
+    method = "powersgd"
+
+    def __init__(self, rank=4, start_step=10, min_numel=policy.DEFAULT_MIN_NUMEL):
+        super().__init__(min_numel)
+        self.rank = policy.check_positive_int(rank, "powersgd rank")
+        self.start_step = policy.check_positive_int(start_step, "powersgd start_step", minimum=0)
+        self.qs: dict[str, tf.Variable] = {}
+        self.steps: dict[str, tf.Variable] = {}
+
+    def _plan(self, shape, is_float, itemsize, size):
+        return policy.powersgd_plan(shape, is_float, itemsize, self.rank, self.min_numel)
+
+    def _shared(self, name, m, r):
+        if name not in self.qs:
+            seed = zlib.crc32(name.encode("utf-8"))
+            initial = np.random.default_rng(seed).standard_normal((m, r)).astype(np.float32)
+            with tf.init_scope():
+                self.qs[name] = tf.Variable(initial, trainable=False, name="q")
+                self.steps[name] = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        return self.qs[name], self.steps[name]
+
+    def reduce(self, name, grad, op, prescale, postscale, process_set):
+        shape = tuple(int(d) for d in grad.shape)
+        size = process_set.size()
+        plan = self.plans[name] = self._plan(shape, grad.dtype.is_floating, grad.dtype.size, size)
+        if plan.method == "none":
+            return None
+        policy.check_reduction(op, name)
+        n, m = policy.matrix_shape(shape)
+        r = min(self.rank, n, m)
+        residual = self._residual(name, shape)
+        q, step = self._shared(name, m, r)
+        mat = tf.reshape(tf.cast(grad, tf.float32) + residual, [n, m])
+
+        def compressed():
+            p = raw_ops.allreduce([mat @ q], [name + ".powersgd.p"], dtypes.Sum, 1.0, 1.0, process_set)[0]
+            p = _orthogonalize(tf.reshape(p, [n, r]))
+            q_local = tf.transpose(mat) @ p
+            residual.assign(tf.reshape(mat - p @ tf.transpose(q_local), shape))
+            q_sum = raw_ops.allreduce([q_local], [name + ".powersgd.q"], dtypes.Sum, 1.0, 1.0, process_set)[0]
+            q_sum = tf.reshape(q_sum, [m, r])
+            q.assign(q_sum)
+            return p @ tf.transpose(q_sum)
+
+        def plain():
+            return tf.reshape(raw_ops.allreduce([mat], [name], dtypes.Sum, 1.0, 1.0, process_set)[0], [n, m])
+
+        total = tf.cond(step >= self.start_step, compressed, plain)
+        step.assign_add(1)
+        scale = policy.output_scale(op, prescale, postscale, size)
+        return tf.cast(tf.reshape(total * scale, shape), grad.dtype)
