@@ -473,3 +473,26 @@ def test_workers_see_horovods_identity_variables_in_elastic_and_static_mode():
 
     state = hvd.elastic.ObjectState(epoch=0)  # outside an elastic job: no host updates
     assert state._host_messages.empty() and state._last_updated_timestamp == 0
+
+
+@pytest.mark.slow
+def test_compressor_residuals_survive_a_killed_worker():
+    env = {"ELASTIC_KILL": "127.0.0.2[0]:5"}
+    script = str(REPO / "tests" / "elastic_compression_train.py")
+    res = hvdliterun("-np", 3, "--min-np", 2, "-H", HOSTS3, sys.executable, script, env=env, timeout=150)
+    assert res.returncode == 0, res.stderr[-4000:]
+    log, (first, last) = done_of(res)
+    assert [step for step, _, _ in log] == list(range(len(log)))  # no committed step lost or repeated
+    assert [size for _, size, _ in log][:5] == [3] * 5 and log[-1][1] == 2
+    assert all(same for _, _, same in log)  # replicas identical after every step
+    assert np.isfinite(first) and np.isfinite(last)  # 24 steps of batch 4: a state test, not convergence
+    entries = {}
+    for wid, lines in worker_lines(res.stdout).items():
+        for line in lines:
+            if line.startswith("RESIDUALS "):
+                entries[wid] = json.loads(line[len("RESIDUALS ") :])
+    assert sorted(entries) == ["127.0.0.1[0]", "localhost[0]"], sorted(entries)
+    for wid, visits in entries.items():
+        assert len(visits) == 2, (wid, visits)  # the start, and the re-entry after the reset
+        step, restored, at_commit = visits[1]
+        assert step == 5 and restored == at_commit and at_commit is not None, (wid, visits)

@@ -123,6 +123,8 @@ def _grouped_and_options(hvd, tf):
     assert scattered[0].numpy().tolist() == [[n] * 3] * 2 and scattered[1].numpy().tolist() == [n]
     half = hvd.allreduce(tf.constant([1.5, 2.5], tf.float32), compression=hvd.Compression.fp16)
     assert half.dtype == tf.float32 and half.numpy().tolist() == [1.5, 2.5]
+    brain = hvd.allreduce(tf.constant([1.5, 2.5], tf.float32), compression=hvd.Compression.bf16)
+    assert brain.dtype == tf.float32 and brain.numpy().tolist() == [1.5, 2.5]
     scaled = hvd.allreduce(tf.ones([4]), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
     assert scaled.numpy().tolist() == [float(n)] * 4
     assert hvd.allreduce(tf.ones([2]), average=False).numpy().tolist() == [float(n)] * 2

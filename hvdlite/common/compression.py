@@ -1,11 +1,16 @@
-"""Gradient compression policy (Horovod's ``Compression.none`` / ``.fp16``),
-written once for every framework.
+"""Gradient compression policy (Horovod's ``Compression.none`` / ``.fp16``, and
+``.bf16``), written once for every framework.
 
-A compressor maps a tensor to (wire tensor, context) before a collective and
-back afterwards. ``FP16Compressor`` sends floating-point tensors as float16 and
-restores their dtype; other tensors pass unchanged. An adapter binds the policy
-to its framework by subclassing with three hooks: ``_is_float``, ``_float16``
-(the framework's float16 dtype) and ``_cast``.
+A stateless compressor maps a tensor to (wire tensor, context) before a collective
+and back afterwards. ``FP16Compressor`` sends floating-point tensors as float16 and
+restores their dtype; ``BF16Compressor`` does the same with bfloat16; other tensors
+pass unchanged. An adapter binds the policy to its framework by subclassing with
+three hooks: ``_is_float``, ``_float16`` (the framework's target dtype: float16 or
+bfloat16) and ``_cast``.
+
+The stateful compressors (PowerSGD, top-k, scaled sign: error feedback, their own
+collectives) are instances, not classes; their policy is in
+``hvdlite/common/compressors.py`` and ``make_compression`` adds their factories.
 """
 
 from typing import Any
@@ -38,9 +43,10 @@ class NoneCompressor(Compressor):
 
 
 class FP16CompressorBase(Compressor):
-    """Floating-point tensors travel as float16; ctx is the original dtype."""
+    """Floating-point tensors travel as float16 (or the adapter's ``_float16``: bfloat16
+    for a BF16 compressor); ctx is the original dtype."""
 
-    _float16: Any = None  # the framework's float16 dtype (set by each adapter)
+    _float16: Any = None  # the framework's target dtype (set by each adapter)
 
     @staticmethod
     def _is_float(tensor):
@@ -64,14 +70,17 @@ class FP16CompressorBase(Compressor):
         return tensor
 
 
-def make_compression(fp16_compressor):
-    """Horovod's ``Compression`` namespace for one framework."""
-    return type(
-        "Compression",
-        (),
-        {
-            "__doc__": "Optional gradient compression for allreduce: Compression.none or Compression.fp16.",
-            "none": NoneCompressor,
-            "fp16": fp16_compressor,
-        },
-    )
+def make_compression(fp16_compressor, bf16_compressor=None, **factories):
+    """Horovod's ``Compression`` namespace for one framework: ``none``, ``fp16``, ``bf16``
+    (when the adapter has one) and the factories of stateful compressors
+    (``powersgd``, ``topk``, ``sign``: each call makes a new compressor instance)."""
+    names = ["none", "fp16"] + (["bf16"] if bf16_compressor is not None else []) + sorted(factories)
+    namespace = {
+        "__doc__": "Optional gradient compression: Compression.%s." % ", .".join(names),
+        "none": NoneCompressor,
+        "fp16": fp16_compressor,
+    }
+    if bf16_compressor is not None:
+        namespace["bf16"] = bf16_compressor
+    namespace.update({name: staticmethod(factory) for name, factory in factories.items()})
+    return type("Compression", (), namespace)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from hvdlite.common import dtypes
 from hvdlite.common import optimizer_policy as policy
+from hvdlite.common.compression import NoneCompressor
 from hvdlite.common.reduction import check_predivide, gradient_scale_factors
 from hvdlite.tensorflow import mpi_ops
 
@@ -70,6 +71,9 @@ def allreduce_gradients(
         out[i] = g
         dense.append(i)
     wanted = set(dense)
+    if getattr(compression, "stateful", False):
+        wanted -= _reduce_stateful(compression, out, dense, name, op, prescale, postscale, process_set)
+        compression = NoneCompressor
     # Last gradient first: the backward pass computes the gradients of the last layers first,
     # and in a graph each submission waits for its own gradient and (stateful ops run in
     # program order) for the previous submission, so this order lets every allreduce start
@@ -92,6 +96,18 @@ def allreduce_gradients(
         for i, r in zip(members, reduced):
             out[i] = r
     return out
+
+
+def _reduce_stateful(compression, out, dense, name, op, prescale, postscale, process_set):
+    """Gradients a stateful compressor (Compression.topk, .sign) takes, reduced in place in
+    `out`; returns their positions (the others are reduced as they are)."""
+    taken = set()
+    for i in dense:
+        reduced = compression.reduce("%s.%d" % (name, i), out[i], op, prescale, postscale, process_set)
+        if reduced is not None:
+            out[i] = reduced
+            taken.add(i)
+    return taken
 
 
 def make_settings(

@@ -61,6 +61,7 @@ from hvdlite.torch.autograd_ops import (
     reducescatter,
 )
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.diloco import DiLoCo
 from hvdlite.torch.functions import (
     allgather_object,
     broadcast_object,

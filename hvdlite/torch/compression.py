@@ -1,9 +1,15 @@
-"""Compression.none / Compression.fp16 for torch tensors (the policy is in
-hvdlite.common.compression; this binds it to torch dtypes)."""
+"""Horovod's ``Compression`` namespace for torch: the stateless casts
+(``Compression.none``, ``.fp16``, ``.bf16``; policy in hvdlite.common.compression) and the
+factories of the stateful compressors (``.powersgd``, ``.topk``, ``.sign``:
+hvdlite/torch/compressors.py and hvdlite/torch/sparse_compressors.py), which
+``DistributedOptimizer(compression=...)`` takes. docs/compression.md says which to pick."""
 
 import torch
 
+from hvdlite.common import compressors as _policy
 from hvdlite.common.compression import FP16CompressorBase, make_compression
+from hvdlite.torch.compressors import PowerSGDCompressor, StatefulCompressor
+from hvdlite.torch.sparse_compressors import SignCompressor, TopKCompressor
 
 
 class FP16Compressor(FP16CompressorBase):
@@ -20,4 +26,32 @@ class FP16Compressor(FP16CompressorBase):
         return tensor.to(dtype)
 
 
-Compression = make_compression(FP16Compressor)
+class BF16Compressor(FP16Compressor):
+    """Floating-point tensors travel as torch.bfloat16 (float32's range, 8 bits of
+    mantissa) and come back in their own dtype."""
+
+    _float16 = torch.bfloat16
+
+
+def powersgd(rank=4, start_step=10, min_numel=_policy.DEFAULT_MIN_NUMEL):
+    """A new PowerSGD compressor (low rank `rank`, warm start, error feedback); the first
+    `start_step` steps of each gradient go uncompressed."""
+    return PowerSGDCompressor(rank=rank, start_step=start_step, min_numel=min_numel)
+
+
+def topk(ratio=0.01, momentum=0.0, min_numel=_policy.DEFAULT_MIN_NUMEL, fused=False):
+    """A new top-k compressor (the `ratio` largest entries, error feedback; momentum > 0:
+    DGC's momentum correction, with a momentum-free optimizer; fused=True: chosen across
+    all of a step's compressed gradients, one collective per step)."""
+    return TopKCompressor(ratio=ratio, momentum=momentum, min_numel=min_numel, fused=fused)
+
+
+def sign(chunk=_policy.DEFAULT_SIGN_CHUNK, min_numel=_policy.DEFAULT_MIN_NUMEL):
+    """A new scaled-sign compressor (1 bit per element + a scale per chunk of rows, error
+    feedback)."""
+    return SignCompressor(chunk=chunk, min_numel=min_numel)
+
+
+Compression = make_compression(FP16Compressor, BF16Compressor, powersgd=powersgd, topk=topk, sign=sign)
+
+__all__ = ["BF16Compressor", "Compression", "FP16Compressor", "StatefulCompressor"]

@@ -8,6 +8,7 @@ import inspect
 import torch
 
 from hvdlite.common import exceptions
+from hvdlite.common.compressors import STATE_KEY
 from hvdlite.common.objects import allgather_object, broadcast_object
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
@@ -69,7 +70,9 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
 
     State tensors are broadcast in place; everything else (learning rates,
     betas, step counts kept as numbers, flags) travels as one pickled object.
-    The hyperparameters of a stateless optimizer (plain SGD) are broadcast too."""
+    The hyperparameters of a stateless optimizer (plain SGD) are broadcast too. A
+    stateful compressor's shared state (step counters, PowerSGD's Q) comes from the root
+    too; its residuals are each rank's own and stay."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise exceptions.InvalidArgumentError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
@@ -90,7 +93,14 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
                 else:
                     states[(pid, key)] = value
     plain = {"groups": groups, "state": states}
+    if STATE_KEY in state_dict:
+        plain["compression_shared"] = state_dict[STATE_KEY]["shared"]
     plain = broadcast_object(plain, root_rank, name="optimizer_state.plain", process_set=process_set)
+    if STATE_KEY in state_dict and "compression_shared" in plain:
+        state_dict[STATE_KEY] = {
+            "local": state_dict[STATE_KEY]["local"],
+            "shared": plain["compression_shared"],
+        }
     broadcast_parameters(tensors, root_rank, process_set)
     for group, options in zip(state_dict["param_groups"], plain["groups"]):
         group.update(options)

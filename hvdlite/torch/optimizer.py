@@ -15,6 +15,7 @@ import torch
 
 from hvdlite.common import dtypes, exceptions
 from hvdlite.common import optimizer_policy as policy
+from hvdlite.common.compressors import STATE_KEY, check_reduction
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.common.reduction import check_predivide, gradient_scale_factors
@@ -49,19 +50,38 @@ class _DistributedOptimizer(HookedOptimizer):
         self._synchronized = False
         self._should_synchronize = True
         policy.check_groups(groups, torch.is_tensor)
+        if self._stateful_compression():
+            _check_stateful(compression, op, groups)
         self._groups = groups
         self._p_to_group = {}
         self._group_counts = {}
         if self.process_set.included():
             self._register_hooks()
 
-    def load_state_dict(self, *args, **kwargs):
+    def _stateful_compression(self):
+        return getattr(self._compression, "stateful", False)
+
+    def state_dict(self):
+        """The wrapped optimizer's state_dict; with a stateful compressor also its state
+        under "hvdlite_compression" (this rank's residuals, the shared step counters and
+        PowerSGD's Q): residuals are per rank, so each rank checkpoints its own."""
+        state = super(self.__class__, self).state_dict()
+        if self._stateful_compression():
+            state[STATE_KEY] = self._compression.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        super(self.__class__, self).load_state_dict(*args, **kwargs)
+        if STATE_KEY in state_dict:
+            state_dict = dict(state_dict)
+            compression_state = state_dict.pop(STATE_KEY)
+            if self._stateful_compression():
+                self._compression.load_state_dict(compression_state)
+        super(self.__class__, self).load_state_dict(state_dict)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -106,8 +126,17 @@ class _DistributedOptimizer(HookedOptimizer):
                     tensor, name=name, op=self.op, process_set=self.process_set
                 ), None
             tensor = tensor.to_dense()
-        compressed, ctx = self._compression.compress(tensor)
         prescale, postscale = self._scale_factors()
+        if self._stateful_compression():
+            if not hasattr(p, "hvd_process_set"):
+                pending = self._compression.start(
+                    name, tensor, self.op, prescale, postscale, self.process_set
+                )
+                if pending is not None:  # a callable handle (mpi_ops.synchronize calls it)
+                    return pending, None
+            compressed, ctx = tensor, None  # this one goes uncompressed
+        else:
+            compressed, ctx = self._compression.compress(tensor)
         if hasattr(p, "hvd_process_set"):
             return self._own_set_allreduce_async(p, name, compressed, prescale, postscale), ctx
         handle = mpi_ops.allreduce_async_(
@@ -215,6 +244,10 @@ class _DistributedOptimizer(HookedOptimizer):
             self._synchronized = True
             return
         self._submit_missing()
+        for handle, _ in self._handles.values():
+            advance = getattr(handle, "advance", None)  # a stateful compressor's middle stage
+            if advance is not None:
+                advance()
         for key, (handle, ctx) in self._handles.items():
             if isinstance(key, tuple):
                 for p, output, member_ctx in zip(key, mpi_ops.synchronize(handle), ctx):
@@ -255,6 +288,17 @@ class _DistributedOptimizer(HookedOptimizer):
         return super(self.__class__, self).step(closure)
 
 
+def _check_stateful(compression, op, groups):
+    """A stateful compressor (Compression.powersgd, .topk, .sign) reduces per gradient with
+    op Average or Sum."""
+    check_reduction(op, "every gradient")
+    if groups is not None:
+        raise exceptions.NotSupportedError(
+            "groups= (or num_groups=) with %r: stateful compressors send each gradient through"
+            " their own collectives; drop groups=" % (compression,)
+        )
+
+
 def DistributedOptimizer(
     optimizer,
     named_parameters=None,
@@ -271,7 +315,8 @@ def DistributedOptimizer(
     `process_set` before each step. Arguments as in Horovod:
 
     named_parameters: model.named_parameters(), so allreduces carry names;
-    compression: Compression.none or .fp16; backward_passes_per_step: local
+    compression: Compression.none, .fp16, .bf16, or a stateful compressor
+    (Compression.powersgd(), .topk(), .sign(): docs/compression.md); backward_passes_per_step: local
     accumulation steps before an allreduce; op: Average, Sum or Adasum;
     gradient_predivide_factor: divide before the sum and multiply after
     (op=Average only); groups (num_groups is its deprecated name): an int to
@@ -296,6 +341,10 @@ def DistributedOptimizer(
         )
     if process_set is not global_process_set and process_set.process_set_id != 0:
         raise exceptions.NotSupportedError("Adasum does not support non-global process sets yet.")
+    if getattr(compression, "stateful", False):
+        raise exceptions.NotSupportedError(
+            "op=Adasum with %r: use Compression.none or .fp16" % (compression,)
+        )
     return wrap(
         optimizer, _DistributedAdasumOptimizer, named_parameters, compression, backward_passes_per_step
     )

@@ -9,6 +9,7 @@ from hvdlite.common.exceptions import NotSupportedError
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.topology import rank
 from hvdlite.elastic.state import ObjectState
+from hvdlite.torch.diloco import DiLoCo
 from hvdlite.torch.elastic.sampler import ElasticSampler
 from hvdlite.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
@@ -45,6 +46,11 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class _DiLoCoHandler(_Handler):
+    def sync(self):
+        self.value.broadcast_state(root_rank=0)
+
+
 class _SamplerHandler(_Handler):
     def sync(self):
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
@@ -54,6 +60,7 @@ _HANDLERS = [
     (torch.nn.Module, _ModelHandler),
     (torch.optim.Optimizer, _OptimizerHandler),
     (ElasticSampler, _SamplerHandler),
+    (DiLoCo, _DiLoCoHandler),
 ]
 
 
@@ -67,7 +74,7 @@ def _handler_for(value):
 class TorchState(ObjectState):
     """State of a PyTorch training process: ``TorchState(model, optimizer, epoch=0, batch=0)``.
 
-    Every keyword becomes an attribute. Modules, optimizers and ElasticSamplers are handled
+    Every keyword becomes an attribute. Modules, optimizers, hvd.DiLoCo and ElasticSamplers are handled
     through their state_dicts (sync: broadcast_parameters / broadcast_optimizer_state from rank
     0); everything else is an ordinary picklable object. Several models or optimizers may be
     passed as keywords."""
