@@ -123,6 +123,16 @@ Status TcpTransport::PeerLost(int peer, int err) const {
   return Status::Aborted(who + " closed its connection (the process exited or crashed?)");
 }
 
+Status TcpTransport::CheckHeartbeat() const {
+  const int q = heartbeat_ != nullptr ? heartbeat_->frozen() : -1;
+  if (q < 0) return Status::OK();
+  std::ostringstream os;
+  os << Who(q) << " stopped responding: no heartbeat from it for " << heartbeat_->bound_s()
+     << " s while its connections stay open (its process is stopped or hung: SIGSTOP, a debugger, a call "
+        "that blocks every thread; HVDLITE_LIVENESS_SECONDS sets this bound)";
+  return Status::Aborted(os.str());
+}
+
 Status TcpTransport::Fail(const Status& st) {
   if (broken_.ok()) {
     broken_ = st;
@@ -210,13 +220,16 @@ Status TcpTransport::WaitImpl(int wake_fd, int timeout_ms, int writable_peer, in
     if (connector_ != nullptr) pfds.push_back(pollfd{connector_->wake_fd(), POLLIN, 0});
     const size_t wake_at = pfds.size();
     if (wake_fd >= 0) pfds.push_back(pollfd{wake_fd, POLLIN, 0});
+    if (heartbeat_fd() >= 0) pfds.push_back(pollfd{heartbeat_fd(), POLLIN, 0});  // checked below
     int n = ::poll(pfds.data(), pfds.size(), wait_ms);
     if (n < 0 && errno != EINTR) return Fail(Status::Internal("poll failed: " + net::ErrnoString(errno)));
+    Status beat = CheckHeartbeat();
+    if (!beat.ok()) return Fail(beat);
     bool progressed = false;
     for (size_t i = 0; n > 0 && i < pfds.size(); ++i) {
       if (pfds[i].revents == 0) continue;
-      if (i == wake_at) {
-        *woken = true;
+      if (i >= wake_at) {
+        *woken = *woken || (wake_fd >= 0 && i == wake_at);
         continue;
       }
       if (i == doorbell) {
@@ -292,6 +305,7 @@ void TcpTransport::Close() {
       net::CloseFd(&fd);
     }
   }
+  if (heartbeat_ != nullptr) heartbeat_->Stop();
   if (connector_ != nullptr) connector_->Stop();
 }
 
@@ -335,6 +349,19 @@ Status TcpTransport::AwaitPeers(const std::vector<int>& peers, const Deadline& d
   }
 }
 
+Status TcpTransport::StartHeartbeat(Store* store, const std::string& prefix,
+                                    const std::string& advertise_host, const std::string& secret,
+                                    int liveness_s, const Deadline& connect_deadline) {
+  if (size_ < 2 || heartbeat_ != nullptr) return Status::OK();
+  heartbeat_.reset(new Heartbeat(rank_, size_, std::max(2, liveness_s)));
+  return heartbeat_->Start(store, prefix, advertise_host, secret, liveness_s, RingNeighbours(rank_, size_),
+                           connect_deadline);
+}
+
+Status TcpTransport::AwaitFirstBeats(const Deadline& deadline) {
+  return heartbeat_ != nullptr ? heartbeat_->AwaitFirstBeats(deadline) : Status::OK();
+}
+
 Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int size,
                        const std::string& advertise_host, const std::string& secret, double connect_timeout_s,
                        double io_timeout_s, int liveness_s, const std::vector<int>& eager,
@@ -359,7 +386,10 @@ Status NewTcpTransport(Store* store, const std::string& prefix, int rank, int si
   out->reset(new TcpTransport(rank, size, std::move(connector), std::vector<int>(size, -1), hosts,
                               connect_timeout_s, io_timeout_s));
   if (size == 1) return Status::OK();
-  Status st = (*out)->AwaitPeers(eager, Deadline::After(connect_timeout_s));
+  const Deadline deadline = Deadline::After(connect_timeout_s);
+  Status st = (*out)->StartHeartbeat(store, prefix, advertise_host, secret, liveness_s, deadline);
+  if (st.ok()) st = (*out)->AwaitPeers(eager, deadline);
+  if (st.ok()) st = (*out)->AwaitFirstBeats(deadline);
   if (!st.ok()) out->reset();
   return st;
 }

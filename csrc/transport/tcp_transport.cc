@@ -173,6 +173,7 @@ Status TcpTransport::SendRecvReduce(int send_peer, uint32_t send_tag, const void
 
 Status TcpTransport::StepOps(SendOp* s, RecvOp* r, bool* progressed) {
   if (!broken_.ok()) return broken_;
+  HVD_RETURN_IF_ERROR(CheckHeartbeat());
   if (!s->done && peers_[s->peer].send < 0) HVD_RETURN_IF_ERROR(EnsureSendConn(s->peer));
   if (!s->done) HVD_RETURN_IF_ERROR(ProgressSend(s, progressed));
   if (!r->done) HVD_RETURN_IF_ERROR(ProgressRecv(r, progressed));
@@ -184,6 +185,7 @@ Status TcpTransport::RunOps(SendOp* s, RecvOp* r) {
   using Clock = std::chrono::steady_clock;
   Clock::time_point last_progress = Clock::now();
   for (;;) {
+    HVD_RETURN_IF_ERROR(CheckHeartbeat());
     bool progressed = false;
     if (!s->done) HVD_RETURN_IF_ERROR(ProgressSend(s, &progressed));
     if (!r->done) HVD_RETURN_IF_ERROR(ProgressRecv(r, &progressed));
@@ -193,9 +195,9 @@ Status TcpTransport::RunOps(SendOp* s, RecvOp* r) {
     double idle_s = std::chrono::duration<double>(now - last_progress).count();
     double left_ms = std::ceil((io_timeout_s_ - idle_s) * 1000.0);
     if (left_ms <= 0) return TimeoutError(*s, *r);
-    // The send socket, each socket of the receive peer, and the connector's
-    // doorbell while that peer has not connected yet.
-    pollfd pfds[4];
+    // The send socket, each socket of the receive peer, the connector's
+    // doorbell while that peer has not connected yet, and the heartbeat's.
+    pollfd pfds[5];
     nfds_t n = 0;
     if (!s->done) pfds[n++] = pollfd{peers_[s->peer].conn[peers_[s->peer].send].fd, POLLOUT, 0};
     if (!r->done) {
@@ -210,6 +212,7 @@ Status TcpTransport::RunOps(SendOp* s, RecvOp* r) {
       }
       if (connector_ != nullptr) pfds[n++] = pollfd{connector_->wake_fd(), POLLIN, 0};
     }
+    if (heartbeat_fd() >= 0) pfds[n++] = pollfd{heartbeat_fd(), POLLIN, 0};  // checked at the loop's top
     int wait_ms = left_ms > 1e9 ? 1000000000 : int(left_ms);
     if (::poll(pfds, n, wait_ms) < 0 && errno != EINTR) {
       return Status::Internal("poll failed: " + net::ErrnoString(errno));

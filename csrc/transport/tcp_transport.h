@@ -23,9 +23,12 @@
 //
 // Liveness: every socket carries TCP keepalive and a user timeout
 // (SetLiveness), so a peer whose host goes silent fails its sockets within
-// liveness_s; the first failure aborts this transport, and the ABORT frame it
-// sends to every connected peer carries the reason on (so a failure spreads
-// over the connection graph, which the ring neighbours keep connected).
+// liveness_s; a ring neighbour whose process stops while its sockets stay
+// open misses its heartbeat (heartbeat.h) for liveness_s, which every wait of
+// this transport polls for (CheckHeartbeat). The first failure aborts this
+// transport, and the ABORT frame it sends to every connected peer carries the
+// reason on (so a failure spreads over the connection graph, which the ring
+// neighbours keep connected).
 #pragma once
 #include <poll.h>
 
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "transport/heartbeat.h"
 #include "transport/stepped.h"
 #include "transport/tcp_connect.h"
 #include "transport/tcp_wire.h"
@@ -77,6 +81,12 @@ class TcpTransport : public SteppedTransport {
   // below have connected here (the eager set, see "Connections"); bounded by
   // `deadline`, whose expiry names the ranks that never connected.
   Status AwaitPeers(const std::vector<int>& peers, const Deadline& deadline);
+  // Starts watching the ring neighbours (heartbeat.h) with bound liveness_s
+  // (at least 2 s, like SetLiveness); before AwaitPeers. AwaitFirstBeats,
+  // after it, returns once every neighbour beat (so init returns watched).
+  Status StartHeartbeat(Store* store, const std::string& prefix, const std::string& advertise_host,
+                        const std::string& secret, int liveness_s, const Deadline& connect_deadline);
+  Status AwaitFirstBeats(const Deadline& deadline);
 
   // ---- SteppedTransport (stepped.h): used by the shared-memory transport,
   // which keeps this transport as its liveness channel and for peers on other
@@ -114,6 +124,10 @@ class TcpTransport : public SteppedTransport {
   };
 
   Status CheckPeer(int peer, const char* what) const;
+  // Aborted naming the neighbour the heartbeat found frozen, else OK (one
+  // atomic load); returned unrecorded, like StepOps' errors.
+  Status CheckHeartbeat() const;
+  int heartbeat_fd() const { return heartbeat_ != nullptr ? heartbeat_->wake_fd() : -1; }
   Status SelfCopy(uint32_t send_tag, const void* send_data, size_t send_len, uint32_t recv_tag,
                   void* recv_data, size_t recv_len);
   Status WriteFrame(int peer, uint32_t kind, uint32_t tag, const void* data, size_t len);
@@ -153,6 +167,7 @@ class TcpTransport : public SteppedTransport {
 
   int rank_, size_;
   std::unique_ptr<PeerConnector> connector_;
+  std::unique_ptr<Heartbeat> heartbeat_;  // null for one rank, and before StartHeartbeat
   std::vector<std::string> hosts_;
   double connect_timeout_s_;
   double io_timeout_s_;

@@ -120,9 +120,12 @@ SETTINGS = (
         "LIVENESS_SECONDS",
         "int",
         4,
-        "seconds a peer's host may stay silent (no reply to TCP keepalive probes, unacknowledged data)"
-        " before its connection fails and every rank is told; the kernel answers the probes, so a rank"
-        " that computes for hours without a collective is never declared dead",
+        "seconds a peer may stay silent before it is declared dead and every rank is told (at least 2):"
+        " a host that stops answering TCP keepalive probes or acknowledging data, or a rank whose"
+        " process stops while its sockets stay open (SIGSTOP, a call that blocks every thread), which"
+        " its ring neighbours find by a missing heartbeat; the kernel answers the probes and a core"
+        " thread beats without the GIL, so a rank that computes for hours without a collective is"
+        " never declared dead",
     ),
     Setting(
         "P2P_UNEXPECTED_BYTES",
