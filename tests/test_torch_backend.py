@@ -81,6 +81,17 @@ def test_dead_peer_fails_the_survivors_pending_call():
         assert seconds < 30
 
 
+@pytest.mark.slow
+def test_frozen_peer_fails_every_survivors_pending_call(tmp_path):
+    """gloo reports no error within 60 s here; hvdlite within HVDLITE_LIVENESS_SECONDS (4 s). The
+    time is printed, not asserted."""
+    results = spawn_ranks(cases.frozen_peer, 3, args=(1, str(tmp_path)), timeout=120)
+    for rank in (0, 2):
+        message, seconds = results[rank].value
+        print("rank %d raised after %.2f s: %s" % (rank, seconds, message))
+        assert message != "completed" and "rank 1" in message, message
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

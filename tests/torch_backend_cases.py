@@ -237,6 +237,38 @@ def dead_peer(dying_rank):
         return (str(e)[:400], time.monotonic() - t0)
 
 
+def frozen_peer(victim, tmp):
+    """A rank stopped by SIGSTOP (its sockets stay open): every survivor's pending all_reduce
+    raises, naming it, within the core's liveness bound; then a survivor resumes it."""
+    import signal
+    import time
+
+    r, n = start()
+    pids = [None] * n
+    dist.all_gather_object(pids, os.getpid())
+    dist.all_reduce(torch.ones(4))
+    if r == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        try:
+            dist.all_reduce(torch.ones(4))
+            return ("resumed", "completed")
+        except RuntimeError as e:
+            return ("resumed", str(e)[:200])
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        result = ("completed", time.monotonic() - t0)
+    except RuntimeError as e:
+        result = (str(e)[:400], time.monotonic() - t0)
+    open(os.path.join(tmp, "failed.%d" % r), "w").close()
+    if r == (victim + 1) % n:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(tmp)) < n - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(pids[victim], signal.SIGCONT)
+    return result
+
+
 def init_method_tcp(port):
     """init_process_group with init_method, rank and world_size and no launcher variables: the
     hvdlite job forms through torch's own store."""
