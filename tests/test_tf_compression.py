@@ -5,6 +5,7 @@ error feedback keeps exactly what was not sent, and tf.train.Checkpoint carries 
 residuals."""
 
 import numpy as np
+import pytest
 from helpers import TF_SPAWN_ENV, run_pooled
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -99,6 +100,7 @@ def _job():
     return out
 
 
+@pytest.mark.slow  # ~17 s of tf.function tracing: CI runs it, `make test` keeps its 5-minute budget
 def test_tf_compressors_train_exactly_and_keep_their_residuals():
     results = run_pooled(_job, 2, timeout=240, env=TF_ENV, spawn_env=TF_SPAWN_ENV)
     mine, theirs = results

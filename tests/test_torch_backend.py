@@ -33,7 +33,7 @@ def _check_all_true(results):
         assert not wrong, "rank %d: these differ from gloo: %s" % (rank, wrong)
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_every_collective_equals_gloo(size):
     _check_all_true(run_pooled(cases.collectives_vs_gloo, size, timeout=120))
 
@@ -65,6 +65,7 @@ def test_divergent_ranks_get_an_error_naming_both_and_the_group_stays_usable():
         assert o["after"] == [2.0, 2.0]
 
 
+@pytest.mark.slow
 def test_group_and_wait_timeouts_are_honoured():
     out = run_pooled(cases.timeouts, 2, timeout=90)
     assert out[0]["group"] == ("timeout", 2, True) and out[1]["group"][0] == "completed"
