@@ -50,7 +50,8 @@ Status WaitFor(Runtime& rt, int64_t handle, HandleResult* out) {
 }
 
 // hvdlite_enqueue's checks and submission on a live runtime.
-int Enqueue(Runtime& rt, const hvdlite_op* op, int64_t* handle, char* err, size_t err_len) {
+int Enqueue(Runtime& rt, const hvdlite_op* op, int64_t* handle, char* err, size_t err_len,
+            void* output = nullptr, int64_t output_nbytes = 0) {
   if (!IsValidDataType(op->dtype))
     return Report(Status::InvalidArgument("unsupported dtype code " + std::to_string(op->dtype)), err,
                   err_len);
@@ -84,7 +85,7 @@ int Enqueue(Runtime& rt, const hvdlite_op* op, int64_t* handle, char* err, size_
   r.process_set = op->process_set;
   r.device = op->device < 0 ? -1 : op->device;
   if (op->splits) r.splits.assign(op->splits, op->splits + op->nsplits);
-  return Report(rt.Enqueue(std::move(r), op->data, handle, op->stream), err, err_len);
+  return Report(rt.Enqueue(std::move(r), op->data, handle, op->stream, output, output_nbytes), err, err_len);
 }
 
 }  // namespace
@@ -125,6 +126,13 @@ int hvdlite_enqueue(const hvdlite_op* op, int64_t* handle, char* err, size_t err
   auto rt = Current();
   if (!rt) return Report(NotInitialized(), err, err_len);
   return Enqueue(*rt, op, handle, err, err_len);
+}
+
+int hvdlite_enqueue_into(const hvdlite_op* op, void* output, int64_t output_nbytes, int64_t* handle,
+                         char* err, size_t err_len) {
+  auto rt = Current();
+  if (!rt) return Report(NotInitialized(), err, err_len);
+  return Enqueue(*rt, op, handle, err, err_len, output, output_nbytes);
 }
 
 int hvdlite_p2p(int32_t kind, const char* name, void* data, int64_t nbytes, int32_t peer, int32_t tag,

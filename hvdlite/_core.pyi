@@ -25,6 +25,8 @@ def enqueue(
     process_set: int,
     device: int,
     stream: int,
+    output: Any = ...,
+    output_nbytes: int = ...,
 ) -> tuple[int, str, int]: ...
 def submit_wait(
     type: int,

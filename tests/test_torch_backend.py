@@ -82,6 +82,12 @@ def test_dead_peer_fails_the_survivors_pending_call():
         assert seconds < 30
 
 
+def test_the_core_writes_an_output_into_the_callers_buffer():
+    for same, values, error in run_pooled(cases.output_into_caller_buffer, 2, timeout=60):
+        assert same and values == [0.0, 0.0, 1.0, 1.0]
+        assert error is not None and "16 bytes" in error and "holds only 12" in error, error
+
+
 @pytest.mark.slow
 def test_frozen_peer_fails_every_survivors_pending_call(tmp_path):
     """gloo reports no error within 60 s here; hvdlite within HVDLITE_LIVENESS_SECONDS (4 s). The

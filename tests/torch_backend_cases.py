@@ -269,6 +269,35 @@ def frozen_peer(victim, tmp):
     return result
 
 
+def output_into_caller_buffer():
+    """The core writes an allgather's result into the caller's buffer (what the backend does for
+    all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single); one too small for the
+    result fails the operation, naming both sizes."""
+    import numpy as np
+
+    import hvdlite as hvd
+    from hvdlite.common import collectives, numpy_buffers, ops
+
+    hvd.init()
+    r = hvd.rank()
+    out = np.full(4, -1.0, np.float32)
+    pending = collectives.with_output(
+        numpy_buffers.NUMPY, "allgather", ops.ALLGATHER, np.full(2, float(r), np.float32), "into", out=out
+    )
+    ops.wait(pending.core)
+    result, _ = pending.finish()
+    small = np.zeros(3, np.float32)
+    pending = collectives.with_output(
+        numpy_buffers.NUMPY, "allgather", ops.ALLGATHER, np.ones(2, np.float32), "small", out=small
+    )
+    try:
+        ops.wait(pending.core)
+        error = None
+    except hvd.HvdliteError as e:
+        error = str(e)
+    return result is out, out.tolist(), error
+
+
 def init_method_tcp(port):
     """init_process_group with init_method, rank and world_size and no launcher variables: the
     hvdlite job forms through torch's own store."""

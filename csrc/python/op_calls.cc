@@ -127,15 +127,24 @@ PyObject* Result(int code, const char* message, std::initializer_list<int64_t> e
 }
 
 // enqueue(type, name, data, dtype, shape, reduce_op, prescale, postscale, root,
-// splits, process_set, device=-1, stream=0) -> (code, message, handle).
+// splits, process_set, device=-1, stream=0[, output, output_nbytes]) -> (code, message, handle).
+// With output (an address or a contiguous buffer): hvdlite_enqueue_into.
 // The error buffer is not zeroed: the C ABI always writes a terminated message.
 PyObject* Enqueue(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   OpArgs a;
+  void* output = nullptr;
+  int64_t output_nbytes = 0;
+  if (nargs == 15) {
+    if (!ToAddress(args[13], &output) || !ToInt64(args[14], &output_nbytes)) return nullptr;
+    nargs = 13;
+  }
   if (!ParseOp(args, nargs, "enqueue", &a)) return nullptr;
   int64_t handle = 0;
   char err[kErrLen];
   err[0] = '\0';
-  const int code = hvdlite_enqueue(&a.op, &handle, err, kErrLen);
+  const int code = output != nullptr
+                       ? hvdlite_enqueue_into(&a.op, output, output_nbytes, &handle, err, kErrLen)
+                       : hvdlite_enqueue(&a.op, &handle, err, kErrLen);
   return Result(code, code ? err : "", {handle});
 }
 
@@ -171,7 +180,7 @@ PyObject* SubmitWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef kOpCalls[] = {
     {"enqueue", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Enqueue)), METH_FASTCALL,
      "enqueue(type, name, data, dtype, shape, reduce_op, prescale, postscale, root, splits, process_set, "
-     "device=-1, stream=0) -> (code, message, handle)"},
+     "device=-1, stream=0[, output, output_nbytes]) -> (code, message, handle)"},
     {"submit_wait", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(SubmitWait)), METH_FASTCALL,
      "enqueue + wait_begin + one wait slice (+ wait_end + release when done) -> (code, message, handle, "
      "token)"},

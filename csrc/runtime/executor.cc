@@ -349,6 +349,30 @@ Status Executor::ReduceInPlace(const CollectiveContext& ctx, const Request& q, v
   return backend_->Allreduce(ctx, o);
 }
 
+// Where an operation's `bytes` of result go: the caller's buffer when it gave one (which must
+// hold them; out->output stays null, so hvdlite_take_output hands over no data), else a buffer
+// the core allocates and hands over.
+Status Executor::PlaceOutput(const TensorEntry& e, int64_t bytes, HandleResult* out, void** where) {
+  if (e.output != nullptr) {
+    if (bytes > e.output_capacity) {
+      return Status::InvalidArgument(
+          std::string(OpTypeName(e.request.type)) + " of tensor '" + e.request.name + "': its result is " +
+          std::to_string(bytes) + " bytes, but the output given holds only " +
+          std::to_string(e.output_capacity) + "; size the output for every member's contribution");
+    }
+    *where = e.output;
+    return Status::OK();
+  }
+  out->output_bytes = bytes;
+  out->output = AllocateOutput(bytes);
+  if (out->output == nullptr && bytes > 0) {
+    return Status::Internal(std::string("out of memory allocating the ") + OpTypeName(e.request.type) +
+                            " output of tensor '" + e.request.name + "'");
+  }
+  *where = out->output;
+  return Status::OK();
+}
+
 Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e,
                               HandleResult* out) {
   const Request& q = e.request;
@@ -359,14 +383,13 @@ Status Executor::RunAllgather(const CollectiveContext& ctx, const Response& r, T
     bytes[i] = r.first_dims[i] * row_bytes;
     rows += r.first_dims[i];
   }
-  out->output_bytes = rows * row_bytes;
-  out->output = AllocateOutput(out->output_bytes);
+  void* recv = nullptr;
+  HVD_RETURN_IF_ERROR(PlaceOutput(e, rows * row_bytes, out, &recv));
   out->output_shape = q.shape.empty() ? std::vector<int64_t>{rows} : q.shape;
   out->output_shape[0] = rows;
-  if (out->output == nullptr) return Status::Internal("out of memory allocating allgather output");
   AllgathervOptions o;
   o.send = e.data;
-  o.recv = out->output;
+  o.recv = recv;
   o.bytes = std::move(bytes);
   return backend_->Allgatherv(ctx, o);
 }
@@ -389,13 +412,12 @@ Status Executor::RunAlltoall(const CollectiveContext& ctx, const Response& r, Te
     recv[j] = out->received_splits[j] * row_bytes;
     recv_rows += out->received_splits[j];
   }
-  out->output_bytes = recv_rows * row_bytes;
-  out->output = AllocateOutput(out->output_bytes);
+  void* recv_buf = nullptr;
+  HVD_RETURN_IF_ERROR(PlaceOutput(e, recv_rows * row_bytes, out, &recv_buf));
   out->output_shape = q.shape;
   out->output_shape[0] = recv_rows;
-  if (out->output == nullptr) return Status::Internal("out of memory allocating alltoall output");
   o.send = e.data;
-  o.recv = out->output;
+  o.recv = recv_buf;
   HVD_RETURN_IF_ERROR(backend_->Alltoallv(ctx, o));
   int64_t elsewhere = 0;
   for (size_t j = 0; j < n; ++j) elsewhere += j == static_cast<size_t>(ctx.me) ? 0 : send[j];
@@ -415,14 +437,13 @@ Status Executor::RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, 
   std::vector<int64_t>& counts = o.counts;
   counts.resize(n);
   for (int64_t i = 0; i < n; ++i) counts[i] = (rows / n + (i < rows % n ? 1 : 0)) * row;
-  out->output_bytes = counts[ctx.me] * static_cast<int64_t>(esize);
-  out->output = AllocateOutput(out->output_bytes);
+  void* result = nullptr;
+  HVD_RETURN_IF_ERROR(PlaceOutput(e, counts[ctx.me] * static_cast<int64_t>(esize), out, &result));
   out->output_shape = q.shape;
   out->output_shape[0] = counts[ctx.me] / (row ? row : 1);
   if (row == 0) out->output_shape[0] = rows / n + (ctx.me < rows % n ? 1 : 0);
-  if (out->output == nullptr) return Status::Internal("out of memory allocating reducescatter output");
   o.in = e.data;  // the backend only reads it (a prescale works on a copy)
-  o.out = out->output;
+  o.out = result;
   return backend_->ReduceScatter(ctx, o);
 }
 

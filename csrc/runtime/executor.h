@@ -77,6 +77,7 @@ class Executor {
   Status RunAllreduce(const CollectiveContext& ctx, std::vector<TensorEntry>& entries);
   Status ReduceVotedInputs(const CollectiveContext& ctx, std::vector<TensorEntry>& entries);
   Status ReduceInPlace(const CollectiveContext& ctx, const Request& q, void* data, int64_t count);
+  Status PlaceOutput(const TensorEntry& e, int64_t bytes, HandleResult* out, void** where);
   Status RunAllgather(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
   Status RunAlltoall(const CollectiveContext& ctx, const Response& r, TensorEntry& e, HandleResult* out);
   Status RunReducescatter(const CollectiveContext& ctx, TensorEntry& e, HandleResult* out);

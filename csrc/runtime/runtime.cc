@@ -72,7 +72,8 @@ Status Runtime::LoadGpu(const std::string& what) {
   return Status::OK();
 }
 
-Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stream) {
+Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stream, void* output,
+                        int64_t output_capacity) {
   if (request.device >= 0) HVD_RETURN_IF_ERROR(AdmitCudaTensor(request));
   std::lock_guard<std::mutex> lock(state_mu_);
   if (stopped_) {
@@ -85,6 +86,8 @@ Status Runtime::Enqueue(Request request, void* data, int64_t* handle, void* stre
   e.request.rank = topo_.rank;
   e.data = data;
   e.stream = stream;
+  e.output = output;
+  e.output_capacity = output_capacity;
   e.handle = handles_.Create();
   const int64_t h = e.handle;
   Status st = queue_.Push(std::move(e));

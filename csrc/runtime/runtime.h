@@ -61,7 +61,10 @@ class Runtime : private SteadyStateDriver::Host {
   // Fails at once (no handle) when the runtime is broken or shut down, or the
   // name is already in flight. CUDA data (request.device >= 0) is read once
   // the work queued so far on `stream` is done (null = the legacy default stream).
-  Status Enqueue(Request request, void* data, int64_t* handle, void* stream = nullptr);
+  // `output` (may be null): the caller's buffer of `output_capacity` bytes for an operation's
+  // result (TensorEntry::output).
+  Status Enqueue(Request request, void* data, int64_t* handle, void* stream = nullptr, void* output = nullptr,
+                 int64_t output_capacity = 0);
   // Posts a point-to-point send or receive (runtime/p2p.h); no coordinator
   // takes part. Fails at once like Enqueue, or for a bad process set or rank.
   // When the engine is free, the caller runs P2pEngine::Progress itself, so a

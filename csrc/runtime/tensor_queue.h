@@ -33,6 +33,10 @@ struct TensorEntry {
   Request request;
   void* data = nullptr;    // caller's buffer; valid until the handle completes
   void* stream = nullptr;  // CUDA tensors: the framework's stream the data is ready on (null = default)
+  // allgather, alltoall, reducescatter: the caller's buffer for the result (null: the core
+  // allocates one and hands it over), of output_capacity bytes; valid until the handle completes.
+  void* output = nullptr;
+  int64_t output_capacity = 0;
   int64_t handle = 0;
 };
 

@@ -166,13 +166,20 @@ def allreduce_sync(adapter, tensor, name, reduce_op, prescale, postscale, proces
     )
 
 
-def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
+def with_output(adapter, kind, op_type, tensor, name, shape=None, out=None, **submit_kw):
     """An operation whose output the core allocates (allgather, alltoall,
     reducescatter); finish() returns (output tensor, received splits list).
-    `shape` overrides the shape the core sees (same element count)."""
+    `shape` overrides the shape the core sees (same element count). `out`: a direct host
+    tensor of the input's dtype that the core writes the result into instead (no copy; it
+    must hold the whole result, else the operation fails naming both sizes); finish() then
+    returns (out, splits)."""
     name = naming.auto_name(kind, name, adapter.qualified_names)
     work = _direct(adapter, tensor, name)
     data, code, own_shape = describe(adapter, work, name)
+    if out is not None:
+        return _into(
+            adapter, op_type, name, work, data, code, own_shape if shape is None else shape, out, submit_kw
+        )
     core = ops.submit(
         op_type,
         name,
@@ -188,6 +195,20 @@ def with_output(adapter, kind, op_type, tensor, name, shape=None, **submit_kw):
         return adapter.from_core(data, out_shape, work), splits
 
     return Pending(core, finish, work, ((submit_kw.get("process_set", 0), name),))
+
+
+def _into(adapter, op_type, name, work, data, code, shape, out, submit_kw):
+    count = 1
+    for d in adapter.shape(out):
+        count *= int(d)
+    output = (adapter.pointer(out), count * dtypes.ITEM_BYTES[code])
+    core = ops.submit(op_type, name, data, code, shape, output=output, **submit_kw)
+
+    def finish():
+        splits = ops.take_output(core)[2]
+        return out, splits
+
+    return Pending(core, finish, (work, out), ((submit_kw.get("process_set", 0), name),))
 
 
 def group_names(kind, name, count):

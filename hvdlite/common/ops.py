@@ -35,13 +35,32 @@ def submit(
     process_set=0,
     device=-1,
     stream=0,
+    output=None,
 ):
     """Hands one operation to the core; returns its core handle. Raises at once
     if the core refuses it (not initialized, name in flight, broken job). `ptr` is
     the data's address, or a C-contiguous object with the buffer protocol.
     CUDA tensors: `device` is the tensor's CUDA device, `stream` the framework's
-    current cudaStream_t as an int (see hvdlite_op in csrc/include/hvdlite/c_api.h)."""
+    current cudaStream_t as an int (see hvdlite_op in csrc/include/hvdlite/c_api.h).
+    `output`: (address, bytes) of host memory where an allgather, alltoall or reducescatter
+    writes its result (kept alive by the caller until the operation completes; take_output
+    then returns no data), or None: the core allocates the output."""
     _check_name_free(process_set, name)
+    if output is not None:
+        return _submit_into(
+            op_type,
+            name,
+            ptr,
+            dtype,
+            shape,
+            reduce_op,
+            prescale,
+            postscale,
+            root,
+            splits,
+            process_set,
+            output,
+        )
     # The core converts the numbers and the shape itself (as for run()): this runs per tensor.
     code, message, handle = _core.enqueue(
         op_type,
@@ -57,6 +76,30 @@ def submit(
         process_set,
         device,
         stream,
+    )
+    exceptions.raise_for_status(code, message)
+    return handle
+
+
+def _submit_into(
+    op_type, name, ptr, dtype, shape, reduce_op, prescale, postscale, root, splits, process_set, output
+):
+    code, message, handle = _core.enqueue(
+        op_type,
+        name,
+        ptr,
+        dtype,
+        shape,
+        reduce_op,
+        prescale,
+        postscale,
+        root,
+        [int(s) for s in splits] if len(splits) else [],
+        process_set,
+        -1,
+        0,
+        output[0],
+        output[1],
     )
     exceptions.raise_for_status(code, message)
     return handle

@@ -134,11 +134,18 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         ]
         return self._track(names, HvdliteWork(pendings, lambda: [p.finish() for p in pendings]))
 
-    def _with_output(self, kind, op_type, tensor, signature, then, **submit_kw):
-        """One core operation whose output the core allocates; then(output) copies it where
-        torch wants it and returns the output tensors."""
+    def _with_output(self, kind, op_type, tensor, signature, then, into=None, **submit_kw):
+        """One core operation with an output: written straight into `into` (torch's output
+        tensor) where the core can write it (host memory, contiguous, the input's dtype), else
+        into a buffer the core allocates, which then(output) copies where torch wants it. The
+        work's result is the output tensors."""
         name = self._name(kind, signature)
         host = tensor.detach().cpu() if tensor.is_cuda else tensor
+        if into is not None and into.dtype == host.dtype and TORCH.host_direct(into) is not None:
+            pending = collectives.with_output(
+                TORCH, kind, op_type, host, name, out=into, process_set=self._set_id, **submit_kw
+            )
+            return self._track([name], HvdliteWork([pending], lambda: pending.finish() and [into]))
         pending = collectives.with_output(
             TORCH, kind, op_type, host, name, process_set=self._set_id, **submit_kw
         )
@@ -182,7 +189,9 @@ class HvdliteProcessGroup(dist.ProcessGroup):
             output.copy_(gathered.view(output.shape))
             return [output]
 
-        return self._with_output("allgather", ops.ALLGATHER, _flat(input), _signature(input), then)
+        return self._with_output(
+            "allgather", ops.ALLGATHER, _flat(input), _signature(input), then, into=output
+        )
 
     _allgather_base = all_gather_single
 
@@ -215,7 +224,14 @@ class HvdliteProcessGroup(dist.ProcessGroup):
             return [output]
 
         return self._with_output(
-            "reducescatter", ops.REDUCESCATTER, rows, _signature(input), then, reduce_op=op, prescale=prescale
+            "reducescatter",
+            ops.REDUCESCATTER,
+            rows,
+            _signature(input),
+            then,
+            into=output,
+            reduce_op=op,
+            prescale=prescale,
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -238,7 +254,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
             return [output]
 
         signature = _dtype_label(input)
-        return self._with_output("alltoall", ops.ALLTOALL, input, signature, then, splits=splits)
+        return self._with_output("alltoall", ops.ALLTOALL, input, signature, then, into=output, splits=splits)
 
     alltoall_base = all_to_all_single
 

@@ -91,6 +91,12 @@ int hvdlite_p2p(int32_t kind, const char* name, void* data, int64_t nbytes, int3
                 int32_t process_set, int32_t device, int64_t* handle, char* err, size_t err_len);
 /* Moves a completed op's output out and forgets the handle. */
 int hvdlite_take_output(int64_t handle, hvdlite_output* out, char* err, size_t err_len);
+/* hvdlite_enqueue whose allgather, alltoall or reducescatter writes its result into `output`
+ * (output_nbytes of the caller's memory, kept alive until the handle completes) instead of a
+ * buffer the core allocates: hvdlite_take_output then gives the shape and splits with data NULL.
+ * A result larger than output_nbytes fails the operation with InvalidArgument naming both sizes. */
+int hvdlite_enqueue_into(const hvdlite_op* op, void* output, int64_t output_nbytes, int64_t* handle,
+                         char* err, size_t err_len);
 void hvdlite_release(int64_t handle);
 void hvdlite_free_output(void* p);
 
