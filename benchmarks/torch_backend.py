@@ -1,6 +1,7 @@
 """torch.distributed on the "hvdlite" backend against gloo, side by side in one job:
 
     python benchmarks/torch_backend.py [--sizes 4K,1M,64M] [--reps 15] [--rounds 3] [--steps 4]
+    sudo python benchmarks/torch_backend.py --hosts 2 [--rate 10gbit]   # simulated hosts (root)
 
 One job of 2 ranks (hvdliterun): the default group is hvdlite's, and a gloo group of the same
 ranks sits beside it (dist.new_group(backend="gloo")). Every measurement alternates the two
@@ -243,7 +244,12 @@ def report(doc, args):
     pc = doc["per_call"]
     cost = [(b - o) * 1e6 for b, o in zip(pc["backend"], pc["own"])]
     lines = [
-        "# torch.distributed: the hvdlite backend beside gloo (2 ranks, one job)",
+        "# torch.distributed: the hvdlite backend beside gloo (%s, one job)"
+        % (
+            "%d simulated hosts, one rank each, links shaped to %s" % (args.hosts, args.rate)
+            if args.hosts
+            else "2 ranks, one host"
+        ),
         "",
         host_line(),
         "- one compute thread per rank; others used %s of the machine during the run%s"
@@ -275,6 +281,61 @@ def report(doc, args):
     return "\n".join(lines)
 
 
+def _worker_args(argv):
+    """The driver's arguments the ranks need (not --quick, --hosts, --rate, --out-dir)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--hosts", "--rate", "--out-dir"):
+            skip = True
+        elif a != "--quick" and not a.startswith(("--hosts=", "--rate=", "--out-dir=")):
+            out.append(a)
+    return out
+
+
+def _run_on_simhosts(args, worker_args):
+    """One rank on each of args.hosts simulated hosts (tests/simhosts.py: network namespaces,
+    sshd; needs root), every host link shaped to args.rate, started by hvdliterun -H."""
+    import subprocess
+    import tempfile
+
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from simhosts import SimCluster
+
+    with tempfile.TemporaryDirectory() as tmp, SimCluster(tmp, args.hosts) as cluster:
+        for h in cluster.hosts:
+            tbf = ["tbf", "rate", args.rate, "burst", "1mb", "latency", "50ms"]
+            subprocess.run(["tc", "qdisc", "add", "dev", h.veth_root, "root", *tbf], check=True)
+            subprocess.run(
+                ["ip", "netns", "exec", h.netns, "tc", "qdisc", "add", "dev", h.veth_host, "root", *tbf],
+                check=True,
+            )
+        out = os.path.join(tmp, "out")
+        os.makedirs(os.path.join(out, "gate"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_", "MASTER_"))}
+        env.update(PYTHONPATH=os.path.dirname(HERE), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        cmd = [
+            sys.executable,
+            "-m",
+            "hvdlite.runner.launch",
+            "-np",
+            str(args.hosts),
+            "-H",
+            cluster.hosts_arg(1),
+        ]
+        cmd += [sys.executable, SCRIPT, "--worker", "--out", out, *worker_args]
+        res = subprocess.run(cmd, env=cluster.client_env(env), capture_output=True, text=True, timeout=1800)
+        docs = []
+        for r in range(args.hosts):
+            path = os.path.join(out, "rank%d.json" % r)
+            if os.path.exists(path):
+                with open(path) as f:
+                    docs.append(json.load(f))
+        error = None if res.returncode == 0 else "exit %d: %s" % (res.returncode, res.stderr[-1500:])
+        return docs, error
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4K,1M,64M")
@@ -287,6 +348,12 @@ def main(argv=None):
     p.add_argument("--idle-wait", type=float, default=30.0)
     p.add_argument("--quick", action="store_true", help="small sizes, few repetitions, a small model")
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    p.add_argument(
+        "--hosts", type=int, default=0, help="run on this many simulated hosts, one rank each (root)"
+    )
+    p.add_argument(
+        "--rate", default="10gbit", help="with --hosts: every host link shaped to this rate (tc tbf)"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--lib", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -302,14 +369,18 @@ def main(argv=None):
         )
     if args.worker:
         return worker(args)
-    passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--quick"]
+    passed = _worker_args(argv if argv is not None else sys.argv[1:])
     extra = ["--quick"] if args.quick else []
-    docs, error = run_job("hvdlite", 2, SCRIPT, ["--worker", *passed, *extra], timeout_s=1800)
+    if args.hosts:
+        docs, error = _run_on_simhosts(args, [*passed, *extra])
+    else:
+        docs, error = run_job("hvdlite", 2, SCRIPT, ["--worker", *passed, *extra], timeout_s=1800)
     if error or not docs:
         print("torch_backend: the job failed: %s" % error, file=sys.stderr)
         return 1
     text = report(docs[0], args)
-    write_outputs(args.out_dir, "torch_backend", text, data=docs[0])
+    stem = "torch_backend" + ("_%dhosts" % args.hosts if args.hosts else "")
+    write_outputs(args.out_dir, stem, text, data=docs[0])
     return 0
 
 
