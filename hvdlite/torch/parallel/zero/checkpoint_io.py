@@ -202,7 +202,8 @@ def wait():
         job, _PENDING = _PENDING, None
     if job is None:
         return
-    job.thread.join()
+    if job.thread is not None:
+        job.thread.join()
     _raise(job)
 
 
