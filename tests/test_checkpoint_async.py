@@ -210,3 +210,68 @@ def test_rank_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
     model = zc.Net()
     hvd.load_checkpoint(path, model)
     assert _equal(_np(model.state_dict()), saved)
+
+
+def _plain_data_parallel(path):
+    """A model without ZeRO (hvd.DistributedOptimizer): rank 0 writes it whole, asynchronously;
+    a ZeroOptimizer job loads it and trains on as the data-parallel job did."""
+    import hvdlite.torch as hvd
+    from hvdlite.torch.parallel.zero import checkpoint_io
+
+    hvd.init()
+    model = zc.make_model()
+    opt = hvd.DistributedOptimizer(
+        zc.make_optimizer("adamw", model), named_parameters=model.named_parameters()
+    )
+    _steps(hvd, model, opt, 0, 2)
+    at_save = _np(model.state_dict())
+    real = _slow_writes(checkpoint_io, 0.3)
+    try:
+        hvd.save_checkpoint(path, model, opt, blocking=False)
+        _steps(hvd, model, opt, 2, 2)  # during rank 0's write
+        hvd.wait_checkpoint()
+    finally:
+        checkpoint_io._write_file = real
+    hvd.barrier()  # rank 0 has committed
+    final = _np(model.state_dict())
+    model2, opt2 = _fresh(hvd, stage=2)
+    hvd.load_checkpoint(path, model2, opt2)
+    loaded = _np(hvd.full_state_dict(model2))
+    _steps(hvd, model2, opt2, 2, 2)
+    continued = _np(hvd.full_state_dict(model2))
+    hvd.shutdown()
+    return at_save, final, loaded, continued
+
+
+def test_plain_model_async_save_loads_into_zero_and_one_process(tmp_path):
+    import hvdlite.torch as hvd
+
+    path = str(tmp_path / "ckpt")
+    results = run_pooled(_plain_data_parallel, 2, args=(path,), timeout=90)
+    at_save, final, _, _ = results[0]
+    for _, _, loaded, continued in results:
+        assert _equal(loaded, at_save)
+        rel = zc.max_rel_diff(
+            {k: torch.from_numpy(v) for k, v in continued.items()},
+            {k: torch.from_numpy(v) for k, v in final.items()},
+        )
+        assert rel <= 1e-6, rel
+    with open(os.path.join(path, "meta.json")) as f:
+        data = json.load(f)["data"]
+    assert sorted(os.listdir(os.path.join(path, data))) == ["rest.pt", "shard-00000-of-00001.pt"]
+    model = zc.Net()  # one process, no job: a plain AdamW takes the saved state whole
+    opt = zc.make_optimizer("adamw", model)
+    hvd.load_checkpoint(path, model, opt)
+    assert _equal(_np(model.state_dict()), at_save)
+    for step in range(2, 4):
+        x, y = zc.batch(step)
+        zc.loss_of(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    rel = zc.max_rel_diff(
+        {k: v.detach() for k, v in model.state_dict().items()},
+        {k: torch.from_numpy(v) for k, v in final.items()},
+    )
+    assert rel <= 1e-6, rel
+    hvd.save_checkpoint(path, model, opt)  # no job: this process writes it, blocking
+    assert _equal(_np(hvd.consolidate_checkpoint(path)), _np(model.state_dict()))

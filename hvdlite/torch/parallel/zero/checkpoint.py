@@ -26,53 +26,31 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.topology import rank as global_rank
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.parallel.zero import checkpoint_io
+from hvdlite.torch.parallel.zero import checkpoint_io, plain_checkpoint
+from hvdlite.torch.parallel.zero.checkpoint_io import FORMAT, shard_file
 from hvdlite.torch.parallel.zero.optimizer import OWNERS, ZeroOptimizer
 from hvdlite.torch.parallel.zero.shard import describe
-
-FORMAT = "hvdlite-zero-1"
-
-
-def shard_file(path, member, count, prefix="shard"):
-    """The file of member `member` of `count` in checkpoint directory `path` (also the sharded
-    embedding tables' checkpoints, hvdlite/torch/parallel/sparse/checkpoint.py)."""
-    return os.path.join(path, "%s-%05d-of-%05d.pt" % (prefix, member, count))
 
 
 def _managed_ids(z):
     return {id(s.param): s.name for b in z.buckets for s in b.slots}
 
 
-def _rest_and_keys(model, z):
-    """(state_dict entries ZeRO does not manage, [(key, managed param name or None)])."""
-    managed = _managed_ids(z) if z is not None else {}
-    rest, keys = {}, []
-    for key, value in model.state_dict(keep_vars=True).items():
-        name = managed.get(id(value))
-        keys.append((key, name))
-        if name is None:
-            rest[key] = value.detach().clone()
-    return rest, keys
-
-
-def _owner(model, opt):
+def save_checkpoint(path, model, opt=None, blocking=True):
+    """Writes `model` and its optimizer under directory `path`, replacing the checkpoint there
+    atomically (checkpoint_io.py: a crash mid-write leaves the previous one). Joins this
+    process's pending save first. With a ZeroOptimizer (`opt`, or the one built on `model`):
+    every member writes its shards; collective over its process set. Otherwise `opt` is a plain
+    torch optimizer (or None) of a model every rank holds whole: rank 0 writes it all
+    (plain_checkpoint.py). blocking=True: returns once the checkpoint is complete (a barrier
+    when a job runs). blocking=False: returns once this rank's part is copied to host memory
+    (training may change the model at once) and writes it in a background thread;
+    wait_checkpoint() or the next save joins it."""
+    checkpoint_io.wait()
     z = opt if isinstance(opt, ZeroOptimizer) else OWNERS.get(model)
     if z is None:
-        raise exceptions.InvalidArgumentError(
-            "the model has no ZeroOptimizer: pass the ZeroOptimizer built for it"
-        )
-    return z
-
-
-def save_checkpoint(path, model, opt=None, blocking=True):
-    """Writes `model` and its ZeroOptimizer's shards under directory `path`, replacing the
-    checkpoint there atomically (checkpoint_io.py: a crash mid-write leaves the previous one).
-    Collective over the optimizer's process set; joins this process's pending save first.
-    blocking=True: returns once every rank's files and meta.json are in place. blocking=False:
-    returns once this rank's part is copied to host memory (training may change the model at
-    once) and writes it in a background thread; wait_checkpoint() or the next save joins it."""
-    checkpoint_io.wait()
-    z = _owner(model, opt)
+        plain_checkpoint.save(path, model, opt, blocking)
+        return
     z._finish_pending_for_checkpoint()
     g, ps = z.groups, z.process_set
     data = checkpoint_io.new_data_name(ps)
@@ -85,7 +63,7 @@ def save_checkpoint(path, model, opt=None, blocking=True):
         }
         files[shard_file("", g.member, g.shard_count)] = keep(payload)
     if global_rank() == ps.ranks[0]:
-        rest, keys = _rest_and_keys(model, z)
+        rest, keys = checkpoint_io.rest_and_keys(model, _managed_ids(z))
         files["rest.pt"] = keep(rest)
         meta = _meta(z, keys)
         expect = {shard_file("", i, g.shard_count): ps.ranks[i] for i in range(g.shard_count)}
@@ -273,7 +251,7 @@ def full_state_dict(model, rank=None):
             values[s.name] = full[s.offset : s.offset + s.numel].view(s.shape).clone()
     if rank is not None and global_rank() != rank:
         return {}
-    rest, keys = _rest_and_keys(model, z)
+    rest, keys = checkpoint_io.rest_and_keys(model, _managed_ids(z))
     return {key: values[name] if name is not None else rest[key] for key, name in keys}
 
 

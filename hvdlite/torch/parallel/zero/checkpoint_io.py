@@ -36,14 +36,36 @@ import uuid
 
 import torch
 
-from hvdlite.common import exceptions, objects, settings
+from hvdlite.common import basics, exceptions, objects, settings
 from hvdlite.common.topology import rank as global_rank
 
+FORMAT = "hvdlite-zero-1"  # meta.json's "format"
 META = "meta.json"
 _DATA_PREFIX = "data-"
 _OLD_FLAT = re.compile(r"^(shard-\d+-of-\d+\.pt|rest\.pt)$")  # the format before data-<id>/
 _LOCK = threading.Lock()
 _PENDING = None  # the _Save in flight, or None
+
+
+def shard_file(path, member, count, prefix="shard"):
+    """The file of member `member` of `count` in checkpoint directory `path` (also the sharded
+    embedding tables' checkpoints, hvdlite/torch/parallel/sparse/checkpoint.py)."""
+    return os.path.join(path, "%s-%05d-of-%05d.pt" % (prefix, member, count))
+
+
+def rest_and_keys(model, managed):
+    """(state_dict entries outside `managed` ({id(param): name}), [(key, managed name or None)])."""
+    rest, keys = {}, []
+    for key, value in model.state_dict(keep_vars=True).items():
+        name = managed.get(id(value))
+        keys.append((key, name))
+        if name is None:
+            rest[key] = value.detach().clone()
+    return rest, keys
+
+
+def _rank():
+    return global_rank() if basics.is_initialized() else 0
 
 
 class _Save:
@@ -91,7 +113,7 @@ def _fsync_dir(folder):
 
 def _leave_error_marker(folder, err):
     try:
-        with open(os.path.join(folder, "error-%d" % global_rank()), "w") as f:
+        with open(os.path.join(folder, "error-%d" % _rank()), "w") as f:
             f.write("%s: %s" % (type(err).__name__, err))
     except OSError:
         pass  # the folder itself may be what failed; the first rank's bound still holds
@@ -149,6 +171,11 @@ def new_data_name(process_set):
     token = uuid.uuid4().hex[:12] if global_rank() == process_set.ranks[0] else None
     token = objects.broadcast_object(token, root_rank=process_set.ranks[0], process_set=process_set)
     return _DATA_PREFIX + token
+
+
+def local_data_name():
+    """The folder name of a save that one process writes alone (no agreement needed)."""
+    return _DATA_PREFIX + uuid.uuid4().hex[:12]
 
 
 def host_copy(obj):
@@ -214,5 +241,5 @@ def _raise(job):
         raise job.error
     raise exceptions.HvdliteError(
         "save_checkpoint(%r) failed on rank %d: %s: %s; the previous checkpoint there stays"
-        % (job.path, global_rank(), type(job.error).__name__, job.error)
+        % (job.path, _rank(), type(job.error).__name__, job.error)
     ) from job.error
