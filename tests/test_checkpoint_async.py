@@ -125,6 +125,11 @@ def _write_errors(root):
     good = os.path.join(root, "ckpt")
     hvd.save_checkpoint(good, model, opt)  # a failed save leaves the process able to save
     saved = _np(hvd.full_state_dict(model))
+    with open(os.path.join(good, "meta.json")) as f:
+        folder = os.path.join(good, json.load(f)["data"])
+    mine = torch.load(checkpoint_io.shard_file(folder, hvd.rank(), 2), weights_only=True)
+    # stage 2's fp32 master shard views the flat bucket: the file holds the shard's bytes only
+    compact = all(m.untyped_storage().nbytes() == m.numel() * 4 for m in mine["master"])
     _steps(hvd, model, opt, 1, 1)
     real = checkpoint_io._write_file
     if hvd.rank() == 1:
@@ -144,15 +149,15 @@ def _write_errors(root):
     hvd.load_checkpoint(good, model2, opt2)  # the previous checkpoint, untouched
     loaded = _np(hvd.full_state_dict(model2))
     hvd.shutdown()
-    return errors, _equal(loaded, saved)
+    return errors, _equal(loaded, saved), compact
 
 
 def test_write_errors_surface_at_wait_and_leave_the_previous_checkpoint(tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
     results = run_pooled(_write_errors, 2, args=(str(tmp_path),), timeout=90)
-    for errors, intact in results:
+    for errors, intact, compact in results:
         assert "a-file" in errors[0] and "NotADirectoryError" in errors[0], errors[0]
-        assert intact
+        assert intact and compact
     assert "rank 1 failed to write its part" in results[0][0][1], results[0][0][1]  # via error-1
     assert "No space left on device" in results[0][0][1]
     assert "failed on rank 1" in results[1][0][1], results[1][0][1]

@@ -54,7 +54,7 @@ def save_checkpoint(path, model, opt=None, blocking=True):
     z._finish_pending_for_checkpoint()
     g, ps = z.groups, z.process_set
     data = checkpoint_io.new_data_name(ps)
-    keep = (lambda x: x) if blocking else checkpoint_io.host_copy
+    keep = checkpoint_io.compact if blocking else checkpoint_io.host_copy
     files, meta, expect = {}, None, {}
     if g.group_index == 0:
         payload = {

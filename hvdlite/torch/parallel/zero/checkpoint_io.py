@@ -181,12 +181,24 @@ def local_data_name():
 def host_copy(obj):
     """A host-memory copy of the tensors in `obj` (dicts, lists, tuples, scalars), taken now:
     CUDA tensors go through pinned memory with one synchronize at the end."""
+    return _copy(obj, always=True)
+
+
+def compact(obj):
+    """`obj` with every tensor that views part of a larger storage (a ZeRO master shard inside
+    its flat bucket) copied, so that torch.save writes the tensor's bytes only, not the storage's."""
+    return _copy(obj, always=False)
+
+
+def _copy(obj, always):
     cuda = []
 
     def copy(x):
         if torch.is_tensor(x):
             x = x.detach()
-            if x.is_cuda:
+            if not always and x.untyped_storage().nbytes() <= x.numel() * x.element_size():
+                return x
+            if x.is_cuda and always:
                 out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
                 out.copy_(x, non_blocking=True)
                 cuda.append(x.device)

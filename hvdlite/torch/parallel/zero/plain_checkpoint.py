@@ -55,7 +55,7 @@ def save(path, model, opt, blocking):
     if not job or global_rank() == 0:
         payload, buckets, managed = _contents(model, opt)
         rest, keys = checkpoint_io.rest_and_keys(model, managed)
-        keep = (lambda x: x) if blocking else checkpoint_io.host_copy
+        keep = checkpoint_io.compact if blocking else checkpoint_io.host_copy
         size = global_size() if job else 1
         meta = {
             "format": checkpoint_io.FORMAT,
