@@ -280,3 +280,35 @@ def test_plain_model_async_save_loads_into_zero_and_one_process(tmp_path):
     assert rel <= 1e-6, rel
     hvd.save_checkpoint(path, model, opt)  # no job: this process writes it, blocking
     assert _equal(_np(hvd.consolidate_checkpoint(path)), _np(model.state_dict()))
+
+
+def test_a_checkpoint_of_the_earlier_layout_loads_and_a_save_replaces_it(tmp_path):
+    """Files beside meta.json (no "data" key): as written before data-<id>/ existed."""
+    import hvdlite.torch as hvd
+
+    path = str(tmp_path / "ckpt")
+    model = zc.make_model()
+    hvd.save_checkpoint(path, model)  # no job, no optimizer: this process writes the parameters
+    meta_file = os.path.join(path, "meta.json")
+    with open(meta_file) as f:
+        meta = json.load(f)
+    folder = os.path.join(path, meta.pop("data"))
+    for name in os.listdir(folder):
+        os.replace(os.path.join(folder, name), os.path.join(path, name))
+    os.rmdir(folder)
+    with open(meta_file, "w") as f:
+        json.dump(meta, f)
+    (tmp_path / "ckpt" / "model.pt").write_bytes(b"not ours")
+    other = zc.Net()
+    hvd.load_checkpoint(path, other)
+    assert _equal(_np(other.state_dict()), _np(model.state_dict()))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    hvd.save_checkpoint(path, model, blocking=False)
+    hvd.wait_checkpoint()
+    with open(meta_file) as f:
+        data = json.load(f)["data"]
+    assert sorted(os.listdir(path)) == [data, "meta.json", "model.pt"]  # the old files are gone
+    hvd.load_checkpoint(path, other)
+    assert _equal(_np(other.state_dict()), _np(model.state_dict()))
