@@ -3,6 +3,7 @@ full_state_dict): saved on 4 ranks at stage 3, loaded on 2 ranks at stage 1 (hyb
 on one plain-torch process, training continues identically; consolidation gives a plain
 torch.load-able state_dict."""
 
+import json
 import os
 
 import numpy as np
@@ -87,8 +88,11 @@ def _rel(a, b):
 def test_reshard_4_stage3_to_2_stage1_and_one_process(tmp_path):
     path = str(tmp_path / "ckpt")
     at_save, final4 = run_ranks(_save_on_four, 4, args=(path,), timeout=90)[0]
-    files = sorted(os.listdir(path))
-    assert files == ["meta.json", "rest.pt"] + ["shard-%05d-of-00004.pt" % i for i in range(4)], files
+    with open(os.path.join(path, "meta.json")) as f:
+        data = json.load(f)["data"]
+    assert sorted(os.listdir(path)) == [data, "meta.json"]
+    files = sorted(os.listdir(os.path.join(path, data)))
+    assert files == ["rest.pt"] + ["shard-%05d-of-00004.pt" % i for i in range(4)], files
     configs = ((1, None), (3, 1))  # stage 1 sharded over 2; stage 3 replicated (shard_size 1)
     results = run_ranks(_load_on_two, 2, args=(path, configs), timeout=90)
     for i, cfg in enumerate(configs):

@@ -183,6 +183,13 @@ SETTINGS = (
         "SHUTDOWN_TIMEOUT_SECONDS", "float", 15.0, "seconds shutdown() waits for the other ranks to shut down"
     ),
     Setting(
+        "CHECKPOINT_COMMIT_SECONDS",
+        "float",
+        600.0,
+        "seconds the first rank of a checkpoint's process set waits for the other ranks' files"
+        " before it gives up on committing that checkpoint (the previous one stays)",
+    ),
+    Setting(
         "TIMELINE", "str", "", "write a Chrome trace of every tensor's life to this file (rank 0 writes it)"
     ),
     Setting(

@@ -105,6 +105,7 @@ _ADDON_NAMES = {
     "full_state_dict": ("hvdlite.torch.parallel", "full_state_dict"),
     "load_checkpoint": ("hvdlite.torch.parallel", "load_checkpoint"),
     "save_checkpoint": ("hvdlite.torch.parallel", "save_checkpoint"),
+    "wait_checkpoint": ("hvdlite.torch.parallel", "wait_checkpoint"),
 }
 
 

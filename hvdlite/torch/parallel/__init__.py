@@ -38,6 +38,7 @@ from hvdlite.torch.parallel.zero import (
     full_state_dict,
     load_checkpoint,
     save_checkpoint,
+    wait_checkpoint,
 )
 
 __all__ = [
@@ -69,4 +70,5 @@ __all__ = [
     "save_checkpoint",
     "save_sparse_checkpoint",
     "vocab_parallel_cross_entropy",
+    "wait_checkpoint",
 ]

@@ -22,7 +22,7 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.parallel.sparse.embedding import ShardedEmbeddingCollection
-from hvdlite.torch.parallel.zero.checkpoint import shard_file
+from hvdlite.torch.parallel.zero.checkpoint_io import shard_file
 
 FORMAT = "hvdlite-sparse-1"
 PREFIX = "sparse"

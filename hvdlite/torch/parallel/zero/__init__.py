@@ -8,7 +8,15 @@ from hvdlite.torch.parallel.zero.checkpoint import (
     full_state_dict,
     load_checkpoint,
     save_checkpoint,
+    wait_checkpoint,
 )
 from hvdlite.torch.parallel.zero.optimizer import ZeroOptimizer
 
-__all__ = ["ZeroOptimizer", "consolidate_checkpoint", "full_state_dict", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "ZeroOptimizer",
+    "consolidate_checkpoint",
+    "full_state_dict",
+    "load_checkpoint",
+    "save_checkpoint",
+    "wait_checkpoint",
+]

@@ -1,13 +1,17 @@
 """Sharded ZeRO checkpoints that load at any world size, stage or shard_size.
 
 A checkpoint is a directory:
-  meta.json              layout: every parameter's name, shape, bucket and flat offset, the
+  meta.json              the commit point (written last, atomically: checkpoint_io.py);
+                         layout: every parameter's name, shape, bucket and flat offset, the
                          shard count and shard_numel of every bucket, the optimizer's param
-                         group hyperparameters, state_dict keys (tied names included)
-  shard-<i>-of-<S>.pt    member i's master shards and optimizer-state shards, per bucket
+                         group hyperparameters, state_dict keys (tied names included), and
+                         "data": the folder holding the files below
+  data-<id>/shard-<i>-of-<S>.pt
+                         member i's master shards and optimizer-state shards, per bucket
                          (written by the first shard group only: the others hold the same bits)
-  rest.pt                model.state_dict() entries ZeRO does not manage (buffers, frozen
+  data-<id>/rest.pt      model.state_dict() entries ZeRO does not manage (buffers, frozen
                          parameters outside the optimizer), from the first rank of the set
+A meta.json without "data" (the format before asynchronous saves) has the files beside it.
 
 Loading maps each element of this rank's new shards back to (old bucket, old flat offset),
 so it reads only the old shard files that hold them (memory-mapped). consolidate_checkpoint
@@ -22,73 +26,71 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.topology import rank as global_rank
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.parallel.zero import checkpoint_io, plain_checkpoint
+from hvdlite.torch.parallel.zero.checkpoint_io import FORMAT, shard_file
 from hvdlite.torch.parallel.zero.optimizer import OWNERS, ZeroOptimizer
 from hvdlite.torch.parallel.zero.shard import describe
-
-FORMAT = "hvdlite-zero-1"
-
-
-def shard_file(path, member, count, prefix="shard"):
-    """The file of member `member` of `count` in checkpoint directory `path` (also the sharded
-    embedding tables' checkpoints, hvdlite/torch/parallel/sparse/checkpoint.py)."""
-    return os.path.join(path, "%s-%05d-of-%05d.pt" % (prefix, member, count))
 
 
 def _managed_ids(z):
     return {id(s.param): s.name for b in z.buckets for s in b.slots}
 
 
-def _rest_and_keys(model, z):
-    """(state_dict entries ZeRO does not manage, [(key, managed param name or None)])."""
-    managed = _managed_ids(z) if z is not None else {}
-    rest, keys = {}, []
-    for key, value in model.state_dict(keep_vars=True).items():
-        name = managed.get(id(value))
-        keys.append((key, name))
-        if name is None:
-            rest[key] = value.detach().clone()
-    return rest, keys
-
-
-def _owner(model, opt):
+def save_checkpoint(path, model, opt=None, blocking=True):
+    """Writes `model` and its optimizer under directory `path`, replacing the checkpoint there
+    atomically (checkpoint_io.py: a crash mid-write leaves the previous one). Joins this
+    process's pending save first. With a ZeroOptimizer (`opt`, or the one built on `model`):
+    every member writes its shards; collective over its process set. Otherwise `opt` is a plain
+    torch optimizer (or None) of a model every rank holds whole: rank 0 writes it all
+    (plain_checkpoint.py). blocking=True: returns once the checkpoint is complete (a barrier
+    when a job runs). blocking=False: returns once this rank's part is copied to host memory
+    (training may change the model at once) and writes it in a background thread;
+    wait_checkpoint() or the next save joins it."""
+    checkpoint_io.wait()
     z = opt if isinstance(opt, ZeroOptimizer) else OWNERS.get(model)
     if z is None:
-        raise exceptions.InvalidArgumentError(
-            "the model has no ZeroOptimizer: pass the ZeroOptimizer built for it"
-        )
-    return z
-
-
-def save_checkpoint(path, model, opt=None):
-    """Writes `model` and its ZeroOptimizer's shards under directory `path`. Collective over
-    the optimizer's process set; returns once every file is written."""
-    z = _owner(model, opt)
+        plain_checkpoint.save(path, model, opt, blocking)
+        return
     z._finish_pending_for_checkpoint()
-    os.makedirs(path, exist_ok=True)
-    g = z.groups
+    g, ps = z.groups, z.process_set
+    data = checkpoint_io.new_data_name(ps)
+    keep = checkpoint_io.compact if blocking else checkpoint_io.host_copy
+    files, meta, expect = {}, None, {}
     if g.group_index == 0:
         payload = {
             "master": [m.detach() for m in z.master],
             "state": [dict(z._inner.state.get(m, {})) for m in z.master],
         }
-        torch.save(payload, shard_file(path, g.member, g.shard_count))
-    if global_rank() == z.process_set.ranks[0]:
-        rest, keys = _rest_and_keys(model, z)
-        torch.save(rest, os.path.join(path, "rest.pt"))
-        meta = {
-            "format": FORMAT,
-            "stage": z.stage,
-            "layout": g.layout(),
-            "buckets": describe(z.buckets),
-            "param_groups": [
-                {k: v for k, v in grp.items() if k != "params"} for grp in z._inner.param_groups
-            ],
-            "optimizer": type(z._inner).__name__,
-            "state_keys": keys,
-        }
-        with open(os.path.join(path, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1, default=str)
-    mpi_ops.barrier(z.process_set)
+        files[shard_file("", g.member, g.shard_count)] = keep(payload)
+    if global_rank() == ps.ranks[0]:
+        rest, keys = checkpoint_io.rest_and_keys(model, _managed_ids(z))
+        files["rest.pt"] = keep(rest)
+        meta = _meta(z, keys)
+        expect = {shard_file("", i, g.shard_count): ps.ranks[i] for i in range(g.shard_count)}
+        expect["rest.pt"] = ps.ranks[0]
+    checkpoint_io.start(path, data, files, meta, expect, blocking)
+    if blocking:
+        mpi_ops.barrier(ps)
+
+
+def wait_checkpoint():
+    """Joins this process's pending save_checkpoint(blocking=False) and raises its error
+    (hvdlite.HvdliteError naming the path and rank); returns at once when none is pending. Not
+    collective: on the set's first rank it returns once the checkpoint is committed."""
+    checkpoint_io.wait()
+
+
+def _meta(z, keys):
+    g = z.groups
+    return {
+        "format": FORMAT,
+        "stage": z.stage,
+        "layout": g.layout(),
+        "buckets": describe(z.buckets),
+        "param_groups": [{k: v for k, v in grp.items() if k != "params"} for grp in z._inner.param_groups],
+        "optimizer": type(z._inner).__name__,
+        "state_keys": keys,
+    }
 
 
 class _Reader:
@@ -96,10 +98,11 @@ class _Reader:
 
     def __init__(self, path):
         self.path = path
-        with open(os.path.join(path, "meta.json")) as f:
+        with open(os.path.join(path, checkpoint_io.META)) as f:
             self.meta = json.load(f)
         if self.meta.get("format") != FORMAT:
             raise exceptions.InvalidArgumentError("%s is not an hvdlite ZeRO checkpoint" % path)
+        self.folder = os.path.join(path, self.meta.get("data", ""))  # "": the format before data-<id>/
         self.count = self.meta["layout"]["shard_count"]
         self.loc = {}
         for bi, b in enumerate(self.meta["buckets"]):
@@ -109,7 +112,7 @@ class _Reader:
 
     def _file(self, j):
         if j not in self._files:
-            self._files[j] = torch.load(shard_file(self.path, j, self.count), mmap=True, weights_only=True)
+            self._files[j] = torch.load(shard_file(self.folder, j, self.count), mmap=True, weights_only=True)
         return self._files[j]
 
     def read(self, name, a, c, key=None):
@@ -145,7 +148,7 @@ class _Reader:
         return self.read(name, 0, numel, key).view(shape)
 
     def rest(self):
-        return torch.load(os.path.join(self.path, "rest.pt"), weights_only=True)
+        return torch.load(os.path.join(self.folder, "rest.pt"), weights_only=True)
 
 
 def _restore_hyperparameters(group, saved):
@@ -248,7 +251,7 @@ def full_state_dict(model, rank=None):
             values[s.name] = full[s.offset : s.offset + s.numel].view(s.shape).clone()
     if rank is not None and global_rank() != rank:
         return {}
-    rest, keys = _rest_and_keys(model, z)
+    rest, keys = checkpoint_io.rest_and_keys(model, _managed_ids(z))
     return {key: values[name] if name is not None else rest[key] for key, name in keys}
 
 
