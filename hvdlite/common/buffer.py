@@ -17,7 +17,7 @@ import collections
 
 from hvdlite.common import dtypes, exceptions
 
-_FIELDS = "data code shape device stream tensor work assign wrap"
+_FIELDS = "data code shape device stream tensor work"
 
 
 class Buffer(collections.namedtuple("Buffer", _FIELDS)):
@@ -30,10 +30,10 @@ class Buffer(collections.namedtuple("Buffer", _FIELDS)):
     tensor: the caller's tensor.
     work: the tensor whose memory `data` is: `tensor` itself when the core uses it directly,
         else a contiguous copy, which an in-place operation copies back into `tensor`.
-    assign: assign(dst, src) writes `src` (a tensor of the adapter's kind or a NumPy array of
-        dst's shape, any dtype) into `dst`, rounded to dst's dtype, outside any autograd record.
-    wrap: wrap(data, shape) the core's output (a uint8 NumPy array, or None when empty) as a
-        tensor of this dtype with `shape`, without a copy."""
+
+    Each adapter subclasses it with the two things only it knows how to do, assign() and
+    wrap(); the shared code calls nothing else of the adapter's. An adapter makes its records
+    with make() (no Python-level constructor: this runs once per tensor per operation)."""
 
     __slots__ = ()
 
@@ -59,11 +59,27 @@ class Buffer(collections.namedtuple("Buffer", _FIELDS)):
         data = self.data
         return data if isinstance(data, int) else data.__array_interface__["data"][0]
 
+    @staticmethod
+    def assign(dst, src):
+        """Writes `src` (a tensor of the adapter's kind, or a NumPy array of dst's shape, any
+        dtype) into `dst`, rounded to dst's dtype, outside any autograd record."""
+        raise NotImplementedError
+
+    def wrap(self, data, shape):
+        """The core's output (a uint8 NumPy array, or None when empty) as a tensor of this
+        buffer's dtype with `shape`, without a copy."""
+        raise NotImplementedError
+
     def copy_back(self):
         """Writes the work copy into the caller's tensor (after an in-place operation); nothing
         when the core worked on the tensor itself."""
         if self.work is not self.tensor:
             self.assign(self.tensor, self.work)
+
+
+# make(cls, (data, code, shape, device, stream, tensor, work)): a record of the Buffer subclass
+# `cls`, built as the tuple it is (namedtuple's own __new__ is a Python function call).
+make = tuple.__new__
 
 
 def unsupported_dtype(name, dtype):

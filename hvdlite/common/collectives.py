@@ -50,12 +50,13 @@ def inplace_sync(
     user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_).
     `process_set` is a core id (process_sets.resolve)."""
     name = naming.auto_name(kind, name, adapter.qualified_names)
-    data, code, shape, device, stream, _, work, assign, _ = adapter.describe(tensor, name)
+    buf = adapter.describe(tensor, name)
+    data, code, shape, device, stream, _, work = buf
     ops.run(
         op_type, name, data, code, shape, reduce_op, prescale, postscale, root, process_set, device, stream
     )
     if work is not tensor:
-        assign(tensor, work)
+        buf.assign(tensor, work)
     return tensor
 
 
@@ -103,11 +104,10 @@ def submit_output(op_type, name, buf, shape, dst, submit_kw):
         stream=buf.stream,
         **submit_kw,
     )
-    wrap = buf.wrap
 
     def finish():
         data, out_shape, splits, _ = ops.take_output(core)
-        return wrap(data, out_shape), splits
+        return buf.wrap(data, out_shape), splits
 
     return Pending(core, finish, buf.work, ((submit_kw.get("process_set", 0), name),))
 

@@ -7,12 +7,10 @@ reads its address through the buffer protocol, which costs far less than array.c
 (microseconds per call, most of a small operation's Python time). Any other goes through a
 C-contiguous copy."""
 
-import functools
-
 import numpy as np
 
 from hvdlite.common import dtypes
-from hvdlite.common.buffer import Buffer, BufferAdapter, unsupported_dtype
+from hvdlite.common.buffer import Buffer, BufferAdapter, make, unsupported_dtype
 
 _CODES = {
     np.dtype(np.uint8): dtypes.UINT8,
@@ -28,25 +26,17 @@ _CODES = {
 }
 
 
-def _assign(dst, src):
-    dst[...] = src
+class NumpyBuffer(Buffer):
+    __slots__ = ()
 
+    @staticmethod
+    def assign(dst, src):
+        dst[...] = src
 
-def _from_core(dtype, data, shape):
-    if data is None:
-        return np.zeros(shape, dtype)
-    return data.view(dtype).reshape(shape)
-
-
-# Buffer.wrap per dtype, made once per dtype (no allocation per call).
-_WRAPS = {d: functools.partial(_from_core, d) for d in _CODES}
-
-
-def _wrap(dtype):
-    wrap = _WRAPS.get(dtype)
-    if wrap is None:
-        wrap = _WRAPS[dtype] = functools.partial(_from_core, dtype)
-    return wrap
+    def wrap(self, data, shape):
+        if data is None:
+            return np.zeros(shape, self.tensor.dtype)
+        return data.view(self.tensor.dtype).reshape(shape)
 
 
 class NumpyBuffers(BufferAdapter):
@@ -61,12 +51,12 @@ class NumpyBuffers(BufferAdapter):
         code = _CODES.get(array.dtype)
         # carray: C-contiguous, aligned and writeable, in one flag test (this runs per operation)
         if code is not None and array.flags.carray:
-            return Buffer(array, code, array.shape, -1, 0, array, array, _assign, _WRAPS[array.dtype])
+            return make(NumpyBuffer, (array, code, array.shape, -1, 0, array, array))
         code = self.dtype_code(array)
         if code is None:
             raise unsupported_dtype(name, array.dtype)
         work = array if array.flags.carray else np.array(array, copy=True, order="C")
-        return Buffer(work, code, work.shape, -1, 0, array, work, _assign, _wrap(array.dtype))
+        return make(NumpyBuffer, (work, code, work.shape, -1, 0, array, work))
 
 
 NUMPY = NumpyBuffers()

@@ -10,13 +10,11 @@ when the tensor dies). The other methods are this adapter's own helpers, for the
 (mpi_ops, p2p_ops, the torch.distributed backend).
 """
 
-import functools
-
 import numpy as np
 import torch
 
 from hvdlite.common import dtypes, exceptions
-from hvdlite.common.buffer import Buffer, BufferAdapter, unsupported_dtype
+from hvdlite.common.buffer import Buffer, BufferAdapter, make, unsupported_dtype
 
 CODES = {
     torch.uint8: dtypes.UINT8,
@@ -33,19 +31,19 @@ CODES = {
 }
 
 
-def _assign(dst, src):
-    with torch.no_grad():
-        dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(src)))
+class TorchBuffer(Buffer):
+    __slots__ = ()
 
+    @staticmethod
+    def assign(dst, src):
+        with torch.no_grad():
+            dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(src)))
 
-def _from_core(dtype, data, shape):
-    if data is None or data.size == 0:
-        return torch.zeros(tuple(shape), dtype=dtype)
-    return torch.from_numpy(data).view(dtype).reshape(tuple(shape))
-
-
-# Buffer.wrap per dtype, made once (no allocation per call).
-_WRAPS = {d: functools.partial(_from_core, d) for d in CODES}
+    def wrap(self, data, shape):
+        dtype = self.tensor.dtype
+        if data is None or data.size == 0:
+            return torch.zeros(tuple(shape), dtype=dtype)
+        return torch.from_numpy(data).view(dtype).reshape(tuple(shape))
 
 
 class TorchBuffers(BufferAdapter):
@@ -56,17 +54,7 @@ class TorchBuffers(BufferAdapter):
         if tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous():
             code = CODES.get(tensor.dtype)
             if code is not None and not tensor.is_conj() and not tensor.is_neg():
-                return Buffer(
-                    tensor.data_ptr(),
-                    code,
-                    tensor.shape,
-                    -1,
-                    0,
-                    tensor,
-                    tensor,
-                    _assign,
-                    _WRAPS[tensor.dtype],
-                )
+                return make(TorchBuffer, (tensor.data_ptr(), code, tensor.shape, -1, 0, tensor, tensor))
         self.check_device(tensor, name)
         code = CODES.get(tensor.dtype)
         if code is None:
@@ -77,17 +65,7 @@ class TorchBuffers(BufferAdapter):
             # The current torch stream: the core's NCCL module orders its work after it (and
             # makes it wait for the result).
             device, stream = work.device.index, torch.cuda.current_stream(work.device).cuda_stream
-        return Buffer(
-            work.data_ptr(),
-            code,
-            tuple(work.shape),
-            device,
-            stream,
-            tensor,
-            work,
-            _assign,
-            _WRAPS[tensor.dtype],
-        )
+        return make(TorchBuffer, (work.data_ptr(), code, tuple(work.shape), device, stream, tensor, work))
 
     def check_device(self, tensor, name):
         """Raises for tensors the core cannot reach (memory of a device it has no backend for)
@@ -128,7 +106,7 @@ class TorchBuffers(BufferAdapter):
 
     def copy_into(self, dst, src):
         """dst[...] = src, for same-shape tensors, outside any autograd record."""
-        _assign(dst, src)
+        TorchBuffer.assign(dst, src)
 
 
 TORCH = TorchBuffers()
