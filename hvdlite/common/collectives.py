@@ -61,19 +61,28 @@ def inplace_sync(
 
 
 def allreduce_sync(adapter, tensor, name, reduce_op, prescale, postscale, process_set):
-    """allreduce_ (not Adasum, whose steps each adapter runs itself) through inplace_sync."""
-    return inplace_sync(
-        adapter,
-        "allreduce",
+    """allreduce_ (not Adasum, whose steps each adapter runs itself): inplace_sync's steps,
+    written out (one Python call less on the most frequent blocking call)."""
+    name = naming.auto_name("allreduce", name, adapter.qualified_names)
+    buf = adapter.describe(tensor, name)
+    data, code, shape, device, stream, _, work = buf
+    ops.run(
         ops.ALLREDUCE,
-        tensor,
         name,
+        data,
+        code,
+        shape,
         reduce_op,
         prescale,
         postscale,
         0,
         resolve(process_set),
+        device,
+        stream,
     )
+    if work is not tensor:
+        buf.assign(tensor, work)
+    return tensor
 
 
 def with_output(adapter, kind, op_type, tensor, name, shape=None, out=None, **submit_kw):
