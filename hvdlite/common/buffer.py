@@ -17,10 +17,8 @@ import collections
 
 from hvdlite.common import dtypes, exceptions
 
-_FIELDS = "data code shape device stream tensor work"
 
-
-class Buffer(collections.namedtuple("Buffer", _FIELDS)):
+class Buffer(collections.namedtuple("Buffer", "data code shape device stream tensor work")):
     """data: what ops.submit / ops.run take: an address (int) or a C-contiguous object with the
         buffer protocol (a NumPy array), whose memory the core reads and writes.
     code: the core dtype code (hvdlite.common.dtypes).
