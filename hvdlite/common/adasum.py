@@ -79,12 +79,12 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
         )
     qualified = naming.auto_name("allreduce", name, adapter.qualified_names)
     buf = adapter.describe(tensor, qualified)
-    code = buf.code
+    _, code, shape, _, _, _, _, assign, _ = buf
+    shape = tuple(shape)
     if code not in _FLOAT_CODES:
         raise exceptions.NotSupportedError(
             "Adasum needs a floating-point tensor; '%s' has dtype %s" % (name, getattr(tensor, "dtype", "?"))
         )
-    shape = tuple(buf.shape)
     count = int(np.prod(shape, dtype=np.int64))
     gather = collectives.submit_output(
         ops.ALLGATHER, qualified, buf, (1, count), None, {"process_set": resolve(process_set)}
@@ -94,7 +94,7 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
         data, _, _, _ = ops.take_output(gather.core)
         rows = decode_float64(data, code, count * members).reshape(members, count) * prescale
         result = tree_reduce(rows) * postscale
-        buf.assign(tensor, result.reshape(shape))
+        assign(tensor, result.reshape(shape))
         return tensor
 
     return gather._replace(finish=finish, keepalive=(tensor, gather.keepalive))

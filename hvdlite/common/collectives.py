@@ -1,6 +1,6 @@
 """Framework-neutral submission of collectives on framework tensors.
 
-Each adapter (NumPy, which TensorFlow uses too, and PyTorch) turns a tensor into a ``Buffer``
+Each adapter (NumPy, which TensorFlow uses too, and PyTorch) turns a tensor into a description
 once, at its edge (``BufferAdapter.describe``, hvdlite/common/buffer.py): the data the core
 reads (an address, or a NumPy array itself), dtype code, shape, device and stream, and how to
 copy a work copy back or wrap a core output. The functions here work on that record alone;
@@ -17,7 +17,7 @@ the handle is synchronized.
 
 import collections
 
-from hvdlite.common import dtypes, exceptions, naming, ops
+from hvdlite.common import buffer, dtypes, exceptions, naming, ops
 from hvdlite.common.buffer import BufferAdapter  # noqa: F401  (the adapters' base, named here too)
 from hvdlite.common.process_sets import resolve
 
@@ -30,17 +30,19 @@ Pending = collections.namedtuple("Pending", "core finish keepalive names", defau
 def inplace(adapter, kind, op_type, tensor, name, **submit_kw):
     """An in-place operation (allreduce, broadcast) on `tensor`; finish() returns `tensor`."""
     name = naming.auto_name(kind, name, adapter.qualified_names)
-    buf = adapter.describe(tensor, name)
-    core = ops.submit(
-        op_type, name, buf.data, buf.code, buf.shape, device=buf.device, stream=buf.stream, **submit_kw
-    )
+    data, code, shape, device, stream, _, work, assign, _ = adapter.describe(tensor, name)
+    if device == -1:  # host memory: the submission's defaults (no keyword merge per call)
+        core = ops.submit(op_type, name, data, code, shape, **submit_kw)
+    else:
+        core = ops.submit(op_type, name, data, code, shape, device=device, stream=stream, **submit_kw)
 
     def finish():
         ops.release(core)
-        buf.copy_back()
+        if work is not tensor:
+            assign(tensor, work)
         return tensor
 
-    return Pending(core, finish, (tensor, buf.work), ((submit_kw.get("process_set", 0), name),))
+    return Pending(core, finish, (tensor, work), ((submit_kw.get("process_set", 0), name),))
 
 
 def inplace_sync(
@@ -50,13 +52,12 @@ def inplace_sync(
     user handle (ops.run): the blocking in-place calls (allreduce_, broadcast_).
     `process_set` is a core id (process_sets.resolve)."""
     name = naming.auto_name(kind, name, adapter.qualified_names)
-    buf = adapter.describe(tensor, name)
-    data, code, shape, device, stream, _, work = buf
+    data, code, shape, device, stream, _, work, assign, _ = adapter.describe(tensor, name)
     ops.run(
         op_type, name, data, code, shape, reduce_op, prescale, postscale, root, process_set, device, stream
     )
     if work is not tensor:
-        buf.assign(tensor, work)
+        assign(tensor, work)
     return tensor
 
 
@@ -64,8 +65,7 @@ def allreduce_sync(adapter, tensor, name, reduce_op, prescale, postscale, proces
     """allreduce_ (not Adasum, whose steps each adapter runs itself): inplace_sync's steps,
     written out (one Python call less on the most frequent blocking call)."""
     name = naming.auto_name("allreduce", name, adapter.qualified_names)
-    buf = adapter.describe(tensor, name)
-    data, code, shape, device, stream, _, work = buf
+    data, code, shape, device, stream, _, work, assign, _ = adapter.describe(tensor, name)
     ops.run(
         ops.ALLREDUCE,
         name,
@@ -81,7 +81,7 @@ def allreduce_sync(adapter, tensor, name, reduce_op, prescale, postscale, proces
         stream,
     )
     if work is not tensor:
-        buf.assign(tensor, work)
+        assign(tensor, work)
     return tensor
 
 
@@ -99,46 +99,44 @@ def with_output(adapter, kind, op_type, tensor, name, shape=None, out=None, **su
 
 
 def submit_output(op_type, name, buf, shape, dst, submit_kw):
-    """with_output() on a Buffer already made (adapter.describe): the core allocates the output,
-    or writes it into the Buffer `dst` (None: it allocates)."""
+    """with_output() on a description already made (adapter.describe): the core allocates the
+    output, or writes it into the description `dst` (None: it allocates)."""
+    data, code, own_shape, device, stream, _, work, _, wrap = buf
+    shape = own_shape if shape is None else shape
     if dst is not None:
-        return _into(op_type, name, buf, buf.shape if shape is None else shape, dst, submit_kw)
-    core = ops.submit(
-        op_type,
-        name,
-        buf.data,
-        buf.code,
-        buf.shape if shape is None else shape,
-        device=buf.device,
-        stream=buf.stream,
-        **submit_kw,
-    )
+        return _into(op_type, name, buf, shape, dst, submit_kw)
+    core = ops.submit(op_type, name, data, code, shape, device=device, stream=stream, **submit_kw)
 
     def finish():
-        data, out_shape, splits, _ = ops.take_output(core)
-        return buf.wrap(data, out_shape), splits
+        out_data, out_shape, splits, _ = ops.take_output(core)
+        return wrap(out_data, out_shape, work), splits
 
-    return Pending(core, finish, buf.work, ((submit_kw.get("process_set", 0), name),))
+    return Pending(core, finish, work, ((submit_kw.get("process_set", 0), name),))
 
 
-def _where(buf):
-    return dtypes.NAMES[buf.code] + (" on CUDA device %d" % buf.device if buf.device != -1 else "")
+def _where(code, device):
+    return dtypes.NAMES[code] + (" on CUDA device %d" % device if device != -1 else "")
 
 
 def _into(op_type, name, buf, shape, dst, submit_kw):
-    if buf.device != -1 or dst.device != -1 or dst.code != buf.code:
+    data, code, _, device, _, _, work, _, _ = buf
+    out_data, out_code, out_shape, out_device, _, out, out_work, assign, _ = dst
+    if device != -1 or out_device != -1 or out_code != code:
         raise exceptions.InvalidArgumentError(
             "with an output tensor, '%s' takes host tensors of one dtype: got input %s, output %s; "
-            "pass host tensors of the same dtype, or no output tensor" % (name, _where(buf), _where(dst))
+            "pass host tensors of the same dtype, or no output tensor"
+            % (name, _where(code, device), _where(out_code, out_device))
         )
-    core = ops.submit(op_type, name, buf.data, buf.code, shape, output=(dst.data, dst.nbytes()), **submit_kw)
+    output = (out_data, buffer.nbytes(out_code, out_shape))
+    core = ops.submit(op_type, name, data, code, shape, output=output, **submit_kw)
 
     def finish():
         splits = ops.take_output(core)[2]
-        dst.copy_back()
-        return dst.tensor, splits
+        if out_work is not out:
+            assign(out, out_work)
+        return out, splits
 
-    return Pending(core, finish, (buf.work, dst.keepalive), ((submit_kw.get("process_set", 0), name),))
+    return Pending(core, finish, (work, out, out_work), ((submit_kw.get("process_set", 0), name),))
 
 
 def group_names(kind, name, count):

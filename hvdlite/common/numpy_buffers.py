@@ -10,7 +10,7 @@ C-contiguous copy."""
 import numpy as np
 
 from hvdlite.common import dtypes
-from hvdlite.common.buffer import Buffer, BufferAdapter, make, unsupported_dtype
+from hvdlite.common.buffer import BufferAdapter, unsupported_dtype
 
 _CODES = {
     np.dtype(np.uint8): dtypes.UINT8,
@@ -26,17 +26,14 @@ _CODES = {
 }
 
 
-class NumpyBuffer(Buffer):
-    __slots__ = ()
+def _assign(dst, src):
+    dst[...] = src
 
-    @staticmethod
-    def assign(dst, src):
-        dst[...] = src
 
-    def wrap(self, data, shape):
-        if data is None:
-            return np.zeros(shape, self.tensor.dtype)
-        return data.view(self.tensor.dtype).reshape(shape)
+def _wrap(data, shape, like):
+    if data is None:
+        return np.zeros(shape, like.dtype)
+    return data.view(like.dtype).reshape(shape)
 
 
 class NumpyBuffers(BufferAdapter):
@@ -51,12 +48,12 @@ class NumpyBuffers(BufferAdapter):
         code = _CODES.get(array.dtype)
         # carray: C-contiguous, aligned and writeable, in one flag test (this runs per operation)
         if code is not None and array.flags.carray:
-            return make(NumpyBuffer, (array, code, array.shape, -1, 0, array, array))
+            return (array, code, array.shape, -1, 0, array, array, _assign, _wrap)
         code = self.dtype_code(array)
         if code is None:
             raise unsupported_dtype(name, array.dtype)
         work = array if array.flags.carray else np.array(array, copy=True, order="C")
-        return make(NumpyBuffer, (work, code, work.shape, -1, 0, array, work))
+        return (work, code, work.shape, -1, 0, array, work, _assign, _wrap)
 
 
 NUMPY = NumpyBuffers()

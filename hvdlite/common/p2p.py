@@ -17,7 +17,7 @@ mismatch between the two sides (or a CUDA tensor on one side and a host one on t
 sender that died or shut down.
 """
 
-from hvdlite.common import collectives, exceptions, naming, ops
+from hvdlite.common import buffer, collectives, exceptions, naming, ops
 from hvdlite.common.native import core as _core
 from hvdlite.common.process_sets import global_process_set, resolve
 
@@ -71,9 +71,9 @@ def post(adapter, kind, tensor, peer, tag=0, process_set=global_process_set, nam
     tag = _rank_arg(tag, "tag", name)
     # CUDA tensors go through the core's NCCL module: the adapter has synchronized the
     # tensor's stream, so the data is ready (hvdlite_p2p's contract).
-    buf = adapter.describe(tensor, name)
+    data, code, shape, device, _, _, work, assign, _ = adapter.describe(tensor, name)
     status, message, handle = _core.p2p(
-        kind, name, buf.address(), buf.nbytes(), peer, tag, resolve(process_set), buf.device
+        kind, name, buffer.address(data), buffer.nbytes(code, shape), peer, tag, resolve(process_set), device
     )
     exceptions.raise_for_status(status, message)
 
@@ -81,10 +81,11 @@ def post(adapter, kind, tensor, peer, tag=0, process_set=global_process_set, nam
         ops.release(handle)
         if kind == SEND:
             return None
-        buf.copy_back()
+        if work is not tensor:
+            assign(tensor, work)
         return tensor
 
-    return collectives.Pending(handle, finish, buf.keepalive)
+    return collectives.Pending(handle, finish, (tensor, work))
 
 
 def post_bytes(kind, array, peer, tag, process_set_id, name):

@@ -1,6 +1,6 @@
 """The BufferAdapter for torch tensors: how a tensor reaches the core.
 
-``describe`` makes the tensor's ``Buffer`` (hvdlite/common/buffer.py) once per operation. A
+``describe`` makes the tensor's description (hvdlite/common/buffer.py) once per operation. A
 contiguous tensor is passed by ``data_ptr()`` with no copy; any other layout goes through a
 contiguous copy. CUDA tensors carry their device and current stream (the core's NCCL module runs
 allreduce and broadcast on them; it refuses other collectives at submission with
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hvdlite.common import dtypes, exceptions
-from hvdlite.common.buffer import Buffer, BufferAdapter, make, unsupported_dtype
+from hvdlite.common.buffer import BufferAdapter, unsupported_dtype
 
 CODES = {
     torch.uint8: dtypes.UINT8,
@@ -31,19 +31,15 @@ CODES = {
 }
 
 
-class TorchBuffer(Buffer):
-    __slots__ = ()
+def _assign(dst, src):
+    with torch.no_grad():
+        dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(src)))
 
-    @staticmethod
-    def assign(dst, src):
-        with torch.no_grad():
-            dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(src)))
 
-    def wrap(self, data, shape):
-        dtype = self.tensor.dtype
-        if data is None or data.size == 0:
-            return torch.zeros(tuple(shape), dtype=dtype)
-        return torch.from_numpy(data).view(dtype).reshape(tuple(shape))
+def _wrap(data, shape, like):
+    if data is None or data.size == 0:
+        return torch.zeros(tuple(shape), dtype=like.dtype)
+    return torch.from_numpy(data).view(like.dtype).reshape(tuple(shape))
 
 
 class TorchBuffers(BufferAdapter):
@@ -54,7 +50,7 @@ class TorchBuffers(BufferAdapter):
         if tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous():
             code = CODES.get(tensor.dtype)
             if code is not None and not tensor.is_conj() and not tensor.is_neg():
-                return make(TorchBuffer, (tensor.data_ptr(), code, tensor.shape, -1, 0, tensor, tensor))
+                return (tensor.data_ptr(), code, tensor.shape, -1, 0, tensor, tensor, _assign, _wrap)
         self.check_device(tensor, name)
         code = CODES.get(tensor.dtype)
         if code is None:
@@ -65,7 +61,7 @@ class TorchBuffers(BufferAdapter):
             # The current torch stream: the core's NCCL module orders its work after it (and
             # makes it wait for the result).
             device, stream = work.device.index, torch.cuda.current_stream(work.device).cuda_stream
-        return make(TorchBuffer, (work.data_ptr(), code, tuple(work.shape), device, stream, tensor, work))
+        return (work.data_ptr(), code, tuple(work.shape), device, stream, tensor, work, _assign, _wrap)
 
     def check_device(self, tensor, name):
         """Raises for tensors the core cannot reach (memory of a device it has no backend for)
@@ -106,7 +102,7 @@ class TorchBuffers(BufferAdapter):
 
     def copy_into(self, dst, src):
         """dst[...] = src, for same-shape tensors, outside any autograd record."""
-        TorchBuffer.assign(dst, src)
+        _assign(dst, src)
 
 
 TORCH = TorchBuffers()
