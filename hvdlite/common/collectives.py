@@ -3,9 +3,9 @@
 Each adapter (NumPy, which TensorFlow uses too, and PyTorch) turns a tensor into a description
 once, at its edge (``BufferAdapter.describe``, hvdlite/common/buffer.py): the data the core
 reads (an address, or a NumPy array itself), dtype code, shape, device and stream, and how to
-copy a work copy back or wrap a core output. The functions here work on that record alone;
-they turn a call into core operations and return ``Pending`` records (core handle, ``finish``
-callable, buffers to keep alive). ``start`` / ``start_group`` register them as the integer
+copy a work copy back or wrap a core output. The functions here work on that description
+alone, asking the adapter nothing more: they turn a call into core operations and return
+``Pending`` records (core handle, ``finish`` callable, buffers to keep alive). ``start`` / ``start_group`` register them as the integer
 handles users pass to ``poll`` / ``synchronize`` (one handle for a whole group, as Horovod's
 grouped ops return). Blocking in-place calls (allreduce_, broadcast_) skip the handle:
 ``inplace_sync`` submits and waits in one call into the core (ops.run).
@@ -18,7 +18,6 @@ the handle is synchronized.
 import collections
 
 from hvdlite.common import buffer, dtypes, exceptions, naming, ops
-from hvdlite.common.buffer import BufferAdapter  # noqa: F401  (the adapters' base, named here too)
 from hvdlite.common.process_sets import resolve
 
 # names: the (core process set id, wire name) of its operation, held until synchronize()
