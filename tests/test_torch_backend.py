@@ -83,9 +83,11 @@ def test_dead_peer_fails_the_survivors_pending_call():
 
 
 def test_the_core_writes_an_output_into_the_callers_buffer():
-    for same, values, error in run_pooled(cases.output_into_caller_buffer, 2, timeout=60):
+    for same, values, error, spaced, refused in run_pooled(cases.output_into_caller_buffer, 2, timeout=60):
         assert same and values == [0.0, 0.0, 1.0, 1.0]
         assert error is not None and "16 bytes" in error and "holds only 12" in error, error
+        assert spaced == [5.0, -1.0, 5.0, -1.0, 6.0, -1.0, 6.0, -1.0]
+        assert refused is not None and all(w in refused for w in ("'f64'", "float32", "float64")), refused
 
 
 @pytest.mark.slow

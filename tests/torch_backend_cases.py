@@ -272,7 +272,7 @@ def frozen_peer(victim, tmp):
 def output_into_caller_buffer():
     """The core writes an allgather's result into the caller's buffer (what the backend does for
     all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single); one too small for the
-    result fails the operation, naming both sizes."""
+    result fails the operation, naming both sizes (last: that failure ends the job)."""
     import numpy as np
 
     import hvdlite as hvd
@@ -286,6 +286,26 @@ def output_into_caller_buffer():
     )
     ops.wait(pending.core)
     result, _ = pending.finish()
+    # An output the core cannot write as it is (strided) goes through a copy written back; one of
+    # another dtype is refused before anything is submitted (on every rank alike: no hang).
+    spaced = np.full(8, -1.0, np.float32)
+    pending = collectives.with_output(
+        numpy_buffers.NUMPY,
+        "allgather",
+        ops.ALLGATHER,
+        np.full(2, r + 5.0, np.float32),
+        "spaced",
+        out=spaced[::2],
+    )
+    ops.wait(pending.core)
+    pending.finish()
+    try:
+        collectives.with_output(
+            numpy_buffers.NUMPY, "allgather", ops.ALLGATHER, np.ones(2, np.float32), "f64", out=np.zeros(4)
+        )
+        refused = None
+    except hvd.HvdliteError as e:
+        refused = str(e)
     small = np.zeros(3, np.float32)
     pending = collectives.with_output(
         numpy_buffers.NUMPY, "allgather", ops.ALLGATHER, np.ones(2, np.float32), "small", out=small
@@ -295,7 +315,7 @@ def output_into_caller_buffer():
         error = None
     except hvd.HvdliteError as e:
         error = str(e)
-    return result is out, out.tolist(), error
+    return result is out, out.tolist(), error, spaced.tolist(), refused
 
 
 def init_method_tcp(port):

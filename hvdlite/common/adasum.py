@@ -77,22 +77,24 @@ def allreduce_inplace(adapter, tensor, name, prescale, postscale, process_set):
             "Running Adasum with non-power of 2 ranks is not supported yet "
             "(tensor '%s', %d ranks)" % (name, members)
         )
-    code = adapter.dtype_code(tensor)
+    qualified = naming.auto_name("allreduce", name, adapter.qualified_names)
+    buf = adapter.describe(tensor, qualified)
+    _, code, shape, _, _, _, _, assign, _ = buf
+    shape = tuple(shape)
     if code not in _FLOAT_CODES:
         raise exceptions.NotSupportedError(
             "Adasum needs a floating-point tensor; '%s' has dtype %s" % (name, getattr(tensor, "dtype", "?"))
         )
-    shape = tuple(adapter.shape(tensor))
     count = int(np.prod(shape, dtype=np.int64))
-    gather = collectives.with_output(
-        adapter, "allreduce", ops.ALLGATHER, tensor, name, shape=(1, count), process_set=resolve(process_set)
+    gather = collectives.submit_output(
+        ops.ALLGATHER, qualified, buf, (1, count), None, {"process_set": resolve(process_set)}
     )
 
     def finish():
         data, _, _, _ = ops.take_output(gather.core)
         rows = decode_float64(data, code, count * members).reshape(members, count) * prescale
         result = tree_reduce(rows) * postscale
-        adapter.assign_float64(tensor, result.reshape(shape))
+        assign(tensor, result.reshape(shape))
         return tensor
 
     return gather._replace(finish=finish, keepalive=(tensor, gather.keepalive))

@@ -42,10 +42,11 @@ def submit(
     the data's address, or a C-contiguous object with the buffer protocol.
     CUDA tensors: `device` is the tensor's CUDA device, `stream` the framework's
     current cudaStream_t as an int (see hvdlite_op in csrc/include/hvdlite/c_api.h).
-    `output`: (address, bytes) of host memory where an allgather, alltoall or reducescatter
-    writes its result (kept alive by the caller until the operation completes; take_output
-    then returns no data), or None: the core allocates the output."""
-    _check_name_free(process_set, name)
+    `output`: (address or buffer-protocol object, bytes) of host memory where an allgather,
+    alltoall or reducescatter writes its result (kept alive by the caller until the operation
+    completes; take_output then returns no data), or None: the core allocates the output."""
+    if _held_names:  # the call only while some handle holds a name (this runs per operation)
+        _check_name_free(process_set, name)
     if output is not None:
         return _submit_into(
             op_type,
@@ -125,7 +126,8 @@ def run(
     wait() would raise. Blocks until done; Python regains control every wait slice.
     The core converts the numbers (Python ints and floats, or anything with __index__ /
     __float__), as submit() does with int() and float(); this runs per operation."""
-    _check_name_free(process_set, name)
+    if _held_names:  # the call only while some handle holds a name (this runs per operation)
+        _check_name_free(process_set, name)
     pending = _core.submit_wait(
         op_type,
         name,

@@ -17,7 +17,7 @@ mismatch between the two sides (or a CUDA tensor on one side and a host one on t
 sender that died or shut down.
 """
 
-from hvdlite.common import collectives, dtypes, exceptions, naming, ops
+from hvdlite.common import buffer, collectives, exceptions, naming, ops
 from hvdlite.common.native import core as _core
 from hvdlite.common.process_sets import global_process_set, resolve
 
@@ -69,26 +69,11 @@ def post(adapter, kind, tensor, peer, tag=0, process_set=global_process_set, nam
     name = naming.auto_name(label, name, adapter.qualified_names)
     peer = _rank_arg(peer, "dst" if kind == SEND else "src", name)
     tag = _rank_arg(tag, "tag", name)
-    adapter.check_device(tensor, name)
     # CUDA tensors go through the core's NCCL module: the adapter has synchronized the
     # tensor's stream, so the data is ready (hvdlite_p2p's contract).
-    device = adapter.device_kwargs(tensor).get("device", -1)
-    work = tensor if adapter.is_direct(tensor) else adapter.contiguous_copy(tensor)
-    code = adapter.dtype_code(work)
-    if code is None:
-        collectives.describe(adapter, work, name)  # raises the unsupported-dtype error
-    count = 1
-    for d in adapter.shape(work):
-        count *= int(d)
+    data, code, shape, device, _, _, work, assign, _ = adapter.describe(tensor, name)
     status, message, handle = _core.p2p(
-        kind,
-        name,
-        adapter.pointer(work),
-        count * dtypes.ITEM_BYTES[code],
-        peer,
-        tag,
-        resolve(process_set),
-        device,
+        kind, name, buffer.address(data), buffer.nbytes(code, shape), peer, tag, resolve(process_set), device
     )
     exceptions.raise_for_status(status, message)
 
@@ -97,7 +82,7 @@ def post(adapter, kind, tensor, peer, tag=0, process_set=global_process_set, nam
         if kind == SEND:
             return None
         if work is not tensor:
-            adapter.copy_into(tensor, work)
+            assign(tensor, work)
         return tensor
 
     return collectives.Pending(handle, finish, (tensor, work))

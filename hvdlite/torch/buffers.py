@@ -1,18 +1,20 @@
 """The BufferAdapter for torch tensors: how a tensor reaches the core.
 
-A contiguous tensor is passed by ``data_ptr()`` with no copy; any other layout
-goes through a contiguous copy. CUDA tensors carry their device and current
-stream (the core's NCCL module runs allreduce and broadcast on them; it refuses
-other collectives at submission with NotSupportedError). Outputs the core allocates come back
-as uint8 NumPy arrays and are wrapped with ``torch.from_numpy(...).view(dtype)``
-(no copy; the array's owner frees the core's buffer when the tensor dies).
+``describe`` makes the tensor's description (hvdlite/common/buffer.py) once per operation. A
+contiguous tensor is passed by ``data_ptr()`` with no copy; any other layout goes through a
+contiguous copy. CUDA tensors carry their device and current stream (the core's NCCL module runs
+allreduce and broadcast on them; it refuses other collectives at submission with
+NotSupportedError). Outputs the core allocates come back as uint8 NumPy arrays and are wrapped
+with ``torch.from_numpy(...).view(dtype)`` (no copy; the array's owner frees the core's buffer
+when the tensor dies). The other methods are this adapter's own helpers, for the torch modules
+(mpi_ops, p2p_ops, the torch.distributed backend).
 """
 
 import numpy as np
 import torch
 
 from hvdlite.common import dtypes, exceptions
-from hvdlite.common.collectives import BufferAdapter
+from hvdlite.common.buffer import BufferAdapter, unsupported_dtype
 
 CODES = {
     torch.uint8: dtypes.UINT8,
@@ -29,13 +31,41 @@ CODES = {
 }
 
 
+def _assign(dst, src):
+    with torch.no_grad():
+        dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(src)))
+
+
+def _wrap(data, shape, like):
+    if data is None or data.size == 0:
+        return torch.zeros(tuple(shape), dtype=like.dtype)
+    return torch.from_numpy(data).view(like.dtype).reshape(tuple(shape))
+
+
 class TorchBuffers(BufferAdapter):
     qualified_names = True  # 'allreduce.<name>', as Horovod's PyTorch names its operations
 
-    def dtype_code(self, tensor):
-        return CODES.get(tensor.dtype)
+    def describe(self, tensor, name):
+        # host_direct's conditions inline: the common case, in the cheapest tests.
+        if tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous():
+            code = CODES.get(tensor.dtype)
+            if code is not None and not tensor.is_conj() and not tensor.is_neg():
+                return (tensor.data_ptr(), code, tensor.shape, -1, 0, tensor, tensor, _assign, _wrap)
+        self.check_device(tensor, name)
+        code = CODES.get(tensor.dtype)
+        if code is None:
+            raise unsupported_dtype(name, tensor.dtype)
+        work = tensor if self.is_direct(tensor) else self.contiguous_copy(tensor)
+        device, stream = -1, 0
+        if work.device.type == "cuda":
+            # The current torch stream: the core's NCCL module orders its work after it (and
+            # makes it wait for the result).
+            device, stream = work.device.index, torch.cuda.current_stream(work.device).cuda_stream
+        return (work.data_ptr(), code, tuple(work.shape), device, stream, tensor, work, _assign, _wrap)
 
     def check_device(self, tensor, name):
+        """Raises for tensors the core cannot reach (memory of a device it has no backend for)
+        or take (sparse)."""
         if tensor.device.type not in ("cpu", "cuda"):
             raise exceptions.NotSupportedError(
                 "tensor '%s' is on %s; hvdlite runs collectives on CPU and CUDA tensors (move it with .cpu())"
@@ -48,7 +78,8 @@ class TorchBuffers(BufferAdapter):
             )
 
     def host_direct(self, tensor):
-        # check_device and is_direct's conditions for a dense CPU tensor, in the cheapest tests.
+        """(data_ptr, dtype code) of a host tensor the core may use as it is (contiguous, writable,
+        a supported dtype), else None: describe() then makes no copy and has no device."""
         if tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous():
             code = CODES.get(tensor.dtype)
             if code is not None and not tensor.is_conj() and not tensor.is_neg():
@@ -56,20 +87,12 @@ class TorchBuffers(BufferAdapter):
         return None
 
     def is_direct(self, tensor):
+        """True when the core may use `tensor`'s memory as it is (layout only; see check_device)."""
         return tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
 
     def contiguous_copy(self, tensor):
+        """A new contiguous tensor with `tensor`'s values (never an alias)."""
         return tensor.detach().clone(memory_format=torch.contiguous_format).resolve_conj().resolve_neg()
-
-    def pointer(self, tensor):
-        return tensor.data_ptr()
-
-    def device_kwargs(self, tensor):
-        """CUDA tensors: their device and the current torch stream, which the core's
-        NCCL module orders its work after (and makes wait for the result)."""
-        if tensor.device.type != "cuda":
-            return {}
-        return {"device": tensor.device.index, "stream": torch.cuda.current_stream(tensor.device).cuda_stream}
 
     @staticmethod
     def stage_on_host(tensor):
@@ -77,21 +100,9 @@ class TorchBuffers(BufferAdapter):
         on a host copy (the core's CUDA path has only those two)."""
         return tensor.device.type == "cuda"
 
-    def shape(self, tensor):
-        return tuple(tensor.shape)
-
     def copy_into(self, dst, src):
-        with torch.no_grad():
-            dst.copy_(src)
-
-    def from_core(self, data, shape, like):
-        if data is None or data.size == 0:
-            return torch.zeros(tuple(shape), dtype=like.dtype)
-        return torch.from_numpy(data).view(like.dtype).reshape(tuple(shape))
-
-    def assign_float64(self, dst, values):
-        with torch.no_grad():
-            dst.copy_(torch.from_numpy(np.ascontiguousarray(values)))
+        """dst[...] = src, for same-shape tensors, outside any autograd record."""
+        _assign(dst, src)
 
 
 TORCH = TorchBuffers()
