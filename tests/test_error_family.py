@@ -22,6 +22,7 @@ FACTORIES = {
     "error_for",
     "init_error_for",
     "tf_error",
+    "unsupported_dtype",  # hvdlite/common/buffer.py: a NotSupportedError naming the tensor and its dtype
 }  # tf_error: the error itself, or a subclass of its class
 
 
