@@ -247,10 +247,11 @@ def wait():
 
 
 def _raise(job):
-    if job.error is None:
+    error = job.error
+    if error is None:
         return
-    if isinstance(job.error, exceptions.HvdliteError):
-        raise job.error
+    if isinstance(error, exceptions.HvdliteError):
+        raise error
     raise exceptions.HvdliteError(
         "save_checkpoint(%r) failed on rank %d: %s: %s; the previous checkpoint there stays"
         % (job.path, _rank(), type(job.error).__name__, job.error)
