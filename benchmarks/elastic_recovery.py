@@ -1,6 +1,6 @@
-"""Elastic recovery time: from a worker's SIGKILL to the survivors' next completed step.
+"""Elastic recovery time: from a worker's SIGKILL (or SIGSTOP) to the survivors' next completed step.
 
-    python benchmarks/elastic_recovery.py [--reps 5] [--hosts localhost:2,127.0.0.2:2]
+    python benchmarks/elastic_recovery.py [--reps 5] [--hosts localhost:2,127.0.0.2:2] [--freeze]
     python benchmarks/elastic_recovery.py --simhosts 2 --slots 2 [--reps 5]     # root only
 
 Runs tests/elastic_train.py under `hvdliterun --min-np 1 -H HOSTS` once per repetition; in each
@@ -10,13 +10,16 @@ the last survivor's first step completed in the re-formed job minus the time of 
 "hosts" (no ssh); --simhosts N builds N simulated hosts (tests/simhosts.py: own network
 namespace and sshd each) and every worker starts over ssh. Also reports how long a host added
 by the discovery script takes to be training (local hosts only; its first completed step minus
-the moment the discovery file changed). Prints the median and every sample; asserts nothing
-about time.
+the moment the discovery file changed). --freeze: the worker SIGSTOPs itself instead (it never
+exits: the survivors' heartbeat finds it within HVDLITE_LIVENESS_SECONDS, they report it and the
+driver kills it); no discovery measurement then. Prints the median and every sample; asserts
+nothing about time.
 """
 
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,19 +48,35 @@ def _steps(text):
         fields = m.group(2).split()
         if fields[0] == "STEP":
             steps.append((m.group(1), int(fields[1]), int(fields[2]), float(fields[4])))
-        elif fields[0] == "KILL":
+        elif fields[0] in ("KILL", "FREEZE"):
             kill = float(fields[1])
     return steps, kill
 
 
-def recovery_once(hosts, victim, size, wrap_env=None):
-    env = _env({"ELASTIC_STEPS": "60", "ELASTIC_SLEEP": "0.02", "ELASTIC_KILL": victim + ":30"})
+def _kill_leftovers(pid_dir):
+    """SIGKILLs the workers of a failed run still there (a stopped one never exits)."""
+    for name in os.listdir(pid_dir):
+        try:
+            with open("/proc/%s/cmdline" % name, "rb") as f:
+                if b"elastic_train.py" in f.read():
+                    os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def recovery_once(hosts, victim, size, wrap_env=None, how="KILL"):
+    env = _env({"ELASTIC_STEPS": "60", "ELASTIC_SLEEP": "0.02", "ELASTIC_" + how: victim + ":30"})
     if wrap_env is not None:
         env = wrap_env(env)
     cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(size), "--min-np", "1", "-H", hosts]
-    res = subprocess.run(
-        cmd + [sys.executable, SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
-    )
+    with tempfile.TemporaryDirectory() as pid_dir:
+        env["ELASTIC_PID_DIR"] = pid_dir
+        try:
+            res = subprocess.run(
+                cmd + [sys.executable, SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
+            )
+        finally:
+            _kill_leftovers(pid_dir)
     if res.returncode != 0:
         raise SystemExit("run failed:\n" + res.stderr[-3000:])
     steps, kill = _steps(res.stdout)
@@ -108,6 +127,7 @@ def main():
     parser.add_argument("--hosts", default="localhost:2,127.0.0.2:2")
     parser.add_argument("--simhosts", type=int, default=0, help="N simulated hosts instead of --hosts")
     parser.add_argument("--slots", type=int, default=2, help="slots per simulated host")
+    parser.add_argument("--freeze", action="store_true", help="the worker SIGSTOPs itself instead")
     args = parser.parse_args()
     if args.simhosts:
         sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -118,6 +138,8 @@ def main():
             _recovery(args, cluster.client_env)
         return
     _recovery(args)
+    if args.freeze:
+        return
     joins = [join_once() for _ in range(min(args.reps, 3))]
     print(
         "host added by discovery -> its first training step: median %.3f s  samples %s"
@@ -132,12 +154,15 @@ def _recovery(args, wrap_env=None):
     victim = "%s[%d]" % (last_host, slots[-1] - 1)
     samples = []
     for _ in range(args.reps):
-        seconds, survivors = recovery_once(args.hosts, victim, size, wrap_env)
+        seconds, survivors = recovery_once(
+            args.hosts, victim, size, wrap_env, "FREEZE" if args.freeze else "KILL"
+        )
         samples.append(seconds)
     print(
-        "SIGKILL of %s (%d ranks on %s) -> survivors' next step (%d survivors, no restarts): "
+        "%s of %s (%d ranks on %s) -> survivors' next step (%d survivors, no restarts): "
         "median %.3f s  samples %s"
         % (
+            "SIGSTOP" if args.freeze else "SIGKILL",
             victim,
             size,
             args.hosts,

@@ -1,10 +1,11 @@
 """An elastic PyTorch training loop (TorchState, ElasticSampler, DistributedOptimizer) run by
-tests/test_elastic.py under `hvdliterun --min-np ...`. Commits after every batch and logs, per
+tests/test_elastic_torch.py under `hvdliterun --min-np ...`. Commits after every batch and logs, per
 committed step, every rank's batch indices (allgather_object), so the test can replay the
 committed steps with plain SGD and check the final parameters.
 
 ELASTIC_KILL="worker_id:step": that worker SIGKILLs itself in that step, after backward()
-submitted its gradients' allreduce. Prints "DONE <json log> <json params>" on rank 0.
+submitted its gradients' allreduce; with ELASTIC_KILL_SIGNAL=SIGSTOP it stops itself instead (a
+frozen worker). Prints "DONE <json log> <json params>" on rank 0.
 """
 
 import json
@@ -53,7 +54,7 @@ if __name__ == "__main__":
                 loss = torch.nn.functional.mse_loss(net(x[batch]), y[batch])
                 loss.backward()
                 if KILL.get(ME) == str(state.step):
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    os.kill(os.getpid(), signal.Signals[os.environ.get("ELASTIC_KILL_SIGNAL", "SIGKILL")])
                 opt.step()
                 state.log.append((state.step, hvd.allgather_object(batch)))
                 state.step += 1

@@ -147,7 +147,7 @@ def _reset(error):
     ctx = worker.context()
     if ctx is None:
         raise error  # not started by an elastic driver: nobody can re-form the job
-    ctx.reset()
+    ctx.reset(error)
 
 
 def run_fn(func, reset=_reset):

@@ -10,7 +10,12 @@ Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the
   - "latest" = the newest g, set after "gen/<g>";
   - "joined/<id>" = the newest generation this worker formed (set by the worker after init());
   - "reset/<g>": a worker of generation g adds 1 after a HorovodInternalError (a request for a
-    new generation, which the driver grants even when no worker exited).
+    new generation, which the driver grants even when no worker exited);
+  - "frozen" (a counter) and "frozen/<i>": when that error says a peer stopped responding (the
+    core's heartbeat found it frozen: its process stopped while its sockets stay open), the
+    worker adds 1 to "frozen" and writes report i = JSON {"worker": the frozen worker's id,
+    "rank", "gen", "by": the reporter's id, "reason": the error}, before its "reset/<g>", so the
+    driver can kill the frozen process (it would never exit by itself) and re-form without it.
 Every init() of an elastic worker (the script's own hvd.init() included, through the init hook
 installed below) joins the newest generation.
 Each generation has its own rendezvous store and secret, so the core's init() of generation g
@@ -20,6 +25,7 @@ generation's "workers" leaves (exit status 0); one that finds "end" raises it.
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -31,6 +37,16 @@ from hvdlite.elastic.store import StoreClient
 SUPERSEDE_WAIT_S = 5.0  # after a failed init(): how long to wait for the driver to publish a newer one
 WAIT_NEXT_S = 3600.0  # at most this long for the driver's next generation (it ends the job sooner)
 _POLL_S = 0.02
+# How the core names a peer its heartbeat found frozen (csrc/transport/tcp_control.cc,
+# CheckHeartbeat): "rank N (host H) stopped responding: no heartbeat ...". A survivor that is not
+# the frozen rank's neighbour gets it inside an ABORT ("rank M (host H) failed: rank N ...").
+_FROZEN = re.compile(r"\brank (\d+)(?: \(host [^)]*\))? stopped responding: no heartbeat")
+
+
+def frozen_rank(error):
+    """The rank `error` says stopped responding (its heartbeat), or None."""
+    m = _FROZEN.search(str(error)) if error is not None else None
+    return int(m.group(1)) if m else None
 
 
 class ElasticContext:
@@ -140,8 +156,26 @@ class ElasticContext:
                 % (self.generation, message)
             )
 
-    def reset(self):
-        """Moves this process to the next generation (the run wrapper's reset)."""
+    def report_frozen(self, rank, error):
+        """Tells the driver that `rank` of this generation stopped responding (see the protocol
+        above); returns the frozen worker's id, or None when `rank` is not in it."""
+        record = self.current()
+        wid = next((w for w, me in record["workers"].items() if me["rank"] == rank), None)
+        if wid is None or wid == self.worker_id:
+            return None
+        report = {"worker": wid, "rank": rank, "gen": self.generation, "by": self.worker_id}
+        report["reason"] = str(error)[:500]
+        i = self.client().add("frozen", 1)
+        self.client().set("frozen/%d" % i, json.dumps(report))
+        return wid
+
+    def reset(self, error=None):
+        """Moves this process to the next generation (the run wrapper's reset). `error`: what
+        ended the last one; a peer it names as frozen is reported to the driver first, which
+        kills it (before our shutdown, which then need not wait for it)."""
+        rank = frozen_rank(error)
+        if rank is not None:
+            self.report_frozen(rank, error)
         self.leave()
         # Ask for a new generation: without a worker exit (a stall timeout) the driver has no
         # other reason to form one.

@@ -9,6 +9,8 @@ Contract of ElasticDriver.run():
   - a worker exiting non-zero blacklists its host (hvdlite/runner/elastic_discovery.py); its
     host's other workers are told to leave; the survivors (older hosts first, so they keep the
     lowest ranks) plus new workers on free slots, up to --max-np, form the next generation;
+  - a worker the survivors report frozen (its heartbeat stopped; it never exits) is SIGKILLed
+    and then handled as a failed worker (hvdlite/runner/elastic_frozen.py);
   - a discovery change that changes the assignment forms the next generation too (the workers
     learn it at their next commit());
   - workers that ask for a new generation (key "reset/<g>") with no worker exit get one with the
@@ -41,7 +43,7 @@ from typing import Any
 from hvdlite.common import job as jobs
 from hvdlite.common.exceptions import InvalidArgumentError
 from hvdlite.elastic.store import StoreClient
-from hvdlite.runner import elastic_discovery, job, remote
+from hvdlite.runner import elastic_discovery, elastic_frozen, job, remote
 from hvdlite.runner import hosts as hostlib
 from hvdlite.runner.output import Console
 
@@ -126,6 +128,7 @@ class ElasticDriver:
         self._stop = threading.Event()
         self.first_failure: tuple[str, int] | None = None  # (name, code)
         self._request_seen: float | None = None  # when a reset request for self.gen was first seen
+        self._frozen = elastic_frozen.FrozenWorkers(self)  # workers the survivors report frozen
 
     def log(self, msg):
         self._err.write(("hvdliterun: %s\n" % msg).encode())
@@ -356,7 +359,8 @@ class ElasticDriver:
                 elif time.monotonic() - wait_since > self.elastic_timeout:
                     return self._end(MIN_SLOTS_TIMEOUT_MESSAGE.format(need), report_failure=True)
             self._kill_overdue_leavers()
-            if not pending_change and not finishing and self._reset_requested():
+            killed = self._frozen.kill_reported()
+            if not finishing and (killed or (not pending_change and self._reset_requested())):
                 pending_change, wait_since = True, time.monotonic()
             if not any(self.workers[i].alive for i in self.current) and (finishing or not self._survivors()):
                 return self._result()
@@ -478,10 +482,7 @@ class ElasticDriver:
     def _fail(self):
         """No worker of the current generation can go on: ends the job with the first failure."""
         name, code = self.first_failure or ("?", 1)
-        message = NONZERO_MESSAGE.format(name=name, code=code).rstrip()
-        self._publish([], end=message)
-        self._wait_exit(END_GRACE_S)
-        self.log(message)
+        self._end(NONZERO_MESSAGE.format(name=name, code=code).rstrip())
         return code if 0 < code < 256 else 1
 
     def _result(self):
