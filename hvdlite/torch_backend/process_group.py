@@ -16,6 +16,8 @@ deadlock detector then fails both calls on every member with a MismatchError nam
 rank waits for, and the group stays usable.
 """
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -87,7 +89,11 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         self._set_id = process_set.process_set_id
         self._members = process_set.ranks
         self._counts = {}
-        self._in_flight = {}  # name -> the HvdliteWork that last used it
+        # name -> the work using it until that work completes (then _forget drops it, so a
+        # finished call's tensors are not kept alive here). Written by the calling thread and by
+        # whichever thread completes a work: under _in_flight_lock.
+        self._in_flight = {}
+        self._in_flight_lock = threading.Lock()
         self._name_prefix = "c10d.%d." % self._set_id
         self._group_label = group_name
 
@@ -116,9 +122,17 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         return name
 
     def _track(self, names, work):
-        for name in names:
-            self._in_flight[name] = work
+        with self._in_flight_lock:
+            for name in names:
+                self._in_flight[name] = work
+        work.on_done = lambda done, names=names: self._forget(done, names)
         return self._bounded(work)
+
+    def _forget(self, work, names):
+        with self._in_flight_lock:
+            for name in names:
+                if self._in_flight.get(name) is work:
+                    del self._in_flight[name]
 
     def _bounded(self, work):
         work.default_timeout_s = self._timeout_s

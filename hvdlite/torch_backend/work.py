@@ -53,6 +53,9 @@ class HvdliteWork(dist.Work):
         self._future = None
         self._waited: set[int] = set()  # indexes of the pendings whose core operation completed
         self.default_timeout_s = 0.0  # the group's timeout, for wait() without one (0: none)
+        # (forget(work), set by the group that tracks this work's names): called once completed,
+        # so the group drops its reference and this work's tensors are not kept alive.
+        self.on_done = None
 
     def _core_done(self):
         return all(ops.poll_core(p.core) for p in self._pendings)
@@ -80,6 +83,9 @@ class HvdliteWork(dist.Work):
             self._lock.release()
         if self._future is not None:
             _settle(self._future, self._outputs, self._error)
+        on_done, self.on_done = self.on_done, None
+        if on_done is not None:
+            on_done(self)
         return True
 
     def _wait_core(self, deadline):
@@ -98,9 +104,10 @@ class HvdliteWork(dist.Work):
         return True
 
     def _run_finish(self):
+        finish, self._finish = self._finish, None  # its closure holds the call's tensors
         try:
             if self._error is None:
-                self._outputs = self._finish()
+                self._outputs = finish()
             else:
                 for p in self._pendings:  # all done now: free what the others produced
                     ops.release(p.core)
