@@ -47,23 +47,8 @@ def submit(
     completes; take_output then returns no data), or None: the core allocates the output."""
     if _held_names:  # the call only while some handle holds a name (this runs per operation)
         _check_name_free(process_set, name)
-    if output is not None:
-        return _submit_into(
-            op_type,
-            name,
-            ptr,
-            dtype,
-            shape,
-            reduce_op,
-            prescale,
-            postscale,
-            root,
-            splits,
-            process_set,
-            output,
-        )
     # The core converts the numbers and the shape itself (as for run()): this runs per tensor.
-    code, message, handle = _core.enqueue(
+    args = (
         op_type,
         name,
         ptr,
@@ -78,30 +63,10 @@ def submit(
         device,
         stream,
     )
-    exceptions.raise_for_status(code, message)
-    return handle
-
-
-def _submit_into(
-    op_type, name, ptr, dtype, shape, reduce_op, prescale, postscale, root, splits, process_set, output
-):
-    code, message, handle = _core.enqueue(
-        op_type,
-        name,
-        ptr,
-        dtype,
-        shape,
-        reduce_op,
-        prescale,
-        postscale,
-        root,
-        [int(s) for s in splits] if len(splits) else [],
-        process_set,
-        -1,
-        0,
-        output[0],
-        output[1],
-    )
+    if output is None:
+        code, message, handle = _core.enqueue(*args)
+    else:
+        code, message, handle = _core.enqueue(*args, output[0], output[1])
     exceptions.raise_for_status(code, message)
     return handle
 

@@ -73,6 +73,29 @@ def _flat(tensor):
     return tensor.reshape(-1)
 
 
+def _into_one(output):
+    """then() for a call whose result fills `output`."""
+
+    def then(result):
+        output.copy_(result.view(output.shape))
+        return [output]
+
+    return then
+
+
+def _into_list(outputs):
+    """then() for a call whose flat result fills `outputs` in order (the list forms)."""
+
+    def then(flat):
+        offset = 0
+        for out in outputs:
+            out.copy_(flat[offset : offset + out.numel()].view(out.shape))
+            offset += out.numel()
+        return outputs
+
+    return then
+
+
 class HvdliteProcessGroup(dist.ProcessGroup):
     """One torch process group over the hvdlite process set `process_set` (members: global
     ranks in group-rank order). Thread-safety: torch issues a group's calls from one thread at a
@@ -199,10 +222,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         return work
 
     def all_gather_single(self, output, input, opts=None):
-        def then(gathered):
-            output.copy_(gathered.view(output.shape))
-            return [output]
-
+        then = _into_one(output)
         return self._with_output(
             "allgather", ops.ALLGATHER, _flat(input), _signature(input), then, into=output
         )
@@ -211,15 +231,9 @@ class HvdliteProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs, source = output_tensors[0], input_tensors[0]
-
-        def then(gathered):
-            offset = 0
-            for out in outputs:
-                out.copy_(gathered[offset : offset + out.numel()].view(out.shape))
-                offset += out.numel()
-            return outputs
-
-        return self._with_output("allgather", ops.ALLGATHER, _flat(source), _signature(source), then)
+        return self._with_output(
+            "allgather", ops.ALLGATHER, _flat(source), _signature(source), _into_list(outputs)
+        )
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         return _CombinedWork([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)])
@@ -233,10 +247,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         op, prescale = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
         rows = input.reshape(self.size(), -1)
 
-        def then(block):
-            output.copy_(block.view(output.shape))
-            return [output]
-
+        then = _into_one(output)
         return self._with_output(
             "reducescatter",
             ops.REDUCESCATTER,
@@ -263,10 +274,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         splits = list(input_split_sizes) if len(input_split_sizes) else []
 
-        def then(received):
-            output.copy_(received.view(output.shape))
-            return [output]
-
+        then = _into_one(output)
         signature = _dtype_label(input)
         return self._with_output("alltoall", ops.ALLTOALL, input, signature, then, into=output, splits=splits)
 
@@ -276,29 +284,16 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         flat = torch.cat([_flat(t) for t in input_tensors]) if input_tensors else torch.empty(0)
         splits = [t.numel() for t in input_tensors]
 
-        def then(received):
-            offset = 0
-            for out in output_tensors:
-                out.copy_(received[offset : offset + out.numel()].view(out.shape))
-                offset += out.numel()
-            return output_tensors
-
-        signature = _dtype_label(flat)
-        return self._with_output("alltoall", ops.ALLTOALL, flat, signature, then, splits=splits)
+        then = _into_list(output_tensors)
+        return self._with_output("alltoall", ops.ALLTOALL, flat, _dtype_label(flat), then, splits=splits)
 
     def gather(self, output_tensors, input_tensors, opts):
         """All members send; the group rank opts.rootRank keeps the list (an allgather)."""
         outputs = output_tensors[0] if self.rank() == opts.rootRank else []
         source = input_tensors[0]
-
-        def then(gathered):
-            offset = 0
-            for out in outputs:
-                out.copy_(gathered[offset : offset + out.numel()].view(out.shape))
-                offset += out.numel()
-            return outputs
-
-        return self._with_output("allgather", ops.ALLGATHER, _flat(source), _signature(source), then)
+        return self._with_output(
+            "allgather", ops.ALLGATHER, _flat(source), _signature(source), _into_list(outputs)
+        )
 
     def scatter(self, output_tensors, input_tensors, opts):
         """The root's i-th input goes to member i: an alltoall in which only the root sends."""
@@ -311,10 +306,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
             flat = torch.empty(0, dtype=output.dtype)
             splits = [0] * self.size()
 
-        def then(received):
-            output.copy_(received.view(output.shape))
-            return [output]
-
+        then = _into_one(output)
         signature = _dtype_label(output)
         return self._with_output("scatter", ops.ALLTOALL, flat, signature, then, splits=splits)
 
