@@ -14,16 +14,7 @@ import pytest
 import torch_backend_cases as cases
 from helpers import run_pooled, run_ranks, spawn_ranks
 
-_JOB_VARS = [
-    "HVDLITE_RANK",
-    "HVDLITE_SIZE",
-    "HVDLITE_LOCAL_RANK",
-    "HVDLITE_LOCAL_SIZE",
-    "HVDLITE_CROSS_RANK",
-    "HVDLITE_CROSS_SIZE",
-    "HVDLITE_STORE_ADDR",
-    "HVDLITE_SECRET",
-]
+from hvdlite.common import job
 
 
 def _check_all_true(results):
@@ -109,7 +100,7 @@ def _free_port():
 
 def test_job_forms_through_torchs_store_without_launcher_variables():
     def env(rank):
-        out = {name: None for name in _JOB_VARS}
+        out = {name: None for name in job.names()}  # every variable that carries a job
         out["CASE_RANK"] = str(rank)
         return out
 
