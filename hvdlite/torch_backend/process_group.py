@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.common import basics, collectives, dtypes, exceptions, ops, p2p, process_sets
-from hvdlite.common.process_sets import ProcessSet, global_process_set
+from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch.buffers import CODES, TORCH
 from hvdlite.torch_backend import joining
 from hvdlite.torch_backend.work import DoneWork, HvdliteWork, _settle
@@ -384,4 +384,4 @@ def _member_set(members):
     return process_sets.add_process_set_among_members(members)
 
 
-__all__ = ["HvdliteProcessGroup", "ProcessSet", "create"]
+__all__ = ["HvdliteProcessGroup", "create"]
