@@ -18,12 +18,27 @@ same dense model from one seed and keeps its part of it:
 
 Rank 0 prints the mesh and a progress bar with the loss (the mean over dp replicas of the
 last pipeline stage's loss).
+
+--elastic runs the loop under hvd.elastic.run with hvd.parallel.MeshState, committing every
+step; launch it with the elastic driver, hosts of 2 slots (one tp pair each), e.g.
+
+    hvdliterun -np 8 --min-np 4 -H localhost:2,127.0.0.1:2,127.0.0.2:2,127.0.0.3:2 \
+        python examples/pytorch_gpt_3d.py --dp 2 --elastic --kill-rank 5 --kill-step 3
+
+Rank 5 SIGKILLs itself in step 3 (--kill-*: to watch a recovery); the driver drops its host
+(ranks 4 and 5: stage 1 of replica 0), the 6 survivors re-form the mesh with dp=1 (one holder per
+pipeline and tensor coordinate; the two ranks left over are released and exit 0) and finish on 4
+ranks, each now computing both original replicas' batches (gradients accumulated), so the loss
+curve is the uninterrupted one's.
 """
 
 import argparse
 import glob
+import itertools
 import os
+import signal
 import sysconfig
+import time
 
 import torch
 import torch.nn.functional as F
@@ -112,7 +127,7 @@ def batch(corpus, args, step, dp_rank):
     return rows[:, :-1], rows[:, 1:]
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=2)
@@ -126,44 +141,117 @@ def main():
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--corpus-bytes", type=int, default=2_000_000)
-    args = parser.parse_args()
+    parser.add_argument("--elastic", action="store_true", help="hvd.elastic.run with MeshState")
+    parser.add_argument("--kill-rank", type=int, default=-1, help="--elastic: this rank SIGKILLs itself")
+    parser.add_argument("--kill-step", type=int, default=-1, help="... in this step (first generation)")
+    parser.add_argument("--print-losses", action="store_true", help="rank 0 prints every step's loss")
+    return parser.parse_args()
+
+
+class Trainer:
+    """This rank's part of the 3-D GPT and one training step of it. A step computes the batches
+    of the original dp replicas `replicas` (one, unless an elastic job lost some: then this rank
+    computes several and their gradients accumulate) and divides the dp sum by `n_replicas`."""
+
+    def __init__(self, args, mesh):
+        self.args, self.mesh = args, mesh
+        self.tp, self.dp, pp = mesh.process_set("tp"), mesh.process_set("dp"), mesh.process_set("pp")
+        self.n_pp, me = mesh.size("pp"), mesh.rank("pp")
+        per_stage = -(-args.layers // self.n_pp)
+        self.stage = Stage(args, me * per_stage, min(args.layers, (me + 1) * per_stage), args.layers, self.tp)
+        self.opt = torch.optim.AdamW(self.stage.parameters(), lr=args.lr)
+        self.sched = hvd.parallel.Schedule1F1B(
+            hvd.parallel.PipelineStage(self.stage, me, self.n_pp, process_set=pp),
+            args.microbatches,
+            loss_fn=self.loss_fn,
+        )
+        self.corpus = load_corpus(args.corpus_bytes)
+        self.last_stage = me == self.n_pp - 1
+
+    def loss_fn(self, logits, target):
+        return hvd.parallel.vocab_parallel_cross_entropy(
+            logits.flatten(0, 1), target.flatten(), process_set=self.tp
+        )
+
+    def step(self, step, replicas, n_replicas, kill=False):
+        """One step; returns the loss (the mean over all n_replicas replicas)."""
+        self.opt.zero_grad()
+        mine = torch.zeros(())
+        for replica in replicas:
+            x, y = batch(self.corpus, self.args, step, replica)
+            losses: list = []
+            self.sched.step(x, target=y, losses=losses)
+            if self.last_stage:
+                mine = mine + torch.stack(losses).mean()
+        if kill:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step: peers wait on our gradients
+        grads = [p.grad for p in self.stage.parameters()]
+        hvd.grouped_allreduce_(grads, op=hvd.Sum, name="dp.grads", process_set=self.dp)
+        for g in grads:
+            g.div_(n_replicas)
+        self.opt.step()
+        # every rank of the last stage holds the loss of its replicas (tp ranks: the same one)
+        total = hvd.allreduce(mine.detach(), op=hvd.Sum, name="loss").item()
+        return total / (n_replicas * self.mesh.size("tp"))
+
+
+def report(args, step, loss, bar):
+    bar.set_postfix(loss="%.3f" % loss, refresh=False)  # a refresh here shows a stale count
+    if args.print_losses and hvd.rank() == 0:
+        print("step %d loss %.7f ranks %d" % (step, loss, hvd.size()), flush=True)
+
+
+def train_plain(args, trainer):
+    bar = tqdm(range(args.steps), disable=hvd.rank() != 0, mininterval=0.5)
+    losses = []
+    for step in bar:
+        losses.append(trainer.step(step, [trainer.mesh.rank("dp")], trainer.mesh.size("dp")))
+        report(args, step, losses[-1], bar)
+    return losses
+
+
+def train_elastic(args, trainer):
+    """hvd.elastic.run over MeshState: a commit after every step; returns (losses, the longest
+    and the median gap between this process's commits, in s)."""
+    state = hvd.parallel.MeshState(
+        trainer.mesh, model=trainer.stage, optimizer=trainer.opt, step=0, losses=[]
+    )
+    first_size, commits = hvd.size(), [time.monotonic()]
+
+    @hvd.elastic.run
+    def train(state):
+        bar = tqdm(range(state.step, args.steps), disable=hvd.rank() != 0, mininterval=0.5)
+        for step in bar:
+            kill = hvd.size() == first_size and hvd.rank() == args.kill_rank and step == args.kill_step
+            state.losses.append(trainer.step(step, state.replicas(), state.dp_replicas, kill))
+            report(args, step, state.losses[-1], bar)
+            state.step = step + 1
+            state.commit()
+            commits.append(time.monotonic())
+
+    train(state)
+    gaps = sorted(b - a for a, b in itertools.pairwise(commits))
+    return state.losses, gaps[-1] if gaps else 0.0, gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def main():
+    args = parse_args()
     torch.set_num_threads(1)
     hvd.init()
     mesh = hvd.Mesh(pp=args.pp, dp=args.dp, tp=args.tp)
     if hvd.rank() == 0:
         print(mesh.describe(), flush=True)
-    tp, dp, pp = mesh.process_set("tp"), mesh.process_set("dp"), mesh.process_set("pp")
-    n_pp, me = mesh.size("pp"), mesh.rank("pp")
-    per_stage = -(-args.layers // n_pp)
-    stage = Stage(args, me * per_stage, min(args.layers, (me + 1) * per_stage), args.layers, tp)
-    opt = torch.optim.AdamW(stage.parameters(), lr=args.lr)
-
-    def loss_fn(logits, target):
-        return hvd.parallel.vocab_parallel_cross_entropy(
-            logits.flatten(0, 1), target.flatten(), process_set=tp
-        )
-
-    sched = hvd.parallel.Schedule1F1B(
-        hvd.parallel.PipelineStage(stage, me, n_pp, process_set=pp), args.microbatches, loss_fn=loss_fn
-    )
-    corpus = load_corpus(args.corpus_bytes)
-    last_stage = me == n_pp - 1
-    bar = tqdm(range(args.steps), disable=hvd.rank() != 0, mininterval=0.5)
-    first_loss = None
-    for step in bar:
-        x, y = batch(corpus, args, step, mesh.rank("dp"))
-        losses: list = []
-        opt.zero_grad()
-        sched.step(x, target=y, losses=losses)
-        grads = [p.grad for p in stage.parameters()]
-        hvd.grouped_allreduce_(grads, op=hvd.Average, name="dp.grads", process_set=dp)
-        opt.step()
-        mine = torch.stack(losses).mean() if last_stage else torch.zeros(())
-        loss = hvd.allreduce(mine, op=hvd.Sum, name="loss").item() / (mesh.size() // n_pp)
-        first_loss = loss if first_loss is None else first_loss
-        bar.set_postfix(loss="%.3f" % loss, refresh=False)  # a refresh here shows a stale count
+    trainer = Trainer(args, mesh)
+    if args.elastic:
+        losses, longest, median = train_elastic(args, trainer)
+    else:
+        losses = train_plain(args, trainer)
     if hvd.rank() == 0:
-        print("loss %.3f -> %.3f after %d steps on %s" % (first_loss, loss, args.steps, mesh), flush=True)
+        print(
+            "loss %.3f -> %.3f after %d steps on %s" % (losses[0], losses[-1], args.steps, mesh), flush=True
+        )
+        if args.elastic:
+            print("commits: longest gap %.3f s, median %.3f s" % (longest, median), flush=True)
     hvd.shutdown()
 
 

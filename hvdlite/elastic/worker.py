@@ -16,6 +16,11 @@ Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the
     worker adds 1 to "frozen" and writes report i = JSON {"worker": the frozen worker's id,
     "rank", "gen", "by": the reporter's id, "reason": the error}, before its "reset/<g>", so the
     driver can kill the frozen process (it would never exit by itself) and re-form without it.
+  - "retire/<g>" = JSON list of the ids of workers of generation g that leave the job although
+    they are alive (a mesh re-formed on fewer ranks than survived releases them:
+    hvdlite/torch/parallel/mesh_state.py), written by its rank 0 before the workers ask for a new
+    generation with "reset/<g>"; the driver forms the next one without them and never starts a
+    worker in their slots again; they find no place in it and exit 0.
 Every init() of an elastic worker (the script's own hvd.init() included, through the init hook
 installed below) joins the newest generation.
 Each generation has its own rendezvous store and secret, so the core's init() of generation g
@@ -168,6 +173,12 @@ class ElasticContext:
         i = self.client().add("frozen", 1)
         self.client().set("frozen/%d" % i, json.dumps(report))
         return wid
+
+    def retire(self, worker_ids):
+        """Tells the driver that `worker_ids` of this generation leave the job at its next
+        generation (see the protocol above). Rank 0 calls it, then every rank resets."""
+        self.current()
+        self.client().set("retire/%d" % self.generation, json.dumps(sorted(worker_ids)))
 
     def reset(self, error=None):
         """Moves this process to the next generation (the run wrapper's reset). `error`: what

@@ -6,7 +6,9 @@ placed host by host), then cp, then ep, then dp, and pp outermost (Megatron-Core
 
     rank = (((pp_index * dp + dp_index) * ep + ep_index) * cp + cp_index) * tp + tp_index
 
-``MeshLayout`` is the pure arithmetic (no runtime needed). ``Mesh`` registers, at
+``MeshLayout`` is the pure arithmetic (no runtime needed); with ``members`` its positions are
+those global ranks (position i above is rank members[i]): how a mesh re-formed on the
+survivors of an elastic job (hvdlite/parallel/reform.py) places its coordinates. ``Mesh`` registers, at
 construction, one process set for every group of every single axis, of the axis combinations
 add-ons use (``COMBINATIONS``: ("dp", "ep") for MoE statistics, ("dp", "cp") for gradient
 averaging under context parallelism) and of any the caller names; a group equal to one
@@ -48,7 +50,7 @@ class MeshLayout:
     """The arithmetic of a pp x dp x ep x cp x tp mesh over `world_size` ranks. Pure Python:
     it needs no runtime, so a layout can be planned (and tested) for any size."""
 
-    def __init__(self, world_size, pp=1, dp=-1, ep=1, tp=1, cp=1):
+    def __init__(self, world_size, pp=1, dp=-1, ep=1, tp=1, cp=1, members=None):
         sizes = {"pp": pp, "dp": dp, "ep": ep, "cp": cp, "tp": tp}
         bad = {a: s for a, s in sizes.items() if not isinstance(s, int) or (s < 1 and s != -1)}
         free = [a for a, s in sizes.items() if s == -1]
@@ -72,28 +74,40 @@ class MeshLayout:
             )
         self.world_size = world_size
         self.sizes = sizes
+        self.members = list(range(world_size)) if members is None else [int(r) for r in members]
+        if len(self.members) != world_size or len(set(self.members)) != world_size:
+            raise exceptions.InvalidArgumentError(
+                "mesh %s: members must be %d distinct global ranks, got %r"
+                % (_sizes_text(sizes), world_size, members)
+            )
+        self._position = {r: i for i, r in enumerate(self.members)}
 
     def coords_of(self, rank):
-        """MeshCoords of a global rank."""
-        out = {}
+        """MeshCoords of a global rank (a member)."""
+        if rank not in self._position:
+            raise exceptions.InvalidArgumentError(
+                "rank %d is not a member of mesh %s (members %s)"
+                % (rank, _sizes_text(self.sizes), self.members)
+            )
+        pos, out = self._position[rank], {}
         for axis in reversed(AXES):
-            out[axis] = rank % self.sizes[axis]
-            rank //= self.sizes[axis]
+            out[axis] = pos % self.sizes[axis]
+            pos //= self.sizes[axis]
         return MeshCoords(**out)
 
     def rank_of(self, **coords):
         """The global rank at the given coordinates (missing axes: 0)."""
-        r = 0
+        pos = 0
         for axis in AXES:
-            r = r * self.sizes[axis] + int(coords.get(axis, 0))
-        return r
+            pos = pos * self.sizes[axis] + int(coords.get(axis, 0))
+        return self.members[pos]
 
     def groups(self, axis):
         """Every group of `axis` (a name or a tuple of names) as a list of ascending rank lists,
         in the order of their smallest rank. Ranks of one group differ only along `axis`."""
         axes = _axes_of(axis)
         by_key: dict[tuple[int, ...], list[int]] = {}
-        for r in range(self.world_size):
+        for r in sorted(self.members):
             c = self.coords_of(r)
             key = tuple(getattr(c, a) for a in AXES if a not in axes)
             by_key.setdefault(key, []).append(r)
@@ -128,6 +142,8 @@ class MeshLayout:
         lines = [
             "mesh %s over %d ranks (tp innermost, pp outermost)" % (_sizes_text(self.sizes), self.world_size)
         ]
+        if self.members != list(range(self.world_size)):
+            lines.append("  members (layout order) %s" % self.members)
         for axis in AXES:
             groups = self.groups(axis)
             lines.append("  %-2s size %-3d groups %s" % (axis, self.sizes[axis], _groups_text(groups)))
@@ -154,7 +170,9 @@ class Mesh:
         self._rank = _world_rank()
         self.coords = self.layout.coords_of(self._rank)
         self._sets: dict[tuple[int, ...], ProcessSet] = {}
-        self._register(self.layout.all_groups(list(COMBINATIONS) + list(combinations)))
+        self._combos = list(COMBINATIONS) + [_axes_of(c) for c in combinations]
+        self._given: dict[tuple[str, ...], ProcessSet] = {}  # axes -> the set process_set() handed out
+        self._register(self.layout.all_groups(self._combos))
 
     @property
     def sizes(self):
@@ -178,25 +196,65 @@ class Mesh:
         """The global ranks of this rank's group along `axis`, ascending."""
         return self.layout.group_of(axis, self._rank)
 
-    def _register(self, groups):
-        """Registers each group not registered yet (collective: every rank, same groups)."""
-        world = tuple(range(self.layout.world_size))
+    def _register(self, groups, reuse=None):
+        """Registers each group not registered yet (collective: every rank, same groups).
+        reuse: {group: an unregistered ProcessSet object to register for it} (reform())."""
+        world = tuple(range(_world_size()))
         for group in groups:
             key = tuple(group)
-            if key not in self._sets:
-                self._sets[key] = (
-                    global_process_set if key == world else add_process_set(list(group), allow_duplicate=True)
-                )
+            if key in self._sets:
+                continue
+            if key == world:
+                self._sets[key] = global_process_set
+                continue
+            ps = (reuse or {}).get(key) or ProcessSet(list(group))
+            ps._ranks = list(group)  # a reused object takes its new group's ranks (reform())
+            self._sets[key] = add_process_set(ps, allow_duplicate=True)
 
     def process_set(self, axis):
         """The registered process set of this rank's group along `axis` (a name, or a tuple
         of names such as ("dp", "ep")); the global set when the group is every rank. A
         combination not registered at construction is registered now, for every group of it:
-        then this call is collective (every rank calls it at the same point)."""
-        key = tuple(self.ranks(axis))
+        then this call is collective (every rank calls it at the same point). The object
+        returned stays this rank's `axis` set across reform(), which re-points it."""
+        axes = _axes_of(axis)
+        key = tuple(self.ranks(axes))
         if key not in self._sets:
-            self._register(self.layout.groups(axis))
-        return self._sets[key]
+            if axes not in self._combos and len(axes) > 1:
+                self._combos.append(axes)
+            self._register(self.layout.groups(axes))
+        ps = self._sets[key]
+        self._given.setdefault(axes, ps)
+        return self._given[axes]
+
+    def reform(self, members, dp):
+        """Re-lays the mesh over `members` (global ranks in layout order; hvdlite/parallel/reform.py
+        plans them) with `dp` data-parallel replicas, the other axes unchanged, and re-registers
+        its process sets over the current job (collective over the job: every rank, same
+        arguments; the job's ranks must be exactly `members`). Sets registered before are removed
+        first; after an elastic reset they are gone already. Each set process_set() handed out
+        is re-pointed in place at this rank's new group along its axes, so the layers holding it
+        (tensor-parallel linears, pipeline stages) need not be rebuilt; where two of them now name
+        one group, the later one shares the first one's id."""
+        if sorted(members) != list(range(_world_size())):
+            raise exceptions.InvalidArgumentError(
+                "Mesh.reform: members %s must be every rank of the job (0..%d)" % (members, _world_size() - 1)
+            )
+        self.remove()
+        sizes = dict(self.layout.sizes, dp=dp)
+        self.layout = MeshLayout(len(members), members=members, **sizes)
+        self._rank = _world_rank()
+        self.coords = self.layout.coords_of(self._rank)
+        given, reuse = self._given, dict[tuple[int, ...], ProcessSet]()
+        for axes, ps in sorted(given.items()):
+            key = tuple(self.layout.group_of(axes, self._rank))
+            if ps is not global_process_set:
+                reuse.setdefault(key, ps)
+        self._register(self.layout.all_groups(self._combos), reuse)
+        for axes, ps in given.items():
+            canonical = self._sets[tuple(self.layout.group_of(axes, self._rank))]
+            if ps is not canonical and ps is not global_process_set:
+                ps._ranks, ps.process_set_id = list(canonical.ranks), canonical.process_set_id
 
     def pipeline_peer(self, offset):
         """The global rank of the pipeline stage `offset` stages after this one (wrapping)."""

@@ -43,7 +43,7 @@ from typing import Any
 from hvdlite.common import job as jobs
 from hvdlite.common.exceptions import InvalidArgumentError
 from hvdlite.elastic.store import StoreClient
-from hvdlite.runner import elastic_discovery, elastic_frozen, job, remote
+from hvdlite.runner import elastic_discovery, elastic_frozen, elastic_retired, job, remote
 from hvdlite.runner import hosts as hostlib
 from hvdlite.runner.output import Console
 
@@ -129,6 +129,7 @@ class ElasticDriver:
         self.first_failure: tuple[str, int] | None = None  # (name, code)
         self._request_seen: float | None = None  # when a reset request for self.gen was first seen
         self._frozen = elastic_frozen.FrozenWorkers(self)  # workers the survivors report frozen
+        self._retired = elastic_retired.RetiredSlots(self)  # workers their peers retired leave the job
 
     def log(self, msg):
         self._err.write(("hvdliterun: %s\n" % msg).encode())
@@ -245,16 +246,15 @@ class ElasticDriver:
             if w.alive and w.leave_by is None
         }
         out: list[_Worker] = []
-        for host, slots in self.hosts.usable():
-            for slot in range(slots):
-                if self.max_np is not None and len(out) >= self.max_np:
-                    break
-                w = live.get((host, slot))
-                if w is None:
-                    k = self._spawned.get((host, slot), 0)
-                    wid = "%s[%d]" % (host, slot) + (".%d" % k if k else "")
-                    w = _Worker(wid, host, slot)
-                out.append(w)
+        for host, slot in self._retired.open_slots(self.hosts.usable()):  # no retired worker's slot
+            if self.max_np is not None and len(out) >= self.max_np:
+                break
+            w = live.get((host, slot))
+            if w is None:
+                k = self._spawned.get((host, slot), 0)
+                wid = "%s[%d]" % (host, slot) + (".%d" % k if k else "")
+                w = _Worker(wid, host, slot)
+            out.append(w)
         if len(out) < self.min_np:
             return None
         # Survivors first (in host order), new workers after them: the new rank 0, which every

@@ -1,0 +1,39 @@
+"""The elastic driver's side of retired workers (RetiredSlots, one per ElasticDriver).
+
+A mesh job (hvdlite/torch/parallel/mesh_state.py) that lost ranks re-forms with fewer
+data-parallel replicas than its survivors could fill, so some live workers have no place in it.
+Its rank 0 names them in "retire/<g>" (hvdlite/elastic/worker.py), then every worker asks for a
+new generation ("reset/<g>"). Before assigning that generation the driver reads the list: the
+retired workers are left out (told to leave, like a dropped host's workers, they find no place
+in it and exit 0) and their slots get no new worker for the rest of the job (a new worker there
+would hold no state for the mesh to place).
+
+Contract: open_slots() runs on the driver's loop thread in _assign(); one store request per call.
+Only workers of the current generation can be retired; a worker is logged once.
+"""
+
+import json
+
+
+class RetiredSlots:
+    """The (host, slot) of every retired worker of one driver (its client, gen, workers,
+    current and log() are used). Owned by the driver's loop thread."""
+
+    def __init__(self, driver):
+        self._driver = driver
+        self.slots: set[tuple[str, int]] = set()
+
+    def open_slots(self, usable):
+        """(host, slot) of every slot of `usable` ([(host, slots)], in order) but the retired ones,
+        after adding the workers the current generation retired."""
+        self._update()
+        return [(h, s) for h, slots in usable for s in range(slots) if (h, s) not in self.slots]
+
+    def _update(self):
+        d = self._driver
+        value = d.client.try_get("retire/%d" % d.gen) if d.current else None
+        for wid in json.loads(value) if value else []:
+            w = d.workers.get(wid)
+            if w is not None and wid in d.current and (w.host, w.slot) not in self.slots:
+                self.slots.add((w.host, w.slot))
+                d.log("%s retired by its peers (the mesh re-formed without it): it leaves the job" % wid)
