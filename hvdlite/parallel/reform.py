@@ -91,10 +91,9 @@ def _lost_message(sizes, lost, lost_from):
     return (
         "the mesh cannot re-form: no surviving rank holds the model and optimizer shard of "
         "coordinate %s of the mesh (pp=%d, dp=%d, ep=%d, cp=%d, tp=%d): every data-parallel "
-        "replica of it was lost%s. A mesh job keeps no copy of a shard outside its dp replicas "
-        "(buddy copies are ZeRO's, not the mesh's), so restart from the last checkpoint "
-        "(hvd.save_checkpoint/hvd.load_checkpoint per rank), or run with dp >= 2 and hosts "
-        "that hold different replicas"
+        "replica of %s was lost%s. A mesh job keeps no copy of a shard outside its dp replicas "
+        "(buddy copies are ZeRO's, not the mesh's), so restart from the last checkpoint the job "
+        "saved (each rank's shard), or run with dp >= 2 on hosts that hold different replicas"
         % (
             shown,
             sizes["pp"],
@@ -102,6 +101,7 @@ def _lost_message(sizes, lost, lost_from):
             sizes["ep"],
             sizes["cp"],
             sizes["tp"],
+            "it" if len(lost) == 1 else "each",
             " (dp is 1: there is no replica)" if sizes["dp"] == 1 else "",
         )
     )
