@@ -10,6 +10,7 @@ import re
 import sys
 
 import pytest
+from helpers import run_pooled
 from test_elastic import REPO, hvdliterun, worker_lines
 
 from hvdlite.common.exceptions import NotSupportedError
@@ -67,6 +68,32 @@ def test_layout_over_members_places_coordinates_on_those_ranks():
     assert lay.coords_of(6) == (1, 0, 0, 0, 1) and lay.rank_of(pp=1, tp=0) == 5
     with pytest.raises(ValueError, match="rank 2 is not a member"):
         lay.coords_of(2)
+
+
+def _reform_body():
+    import torch
+
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    mesh = hvd.Mesh(pp=2, tp=2)
+    tp, pp = mesh.process_set("tp"), mesh.process_set("pp")
+    mesh.reform([0, 1, 2, 3], dp=1)  # same layout: the sets are removed and registered again
+    assert mesh.process_set("tp") is tp and mesh.process_set("pp") is pp
+    assert tp.process_set_id is not None and pp.process_set_id is not None
+    got = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, process_set=tp).item()
+    mesh.remove()
+    return got, tp.ranks, pp.ranks
+
+
+def test_mesh_reform_re_points_the_sets_it_handed_out():
+    results = run_pooled(_reform_body, 4)
+    assert results == [
+        (1.0, [0, 1], [0, 2]),
+        (1.0, [0, 1], [1, 3]),
+        (5.0, [2, 3], [0, 2]),
+        (5.0, [2, 3], [1, 3]),
+    ]
 
 
 GPT = ["--steps", "6", "--layers", "2", "--width", "16", "--heads", "2", "--seq", "16", "--batch", "4"]

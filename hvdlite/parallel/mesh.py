@@ -227,6 +227,11 @@ class Mesh:
         self._given.setdefault(axes, ps)
         return self._given[axes]
 
+    def registered(self):
+        """Whether every set of the mesh, and every one process_set() handed out, is registered
+        (False after an elastic reset, which unregisters every set, until reform())."""
+        return all(ps.process_set_id is not None for ps in [*self._sets.values(), *self._given.values()])
+
     def reform(self, members, dp):
         """Re-lays the mesh over `members` (global ranks in layout order; hvdlite/parallel/reform.py
         plans them) with `dp` data-parallel replicas, the other axes unchanged, and re-registers

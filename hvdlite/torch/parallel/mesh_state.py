@@ -106,14 +106,11 @@ class MeshState(TorchState):
         if plan.released:
             self._release(plan, [every[r][1] for r in plan.released], ctx)
         layout = self.mesh.layout
-        if plan.members != layout.members or plan.dp != layout.sizes["dp"] or not self._registered():
+        if plan.members != layout.members or plan.dp != layout.sizes["dp"] or not self.mesh.registered():
             self.mesh.reform(plan.members, plan.dp)
         object.__setattr__(self, "_held", (reform.key_of(self.mesh.coords), self.mesh.coords.dp))
         object.__setattr__(self, "_sizes", dict(self.mesh.sizes))
         object.__setattr__(self, "_lost_from", _holders_of(self.mesh))
-
-    def _registered(self):
-        return all(ps.process_set_id is not None for ps in self.mesh._given.values())
 
     def _release(self, plan, worker_ids, ctx):
         """Retires plan.released (rank 0 tells the driver) and raises HostsUpdatedInterrupt on
