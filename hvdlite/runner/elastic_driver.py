@@ -419,16 +419,16 @@ class ElasticDriver:
             self._publish([])
 
     def _reset_requested(self):
-        """True once the workers of the current generation have asked for a new one (they do
-        after any HorovodInternalError: a stall timeout, say, where no process exits) and
-        REQUEST_GRACE_S has passed without an exit explaining it (an exit re-forms anyway)."""
+        """True once the current generation's workers asked for a new one (after any
+        HorovodInternalError: a stall timeout, say, where no process exits) and REQUEST_GRACE_S
+        passed with no exit explaining it (an exit re-forms anyway); at once if they retired some."""
         if self.client.try_get("reset/%d" % self.gen) is None:
             self._request_seen = None
             return False
         now = time.monotonic()
         if self._request_seen is None:
             self._request_seen = now
-        return now - self._request_seen >= REQUEST_GRACE_S
+        return now - self._request_seen >= REQUEST_GRACE_S or self._retired.requested()
 
     def _survivors(self):
         return [

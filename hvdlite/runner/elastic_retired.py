@@ -8,7 +8,8 @@ retired workers are left out (told to leave, like a dropped host's workers, they
 in it and exit 0) and their slots get no new worker for the rest of the job (a new worker there
 would hold no state for the mesh to place).
 
-Contract: open_slots() runs on the driver's loop thread in _assign(); one store request per call.
+Contract: open_slots() (in _assign()) and requested() (once the workers asked for a new
+generation) run on the driver's loop thread; one store request per call.
 Only workers of the current generation can be retired; a worker is logged once.
 """
 
@@ -28,6 +29,12 @@ class RetiredSlots:
         after adding the workers the current generation retired."""
         self._update()
         return [(h, s) for h, slots in usable for s in range(slots) if (h, s) not in self.slots]
+
+    def requested(self):
+        """Whether the current generation retired workers: its reset request needs no grace
+        (the driver waits REQUEST_GRACE_S for an exit that explains a request; none is coming)."""
+        d = self._driver
+        return bool(d.current) and d.client.try_get("retire/%d" % d.gen) is not None
 
     def _update(self):
         d = self._driver
