@@ -238,6 +238,10 @@ def main():
     args = parse_args()
     torch.set_num_threads(1)
     hvd.init()
+    if args.elastic and hvd.parallel.MeshState.joined_late():
+        # a worker the driver added after the start holds no shard: the sync releases it (exit 0)
+        hvd.elastic.run(lambda state: None)(hvd.parallel.MeshState(None))
+        return
     mesh = hvd.Mesh(pp=args.pp, dp=args.dp, tp=args.tp)
     if hvd.rank() == 0:
         print(mesh.describe(), flush=True)

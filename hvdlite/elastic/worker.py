@@ -174,6 +174,10 @@ class ElasticContext:
         self.client().set("frozen/%d" % i, json.dumps(report))
         return wid
 
+    def started_in(self):
+        """The generation the driver started this worker into ("worker/<id>")."""
+        return int(self.client().get("worker/" + self.worker_id, 30.0))
+
     def retire(self, worker_ids):
         """Tells the driver that `worker_ids` of this generation leave the job at its next
         generation (see the protocol above). Rank 0 calls it, then every rank resets."""

@@ -22,10 +22,11 @@ calls when the job (re-)forms, does, collectively over the new job:
    (hvdlite/parallel/reform.py): dp shrinks to the largest size the survivors fill, one holder
    per (coordinate, new replica), lowest old dp index first. A coordinate with no survivor is a
    NotSupportedError on every rank (naming it; no disk copy is made: see the last checkpoint).
-2. when the plan releases ranks (survivors beyond the new dp, or new workers holding nothing),
-   rank 0 retires them with the elastic driver (hvdlite/runner/elastic_retired.py) and every rank
-   raises HostsUpdatedInterrupt: the driver forms the next generation without them, they exit 0
-   with a log line, and sync() runs again on the remaining ranks (so one loss costs two resets).
+2. when the plan releases ranks (survivors beyond the new dp, or workers the driver added
+   later, which hold nothing: joined_late(), MeshState(None)), rank 0 retires them with the
+   elastic driver (hvdlite/runner/elastic_retired.py) and every rank raises
+   HostsUpdatedInterrupt: the driver forms the next generation without them, they exit 0 with a
+   log line, and sync() runs again on the remaining ranks (so one loss costs two resets).
 3. otherwise re-forms the mesh over the job (Mesh.reform: the process sets the layers hold are
    re-pointed in place) and broadcasts model and optimizer from each new dp group's first rank
    (its chosen holder) to the others (exact: hvd.broadcast_optimizer_state runs no step);
@@ -67,12 +68,22 @@ class MeshState(TorchState):
     def __init__(self, mesh, model=None, optimizer=None, **kwargs):
         if any(isinstance(v, DiLoCo) for v in (model, optimizer, *kwargs.values())):
             raise NotSupportedError("MeshState does not take hvd.DiLoCo; use TorchState for local SGD")
-        object.__setattr__(self, "mesh", mesh)
-        object.__setattr__(self, "dp_replicas", mesh.size("dp"))  # the dp size the job started with
-        object.__setattr__(self, "_held", (reform.key_of(mesh.coords), mesh.coords.dp))
-        object.__setattr__(self, "_sizes", dict(mesh.sizes))  # the layout the last sync planned from
+        object.__setattr__(self, "mesh", mesh)  # None: a worker that joined late (joined_late())
+        object.__setattr__(self, "dp_replicas", mesh.size("dp") if mesh else 0)  # the dp the job started with
+        held = (reform.key_of(mesh.coords), mesh.coords.dp) if mesh else None
+        object.__setattr__(self, "_held", held)
+        object.__setattr__(self, "_sizes", dict(mesh.sizes) if mesh else None)  # the last sync's layout
         object.__setattr__(self, "_lost_from", {})
         super().__init__(model, optimizer, **kwargs)
+
+    @staticmethod
+    def joined_late():
+        """Whether the elastic driver started this worker after the job's first generation (a
+        host found or returned later). Such a worker holds no shard: it builds no mesh and no
+        model, makes ``MeshState(None)`` and calls the run function, whose sync() releases it
+        (it exits 0). Call after hvd.init()."""
+        ctx = worker.context()
+        return ctx is not None and ctx.started_in() > 1
 
     def replicas(self):
         """The original dp replicas (0..dp_replicas-1) whose batches this rank computes now: its
@@ -99,9 +110,13 @@ class MeshState(TorchState):
         """Steps 1-3 of the module doc, up to the broadcasts."""
         ctx = worker.context()
         wid = ctx.worker_id if ctx is not None else None
-        every = allgather_object((self._held, wid), name="mesh_state.holders")
-        holders = {r: held for r, (held, _) in enumerate(every)}
-        lost_from = self._lost_from or _holders_of(self.mesh)
+        every = allgather_object((self._held, wid, self._sizes), name="mesh_state.holders")
+        holders = {r: held for r, (held, _, _) in enumerate(every)}
+        sizes = next((theirs for _, _, theirs in every if theirs), None)
+        if sizes is None:
+            raise NotSupportedError("MeshState: no rank of the job holds a mesh shard")
+        object.__setattr__(self, "_sizes", sizes)  # a late worker learns them here
+        lost_from = self._lost_from or (_holders_of(self.mesh) if self.mesh else {})
         plan = reform.plan(self._sizes, holders, lost_from)
         if plan.released:
             self._release(plan, [every[r][1] for r in plan.released], ctx)
