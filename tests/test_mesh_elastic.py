@@ -42,6 +42,15 @@ def test_plan_shrinks_dp_keeps_a_holder_per_coordinate_and_releases_the_rest():
     assert plan.dp == 3 and plan.members == [0, 1, 2, 4, 5, 6] and plan.released == [3]
 
 
+def test_plan_keeps_expert_and_context_coordinates_apart():
+    # ep=2 x cp=2 x dp=2: a coordinate is (pp, ep, cp, tp); dp replica 1 of (ep=1, cp=0) lost
+    sizes = dict(SIZES, pp=1, tp=1, ep=2, cp=2)
+    old = MeshLayout(8, **sizes)
+    lost = old.rank_of(dp=1, ep=1, cp=0)
+    plan = reform.plan(sizes, _held(old, [r for r in range(8) if r != lost]))
+    assert plan.dp == 1 and plan.members == [0, 1, 2, 3] and plan.released == [4, 5, 6]
+
+
 def test_plan_keeps_every_group_in_rank_order():
     # tp0 survives only in replica 1 (old rank 2), tp1 only in replica 0 (old 1): rank 2 cannot
     # hold tp0 before rank 1 holds tp1, so no layout fits these survivors
