@@ -17,6 +17,11 @@ collective over the new world (the global process set) that
      shards, their optimizer state, the gradients the staleness bound holds back and the
      traffic counters. Gradients in flight at the failure are dropped with their collective.
 
+With replicas (replicate=True) step 2 does not fail for a server whose buddy survives: the
+claims also carry the committed table steps and how far each copy can be rolled back, and
+recover.py rolls every copy back, rebuilds lost servers' rows from their buddies and re-forms
+the ring of buddies.
+
 Without servers every rank holds a shard, so a world that lost or gained a rank cannot go on
 (the error names what changed); a world of the same ranks rejoins as is.
 Blocking: one allgather_object over the new world. Not thread-safe (the training thread only).

@@ -204,9 +204,10 @@ class ShardedEmbeddingCollection(nn.Module):
     def from_dense(cls, tables, sharding="row", process_set=None, optimizer="sgd", lr=0.01, **kwargs):
         return cls(tables, sharding, process_set, optimizer, lr, **kwargs)
 
-    def serve(self, on_step=None):
+    def serve(self, on_step=None, steps=None):
         """A server's loop (parameter-server mode): answers the workers' lookups and applies
-        their gradients until they call stop_servers(). Returns the number of steps served.
+        their gradients until they call stop_servers() (or, given `steps`, for so many steps).
+        Returns the number of steps served.
         `on_step()` runs after each step served: the servers' part of whatever collective over
         the whole job the workers run once per step (in elastic training `state.commit`, when the
         workers commit every step; docs/sparse.md)."""
@@ -216,14 +217,15 @@ class ShardedEmbeddingCollection(nn.Module):
                 % (self.process_set.ranks[self.process_set.rank()], self.name)
             )
         none = [torch.zeros(0, dtype=torch.int64)] * len(self.specs)
-        steps = 0
-        while True:
+        served = 0
+        while steps is None or served < steps:
             step = Step()
             if self.exchange.lookup(none, step) is None:
-                return steps
+                return served
             self.exchange.apply_gradients([torch.zeros(0, s.dim) for s in self.specs.values()], step)
-            steps += 1
+            served += 1
             run_on_step(self.replicas, on_step)
+        return served
 
     def stop_servers(self):
         """Ends the servers' serve() loops (every worker calls it, at the same step); applies
@@ -448,8 +450,8 @@ class _OneTable(nn.Module):
     def is_server(self):
         return self.tables.is_server
 
-    def serve(self, on_step=None):
-        return self.tables.serve(on_step)
+    def serve(self, on_step=None, steps=None):
+        return self.tables.serve(on_step, steps)
 
     def stop_servers(self):
         self.tables.stop_servers()

@@ -50,6 +50,7 @@ class Traffic:
 
     def __init__(self):
         self.id_bytes = self.row_bytes = self.other_bytes = self.steps = 0
+        self.replica_bytes = 0  # a server's rows sent to its buddy (replicate=True)
 
     def as_dict(self):
         return dict(vars(self))
@@ -325,7 +326,7 @@ class Exchange:
         if self.eager:
             self.settle()
             if self.replica is not None:
-                self.replica.push(self.ps, self.name)
+                self.replica.push(self)
 
     def settle(self):
         """Sends the last backward's gradients, if no lookup has carried them yet, and applies

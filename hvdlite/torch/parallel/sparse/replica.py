@@ -169,9 +169,11 @@ class Replicas:
             for t, rows, _ in updates:
                 self.own.remember(t, rows)
 
-    def push(self, ps, name):
+    def push(self, ex):
         """After a step was applied (every rank, in the same place of its step): the rows it
-        changed go to the buddy, and the ward's land in the replica. One alltoall over `ps`."""
+        changed go to the buddy, and the ward's land in the replica. One alltoall over the
+        exchange `ex`'s set; the bytes sent count in its traffic (replica_bytes)."""
+        ps = ex.ps
         touched = self.own.close_step() if self.own is not None else {}
         if not self.ring:  # not set up yet, or no buddy (one server): the undo log only
             return
@@ -181,7 +183,8 @@ class Replicas:
             for t in range(len(self.own.weights)):
                 rows = touched.get(t, empty) + self.own.starts[t]
                 blocks[self.buddy_pos].append(encode(self.own, t, rows))
-        got = send_blocks(blocks, ps, name + ".replica")
+        ex.traffic.replica_bytes += sum(int(b.numel()) * 4 for part in blocks for b in part)
+        got = send_blocks(blocks, ps, ex.name + ".replica")
         if self.replica is not None:
             decode_into(self.replica, got[self.ward_pos], record=True)
             self.replica.close_step()
