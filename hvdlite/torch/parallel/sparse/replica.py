@@ -42,12 +42,12 @@ class SlotCopy:
         self.steps, self.log, self.current = 0, [], []
 
     def remember(self, t, rows):
-        """Keeps the old values of table `t`'s local `rows` (and its scalars) before a write."""
+        """Keeps the old values of table `t`'s local `rows` (unique; the caller never changes
+        the tensor afterwards) and its scalars before a write."""
         w, st = self.weights[t], self.states[t]
-        saved = {
-            k: (v.clone() if v.dim() == 0 else v.index_select(0, rows.to(v.device))) for k, v in st.items()
-        }
-        self.current.append((t, rows.clone(), w.index_select(0, rows.to(w.device)), saved))
+        at = rows if rows.device == w.device else rows.to(w.device)
+        saved = {k: (v.clone() if v.dim() == 0 else v.index_select(0, at)) for k, v in st.items()}
+        self.current.append((t, rows, w.index_select(0, at), saved))
 
     def close_step(self):
         """Ends a step: its undo records join the log. Returns the local rows it wrote, per table."""
@@ -57,7 +57,7 @@ class SlotCopy:
         self.steps += 1
         self.log.append((self.steps, self.current))
         self.current = []
-        return {t: torch.unique(torch.cat(r)) for t, r in touched.items()}
+        return {t: r[0] if len(r) == 1 else torch.unique(torch.cat(r)) for t, r in touched.items()}
 
     def confirm(self, committed):
         """Forgets the undo records of steps <= `committed` (they can no longer be rolled back)."""
