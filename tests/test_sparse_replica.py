@@ -2,8 +2,11 @@
 the buddy ring, the wire format and the undo log. The multi-process behaviour (a server
 SIGKILLed, its buddy taking its rows) is in tests/test_sparse_elastic.py (slow)."""
 
+import pytest
 import torch
 
+from hvdlite.common import exceptions
+from hvdlite.parallel.sparse import TableLayout
 from hvdlite.torch.parallel.sparse import replica as rp
 from hvdlite.torch.parallel.sparse.optim import RowOptimizer
 
@@ -46,3 +49,15 @@ def test_a_replica_follows_the_steps_and_both_roll_back():
     assert torch.equal(mirror_first, first[0])
     assert all(torch.equal(mirror.states[0][k], v) for k, v in first[1].items())  # step count too
     assert own.steps == 1 and not torch.equal(own.weights[0], first[0])
+
+
+def test_replication_needs_two_servers_full_rows_and_no_staleness():
+    rows = {"a": TableLayout(10, 4, "row", 3, 0, (1, 2))}
+    rp.check_replicable((1, 2), rows, 0)  # fine
+    with pytest.raises(exceptions.InvalidArgumentError, match="at least two ranks"):
+        rp.check_replicable((2,), rows, 0)
+    with pytest.raises(exceptions.NotSupportedError, match="staleness=1"):
+        rp.check_replicable((1, 2), rows, 1)
+    cols = {"b": TableLayout(10, 4, "column", 3, 0, (1, 2))}
+    with pytest.raises(exceptions.NotSupportedError, match=r"column sharding of \['b'\]"):
+        rp.check_replicable((1, 2), cols, 0)
