@@ -34,7 +34,9 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.objects import allgather_object
 from hvdlite.common.process_sets import global_process_set
+from hvdlite.common.topology import cross_rank
 from hvdlite.parallel.sparse import TableLayout
+from hvdlite.torch.parallel.sparse import recover
 from hvdlite.torch.parallel.sparse.exchange import Exchange
 from hvdlite.torch.parallel.sparse.optim import RowOptimizer
 
@@ -66,8 +68,6 @@ def rejoin(coll, committed_steps=None):
     claims = allgather_object(_my_claim(coll, committed_steps))
     old_holders = coll.holders if coll.holders is not None else tuple(range(coll.last_members))
     if coll.replicas is not None:
-        from hvdlite.torch.parallel.sparse import recover
-
         positions, lost = _claimed_positions(coll, claims, len(old_holders))
         holders = recover.rejoin_replicated(coll, claims, positions, lost, old_holders)
         return _rebuild_exchange(coll, claims, holders)
@@ -123,8 +123,6 @@ def _my_claim(coll, committed):
     claim = Claim(holders.index(me) if me in holders else None, coll.joined)
     rep = coll.replicas
     if rep is not None:
-        from hvdlite.common.topology import cross_rank
-
         claim.host, claim.committed = cross_rank(), committed
         claim.own_reach = rep.own.reach() if rep.own is not None else None
         claim.ward = rep.ward
