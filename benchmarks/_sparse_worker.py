@@ -10,9 +10,12 @@ runs it: every rank holds every table as nn.EmbeddingBag(sparse=True); when back
 table's sparse gradient, a hook starts two allgathers of it as it is, not coalesced (indices,
 values: one row per id looked up, horovod/torch/mpi_ops.py sparse_allreduce_async); step()
 averages them and SGD applies the gathered sparse gradient), dense (sparse_as_dense=True: every
-table allreduced whole each step). The dense part is DistributedOptimizer(SGD) in every mode.
+table allreduced whole each step), ps and ps-replicated (the parameter-server mode: the last
+half of the ranks serve every table row-sharded, the first half train; ps-replicated adds
+replicate=True, each server's changed rows copied to a buddy server after every step). The
+dense part is DistributedOptimizer(SGD) in every mode (over the workers in the ps modes).
 Bytes sent per step per rank: sharded modes from the collection's counters (ids, rows and
-gradients handed to other ranks); allgather (n-1) x ids looked up x (dim x 4 + 8) per table;
+gradients handed to other ranks; in the ps modes a server's replica bytes besides); allgather (n-1) x ids looked up x (dim x 4 + 8) per table;
 dense the ring allreduce's 2 (n-1)/n x table bytes. Writes DIR/rank<r>.json.
 """
 
@@ -107,8 +110,32 @@ class HorovodSparseOptimizer:
         self.tables.step()
 
 
+def _ps_model(hvd, mode, rows, dim):
+    """(model or None on a server, optimizer or None, the collection) of a ps mode."""
+    n = hvd.size()
+    servers, workers = list(range(n // 2, n)), list(range(n // 2))
+    worker_set = hvd.add_process_set(workers)
+    specs = {"f%d" % i: (r, dim, "sum") for i, r in enumerate(rows)}
+    tables = hvd.parallel.ShardedEmbeddingCollection(
+        specs, sharding="row", optimizer="sgd", lr=LR, servers=servers, replicate=(mode == "ps-replicated")
+    )
+    if mode == "ps-replicated":
+        tables.rejoin(0)  # forms the ring of buddies and seeds the replicas (elastic jobs: each entry)
+    if tables.is_server:
+        return None, None, tables
+    model = DLRM(tables, dim)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR),
+        named_parameters=model.named_parameters(),
+        process_set=worker_set,
+    )
+    return model, opt, tables
+
+
 def _model(hvd, mode, rows, dim):
     torch.manual_seed(0)
+    if mode.startswith("ps"):
+        return _ps_model(hvd, mode, rows, dim)[:2]
     if mode.startswith("sharded"):
         sharding = "row" if mode == "sharded-row" else "auto"
         specs = {"f%d" % i: (n, dim, "sum") for i, n in enumerate(rows)}
@@ -127,9 +154,9 @@ def _model(hvd, mode, rows, dim):
 
 
 def _bytes_per_step(mode, model, ids, n, rows, dim):
-    if mode.startswith("sharded"):
+    if mode.startswith(("sharded", "ps")):
         t = model.embeddings.traffic()
-        return (t["id_bytes"] + t["row_bytes"] + t["other_bytes"]) / t["steps"]
+        return (t["id_bytes"] + t["row_bytes"] + t["other_bytes"] + t["replica_bytes"]) / max(t["steps"], 1)
     if mode == "allgather":  # every id looked up, as Horovod's torch gathers them
         return sum((n - 1) * v.numel() * (dim * 4 + 8) for v in ids.values())
     return 2 * (n - 1) / n * sum(rows) * dim * 4
@@ -154,10 +181,33 @@ def time_dlrm_steps(comm, gate, model, opt, rows, args):
     return times, load, batches
 
 
+def measure_ps(comm, gate, args, hvd, rows):
+    """A ps mode: the workers time their steps; each server serves one step per timed call."""
+    torch.manual_seed(0)
+    model, opt, tables = _ps_model(hvd, args.mode, rows, args.dim)
+    if model is None:
+        times, load = timed_steps(
+            comm, gate, lambda: tables.serve(steps=1), args.steps, args.idle_wait, warmup=2
+        )
+        tables.serve()  # until the workers stop it
+        t = tables.traffic()
+        sent = (t["id_bytes"] + t["row_bytes"] + t["other_bytes"] + t["replica_bytes"]) / max(t["steps"], 1)
+    else:
+        times, load, batches = time_dlrm_steps(comm, gate, model, opt, rows, args)
+        tables.stop_servers()
+        sent = _bytes_per_step(args.mode, model, batches[0][1], comm.size, rows, args.dim)
+    table_bytes = sum(b.numel() * 4 for b in tables.buffers())
+    if tables.replicas is not None and tables.replicas.replica is not None:
+        table_bytes += sum(w.numel() * 4 for w in tables.replicas.replica.weights)
+    return step_doc(comm, times, load, sent=sent, table_bytes=table_bytes)
+
+
 def measure(comm, gate, args):
     import hvdlite.torch as hvd
 
     rows = table_rows(args.min_rows, args.max_rows)
+    if args.mode.startswith("ps"):
+        return measure_ps(comm, gate, args, hvd, rows)
     model, opt = _model(hvd, args.mode, rows, args.dim)
     times, load, batches = time_dlrm_steps(comm, gate, model, opt, rows, args)
     sent = _bytes_per_step(args.mode, model, batches[0][1], comm.size, rows, args.dim)

@@ -4,6 +4,7 @@ hvdlite's sharded tables (planner, and every table row-sharded) against Horovod'
 
     python benchmarks/sparse_embeddings.py [--steps 20] [--batch 512] [--max-rows 100000] [--ranks 2] [--quick]
         [--torchrec-python /work/venv-torchrec/bin/python] [--rounds 3] [--hosts 4 --ranks 4 --modes sharded]
+        [--ranks 4 --modes ps ps-replicated --rounds 3]   (the parameter servers' replicas' cost)
 
 Model and data: examples/dlrm_sparse.py (13 dense features, 26 power-law categorical features,
 tables log-spaced from --min-rows to --max-rows rows x --dim), SGD everywhere, fwd + bwd + update.
@@ -34,7 +35,7 @@ from _report import fmt_others, write_outputs
 
 WORKER = os.path.join(HERE, "_sparse_worker.py")
 TORCHREC_WORKER = os.path.join(HERE, "_torchrec_worker.py")
-MODES = ("sharded", "sharded-row", "allgather", "dense", "torchrec")
+MODES = ("sharded", "sharded-row", "allgather", "dense", "torchrec", "ps", "ps-replicated")
 
 
 def run_row(mode, args, cluster=None):
@@ -209,7 +210,11 @@ def main(argv=None):
     if reason:
         sys.exit("hvdlite cannot run here: " + reason)
     if args.modes is None:
-        args.modes = [m for m in MODES if m != "torchrec" or args.torchrec_python]
+        args.modes = [
+            m for m in MODES if (m != "torchrec" or args.torchrec_python) and not m.startswith("ps")
+        ]
+    if "ps-replicated" in args.modes and args.ranks < 4:
+        sys.exit("ps-replicated needs --ranks 4 or more (half of them servers, each with a buddy)")
     if "torchrec" in args.modes and not args.torchrec_python:
         sys.exit("the torchrec row needs --torchrec-python PATH")
     if args.rounds is None:

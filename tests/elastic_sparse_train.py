@@ -12,6 +12,13 @@ Environment knobs:
                       lookup, before its backward (mid-step)
   ELASTIC_KILL_AFTER  "worker_id:seconds": that process SIGKILLs itself after so many seconds
                       (used on a server, which runs inside serve())
+  ELASTIC_KILL_POINT  "backward": ELASTIC_KILL kills after the backward (the servers applied the
+                      step's gradients and replicated them; the workers never commit it)
+  ELASTIC_KILL_SERVED "worker_id:step[,worker_id:step]": that server SIGKILLs itself when it has
+                      served so many steps, before the commit of the last (its rows were applied
+                      and replicated)
+  ELASTIC_SERVERS     how many of the last ranks serve (default 1)
+  ELASTIC_REPLICATE   "1": the servers keep replicas (replicate=True, rejoin(state.step))
 Output: "ROLE <server|worker> <rank>" per (re)entry, "STEP <step> <workers> <rank>" after each
 commit on a worker, "DONE {log, d, table}" (JSON) at the end on rank 0.
 """
@@ -55,29 +62,43 @@ def main():
     me = os.environ.get("HVDLITE_ELASTIC_WORKER_ID", "")
     kill_wid, kill_step = _plan("ELASTIC_KILL")
     after_wid, after_s = _plan("ELASTIC_KILL_AFTER")
+    served_kills = [p.rpartition(":") for p in os.environ.get("ELASTIC_KILL_SERVED", "").split(",") if p]
+    served_step = next((int(n) for wid, _, n in served_kills if wid == me), None)
+    kill_point = os.environ.get("ELASTIC_KILL_POINT", "lookup")
+    replicate = os.environ.get("ELASTIC_REPLICATE") == "1"
     if after_wid == me:
         threading.Timer(after_s, os.kill, (os.getpid(), signal.SIGKILL)).start()
     hvd.init()
+    servers = list(range(hvd.size() - int(os.environ.get("ELASTIC_SERVERS", "1")), hvd.size()))
     emb = hvd.parallel.ShardedEmbeddingBag.from_dense(
-        initial_table(), sharding="row", optimizer="adagrad", lr=LR, servers=[hvd.size() - 1]
+        initial_table(), sharding="row", optimizer="adagrad", lr=LR, servers=servers, replicate=replicate
     )
     state = hvd.elastic.TorchState(step=0, d=torch.ones(DIM), log=[])
+    served = [0]
+
+    def on_step():
+        served[0] += 1
+        if served_step == served[0]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        state.commit()
 
     @hvd.elastic.run
     def train(state):
-        workers = emb.rejoin()  # first thing on every (re)entry, every rank
+        workers = emb.rejoin(state.step if replicate else None)  # first thing, every rank
         worker_set = hvd.add_process_set(workers)
         print("ROLE %s %d" % ("server" if emb.is_server else "worker", hvd.rank()), flush=True)
         if emb.is_server:
-            emb.serve(on_step=state.commit)  # the workers commit every step: so do the servers
+            emb.serve(on_step=on_step)  # the workers commit every step: so do the servers
             return
         mine = workers.index(hvd.rank())
         while state.step < steps:
             d = state.d.clone().requires_grad_()
             loss = loss_of(emb(*batch(state.step, mine)), d)
-            if kill_wid == me and kill_step == state.step:
+            if kill_wid == me and kill_step == state.step and kill_point == "lookup":
                 os.kill(os.getpid(), signal.SIGKILL)
             loss.backward()
+            if kill_wid == me and kill_step == state.step and kill_point == "backward":
+                os.kill(os.getpid(), signal.SIGKILL)
             g = hvd.allreduce(d.grad, op=hvd.Average, name="dense", process_set=worker_set)
             emb.settle()  # this step's table gradients have left before the commit
             state.d = state.d - LR * g

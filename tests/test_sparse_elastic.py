@@ -92,3 +92,61 @@ def test_a_dead_server_is_an_error_naming_it():
     assert "server rank(s) [2] of the last world died with its shards and optimizer state" in res.stderr, (
         res.stderr[-4000:]
     )
+
+
+HOSTS4 = HOSTS3 + ",127.0.0.3:1"
+
+
+def _replicated(env, steps=10):
+    """Runs the script on 4 ranks of 4 "hosts": workers 0 and 1, servers 2 and 3 holding the
+    table by rows, with replicas (replicate=True). Returns (log, d, table, stderr)."""
+    env = dict(env, ELASTIC_STEPS=str(steps), ELASTIC_SERVERS="2", ELASTIC_REPLICATE="1")
+    res = hvdliterun("-np", 4, "--min-np", 2, "-H", HOSTS4, sys.executable, SCRIPT, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
+    return (*done_of(res), res)
+
+
+@pytest.mark.slow
+def test_a_dead_server_is_replaced_from_its_buddy_and_the_result_is_unchanged():
+    # server 127.0.0.3[0] (rank 3, rows 20..39) dies after it applied and replicated step 5,
+    # before that step's commit: its buddy (rank 2) takes its rows, from then on one server
+    # holds the whole table, and the run equals one with no failure, to fp32 rounding: the
+    # same committed steps, each with both workers, every step's update applied once
+    log, d, table, res = _replicated({"ELASTIC_KILL_SERVED": "127.0.0.3[0]:5"})
+    assert log == [(s, 2) for s in range(10)], log
+    w_ref, d_ref = replay(log)
+    torch.testing.assert_close(table, w_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(d, d_ref, rtol=1e-5, atol=1e-6)
+    roles = worker_lines(res.stdout)  # the buddy, never restarted, serves in both worlds
+    assert [x for x in roles["127.0.0.2[0]"] if x.startswith("ROLE")] == ["ROLE server 2", "ROLE server 2"]
+    assert "127.0.0.3[0] was killed by signal 9" in res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_replicated_servers_roll_back_a_step_the_workers_never_committed():
+    # a worker dies after its backward: both servers applied (and replicated) that step, the
+    # survivor redoes it from the last commit alone; the servers roll it back first, so the
+    # table equals the replay in which that step ran once, with one worker
+    env = {"ELASTIC_KILL": "127.0.0.1[0]:4", "ELASTIC_KILL_POINT": "backward"}
+    log, d, table, _ = _replicated(env)
+    assert log == [(s, 2) for s in range(4)] + [(s, 1) for s in range(4, 10)], log
+    w_ref, d_ref = replay(log)
+    torch.testing.assert_close(table, w_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(d, d_ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_server_and_its_buddy_lost_together_is_an_error_naming_both():
+    env = {
+        "ELASTIC_STEPS": "100000",
+        "ELASTIC_SERVERS": "2",
+        "ELASTIC_REPLICATE": "1",
+        "ELASTIC_KILL_SERVED": "127.0.0.2[0]:3,127.0.0.3[0]:3",  # both servers, one step
+    }
+    res = hvdliterun("-np", 4, "--min-np", 2, "-H", HOSTS4, sys.executable, SCRIPT, env=env)
+    assert res.returncode != 0
+    assert (
+        "server rank 2 and its buddy, rank 3" in res.stderr
+        or "server rank 3 and its buddy, rank 2" in res.stderr
+    ), res.stderr[-4000:]
+    assert "died together" in res.stderr and "load_sparse_checkpoint" in res.stderr

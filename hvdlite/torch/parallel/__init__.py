@@ -36,10 +36,12 @@ from hvdlite.torch.parallel.tensor import (
 from hvdlite.torch.parallel.zero import (
     ZeroOptimizer,
     consolidate_checkpoint,
+    dcp_to_zero,
     full_state_dict,
     load_checkpoint,
     save_checkpoint,
     wait_checkpoint,
+    zero_to_dcp,
 )
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "context_parallel_attention",
     "cp_shard",
     "cp_unshard",
+    "dcp_to_zero",
     "expert_parameters",
     "full_state_dict",
     "load_checkpoint",
@@ -73,4 +76,5 @@ __all__ = [
     "save_sparse_checkpoint",
     "vocab_parallel_cross_entropy",
     "wait_checkpoint",
+    "zero_to_dcp",
 ]

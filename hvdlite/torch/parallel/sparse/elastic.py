@@ -17,6 +17,11 @@ collective over the new world (the global process set) that
      shards, their optimizer state, the gradients the staleness bound holds back and the
      traffic counters. Gradients in flight at the failure are dropped with their collective.
 
+With replicas (replicate=True) step 2 does not fail for a server whose buddy survives: the
+claims also carry the committed table steps and how far each copy can be rolled back, and
+recover.py rolls every copy back, rebuilds lost servers' rows from their buddies and re-forms
+the ring of buddies.
+
 Without servers every rank holds a shard, so a world that lost or gained a rank cannot go on
 (the error names what changed); a world of the same ranks rejoins as is.
 Blocking: one allgather_object over the new world. Not thread-safe (the training thread only).
@@ -29,7 +34,9 @@ import torch
 from hvdlite.common import exceptions
 from hvdlite.common.objects import allgather_object
 from hvdlite.common.process_sets import global_process_set
+from hvdlite.common.topology import cross_rank
 from hvdlite.parallel.sparse import TableLayout
+from hvdlite.torch.parallel.sparse import recover
 from hvdlite.torch.parallel.sparse.exchange import Exchange
 from hvdlite.torch.parallel.sparse.optim import RowOptimizer
 
@@ -40,9 +47,17 @@ class Claim:
 
     slot: int | None  # its slot among the holders in the last world it joined; None: a worker
     joined: bool  # whether it joined a world of these tables before (False: started anew)
+    # with replicas (replicate=True; recover.py): the host it runs on (cross_rank), the
+    # committed table steps it was given, the steps its own shard and its replica can be
+    # rolled to ((oldest, newest) or None) and the slot its replica copies
+    host: int = 0
+    committed: int | None = None
+    own_reach: tuple[int, int] | None = None
+    ward: int | None = None
+    ward_reach: tuple[int, int] | None = None
 
 
-def rejoin(coll):
+def rejoin(coll, committed_steps=None):
     """Re-forms `coll` (a ShardedEmbeddingCollection over the global set) over the current world;
     see the module docstring. Returns the global ranks of the workers."""
     ps = global_process_set
@@ -50,8 +65,12 @@ def rejoin(coll):
         raise exceptions.NotSupportedError(
             "%s: rejoin() re-forms tables over the whole job; build them with process_set=None" % coll.name
         )
-    claims = allgather_object(_my_claim(coll))
+    claims = allgather_object(_my_claim(coll, committed_steps))
     old_holders = coll.holders if coll.holders is not None else tuple(range(coll.last_members))
+    if coll.replicas is not None:
+        positions, lost = _claimed_positions(coll, claims, len(old_holders))
+        holders = recover.rejoin_replicated(coll, claims, positions, lost, old_holders)
+        return _rebuild_exchange(coll, claims, holders)
     positions = _slot_positions(coll, claims, len(old_holders))
     members = len(claims)
     holders = tuple(positions[s] for s in range(len(old_holders)))
@@ -70,6 +89,13 @@ def rejoin(coll):
         if fresh and coll.is_server:  # started anew into this world with a server's rank
             _drop_shards(coll, me)
         coll.is_server = me in holders
+    return _rebuild_exchange(coll, claims, holders)
+
+
+def _rebuild_exchange(coll, claims, holders):
+    """A new exchange over the current world, holder slots at `holders`; returns the workers."""
+    ps = global_process_set
+    members = len(claims)
     old = coll.exchange
     old.unsent = None  # gradients of the last world's step (settle() sent any committed ones)
     coll.exchange = Exchange(
@@ -83,22 +109,30 @@ def rejoin(coll):
         staleness=old.staleness,
     )
     coll.exchange.pending, coll.exchange.traffic = old.pending, old.traffic
+    coll.exchange.replica = coll.replicas
     coll.joined, coll.last_members = True, members
     coll.last_holder_ranks = [ps.ranks[p] for p in holders]
     return [ps.ranks[p] for p in range(members) if p not in (coll.holders or ())]
 
 
-def _my_claim(coll):
+def _my_claim(coll, committed):
     """This process's Claim: its position in the world its exchange was built for (the last one
     it joined, or the one it was built in) among that world's holders."""
     me = coll.exchange.me
     holders = list(coll.holders if coll.holders is not None else range(coll.last_members))
-    return Claim(holders.index(me) if me in holders else None, coll.joined)
+    claim = Claim(holders.index(me) if me in holders else None, coll.joined)
+    rep = coll.replicas
+    if rep is not None:
+        claim.host, claim.committed = cross_rank(), committed
+        claim.own_reach = rep.own.reach() if rep.own is not None else None
+        claim.ward = rep.ward
+        claim.ward_reach = rep.replica.reach() if rep.replica is not None else None
+    return claim
 
 
-def _slot_positions(coll, claims, slots):
-    """{holder slot: its position in the new world}. Processes started anew claim nothing when
-    any process had joined before (they were not in the last world)."""
+def _claimed_positions(coll, claims, slots):
+    """({holder slot: its position in the new world}, [lost slots]). Processes started anew
+    claim nothing when any process had joined before (they were not in the last world)."""
     veterans = any(c.joined for c in claims)
     positions: dict[int, int] = {}
     for pos, c in enumerate(claims):
@@ -109,7 +143,12 @@ def _slot_positions(coll, claims, slots):
                 "%s: ranks %d and %d both claim holder slot %d" % (coll.name, positions[c.slot], pos, c.slot)
             )
         positions[c.slot] = pos
-    lost = [s for s in range(slots) if s not in positions]
+    return positions, [s for s in range(slots) if s not in positions]
+
+
+def _slot_positions(coll, claims, slots):
+    """{holder slot: its position in the new world}; a lost slot is an error (no replicas)."""
+    positions, lost = _claimed_positions(coll, claims, slots)
     if lost:
         last = coll.last_holder_ranks
         raise exceptions.PreconditionError(

@@ -30,6 +30,7 @@ from hvdlite.torch.parallel.sparse import elastic as sparse_elastic
 from hvdlite.torch.parallel.sparse.exchange import Exchange, KeyedLookup, Lookup, Step
 from hvdlite.torch.parallel.sparse.optim import RowOptimizer
 from hvdlite.torch.parallel.sparse.pool import pool_bags
+from hvdlite.torch.parallel.sparse.replica import Replicas, check_replicable, run_on_step
 
 # Default collective names: one counter per process set, so the members of a set, which must
 # build the same collections over it in the same order, agree on the names whatever else
@@ -120,7 +121,10 @@ class ShardedEmbeddingCollection(nn.Module):
     `device`: where the shards and their optimizer state live (default: the dense module's
     device, CPU for tables given by shape); the exchange itself runs through host memory.
     `name`: the prefix of its collectives' names, the same on every member (default: counted
-    per process set, so members must build their collections over a set in the same order)."""
+    per process set, so members must build their collections over a set in the same order).
+    `replicate`: with servers, each server's shard and optimizer state is copied to a buddy
+    server after every step, so that elastic training survives a lost server (replica.py;
+    docs/sparse.md)."""
 
     def __init__(
         self,
@@ -135,6 +139,7 @@ class ShardedEmbeddingCollection(nn.Module):
         servers=None,
         staleness=0,
         device=None,
+        replicate=False,
         **optimizer_options,
     ):
         super().__init__()
@@ -158,6 +163,8 @@ class ShardedEmbeddingCollection(nn.Module):
                 "row-wise Adagrad on a column-sharded table needs every member to hold columns; with "
                 "servers, shard by row or table"
             )
+        if replicate:
+            check_replicable(self.holders, self.layouts, staleness)
         set_id = ps.process_set_id or 0
         self.name = name if name is not None else "sparse%d.%d" % (set_id, next(_COLLECTION_IDS[set_id]))
         self.shards = nn.Module()  # buffers, one per table: in state_dict, not in parameters()
@@ -178,6 +185,8 @@ class ShardedEmbeddingCollection(nn.Module):
             average_over=len(ps.ranks) - len(self.holders or ()),
             staleness=staleness,
         )
+        self.replicas = Replicas() if replicate else None
+        self.exchange.replica = self.replicas
         for spec in self.specs.values():
             spec.weight = None  # the dense initial table is not kept
         # every table a bag of one mode, width and offsets rule: forward pools them all at once
@@ -195,9 +204,10 @@ class ShardedEmbeddingCollection(nn.Module):
     def from_dense(cls, tables, sharding="row", process_set=None, optimizer="sgd", lr=0.01, **kwargs):
         return cls(tables, sharding, process_set, optimizer, lr, **kwargs)
 
-    def serve(self, on_step=None):
+    def serve(self, on_step=None, steps=None):
         """A server's loop (parameter-server mode): answers the workers' lookups and applies
-        their gradients until they call stop_servers(). Returns the number of steps served.
+        their gradients until they call stop_servers() (or, given `steps`, for so many steps).
+        Returns the number of steps served.
         `on_step()` runs after each step served: the servers' part of whatever collective over
         the whole job the workers run once per step (in elastic training `state.commit`, when the
         workers commit every step; docs/sparse.md)."""
@@ -207,15 +217,15 @@ class ShardedEmbeddingCollection(nn.Module):
                 % (self.process_set.ranks[self.process_set.rank()], self.name)
             )
         none = [torch.zeros(0, dtype=torch.int64)] * len(self.specs)
-        steps = 0
-        while True:
+        served = 0
+        while steps is None or served < steps:
             step = Step()
             if self.exchange.lookup(none, step) is None:
-                return steps
+                return served
             self.exchange.apply_gradients([torch.zeros(0, s.dim) for s in self.specs.values()], step)
-            steps += 1
-            if on_step is not None:
-                on_step()
+            served += 1
+            run_on_step(self.replicas, on_step)
+        return served
 
     def stop_servers(self):
         """Ends the servers' serve() loops (every worker calls it, at the same step); applies
@@ -228,12 +238,15 @@ class ShardedEmbeddingCollection(nn.Module):
         committed step's rows have left this rank."""
         self.exchange.settle()
 
-    def rejoin(self):
+    def rejoin(self, committed_steps=None):
         """Re-forms the tables over the current world of an elastic job, keeping every surviving
         server's shards and optimizer state (collective over the job; call it first thing in the
         function hvd.elastic.run runs, every rank). Returns the workers' global ranks (every rank
-        without servers). A dead server is an error naming its rank. See elastic.py."""
-        return sparse_elastic.rejoin(self)
+        without servers). A dead server is an error naming its rank, unless the tables keep
+        replicas (replicate=True): then every rank passes `committed_steps`, the table steps the
+        elastic state committed, a lost server's rows come back from its buddy and every server
+        rolls back to that step. See elastic.py and recover.py."""
+        return sparse_elastic.rejoin(self, committed_steps)
 
     def forward(self, inputs):
         if self.is_server:
@@ -437,8 +450,8 @@ class _OneTable(nn.Module):
     def is_server(self):
         return self.tables.is_server
 
-    def serve(self, on_step=None):
-        return self.tables.serve(on_step)
+    def serve(self, on_step=None, steps=None):
+        return self.tables.serve(on_step, steps)
 
     def stop_servers(self):
         self.tables.stop_servers()
@@ -446,8 +459,8 @@ class _OneTable(nn.Module):
     def settle(self):
         self.tables.settle()
 
-    def rejoin(self):
-        return self.tables.rejoin()
+    def rejoin(self, committed_steps=None):
+        return self.tables.rejoin(committed_steps)
 
     def traffic(self):
         return self.tables.traffic()

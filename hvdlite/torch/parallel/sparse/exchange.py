@@ -50,6 +50,7 @@ class Traffic:
 
     def __init__(self):
         self.id_bytes = self.row_bytes = self.other_bytes = self.steps = 0
+        self.replica_bytes = 0  # a server's rows sent to its buddy (replicate=True)
 
     def as_dict(self):
         return dict(vars(self))
@@ -119,6 +120,9 @@ class Exchange:
         # what a table not touched this step updates with (Adam still counts the step)
         self.untouched = [(torch.zeros(0, dtype=torch.int64), torch.zeros(0, w)) for w in widths]
         self.traffic = Traffic()
+        # the servers' replicas (replica.Replicas, replicate=True): told of every update before
+        # it is applied, and pushed after every step's gradients were applied (eager mode)
+        self.replica = None
 
     # ---- forward -------------------------------------------------------------------------
     def lookup(self, uniques, step):
@@ -321,6 +325,8 @@ class Exchange:
         self.unsent = (flat.contiguous(), step)
         if self.eager:
             self.settle()
+            if self.replica is not None:
+                self.replica.push(self)
 
     def settle(self):
         """Sends the last backward's gradients, if no lookup has carried them yet, and applies
@@ -377,6 +383,8 @@ class Exchange:
         return updates
 
     def _apply(self, updates, sq_means):
+        if self.replica is not None:
+            self.replica.record(updates)
         with torch.no_grad():  # once, not per table: a step updates every table
             for t, rows, g in updates:
                 self.optimizers[t].update(rows, g, sq_means.get(t))
