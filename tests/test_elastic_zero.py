@@ -29,23 +29,24 @@ def test_buddies_sit_on_another_host_and_each_rank_keeps_one():
     assert holders(["a"]) == [0]
 
 
-def _info(pos, version, holder, buddy_version=None):
+def _info(pos, version, holder, buddy_version=None, own=None):
     buddy_of = holder.index(pos)
-    return (pos, len(holder), version, buddy_of, version if buddy_version is None else buddy_version, holder)
+    own = [version - 1, version] if own is None else own
+    return (pos, len(holder), own, buddy_of, version if buddy_version is None else buddy_version, holder)
 
 
 def test_survivors_rebuild_from_own_and_buddy_copies():
     holder = holders(["a", "a", "b", "b"])  # [2, 3, 0, 1]
     version, source = choose_sources([_info(0, 7, holder), _info(1, 7, holder)])
     assert version == 7 and source == {0: 0, 1: 1, 2: 0, 3: 1}
-    # commit 8 cut short: survivor 0's exchange returned, survivor 1's did not (it keeps commit
-    # 7's pair), and rank 3's shard at 8 was with rank 1 only: commit 8 cannot be rebuilt, and
-    # commit 7 no longer exists on rank 0
-    infos = [_info(0, 8, holder), _info(1, 7, holder)]
-    with pytest.raises(ShardsLostError, match="rank 1's shard has no copy of the same commit"):
+    # the usual cut-short commit: a rank died before commit 8's exchange (the barrier failed):
+    # own copies of 7 and 8, buddy copies of 7 intact: commit 7 is rebuilt
+    infos = [_info(0, 8, holder, buddy_version=7), _info(1, 8, holder, buddy_version=7), None]
+    assert choose_sources(infos) == (7, {0: 0, 1: 1, 2: 0, 3: 1})
+    # rank 3 died during commit 8's exchange itself: rank 1's buddy copy (of rank 3) half written
+    infos = [_info(0, 8, holder), _info(1, 8, holder, buddy_version=0)]
+    with pytest.raises(ShardsLostError, match="rank 3's shard has no copy of the same commit"):
         choose_sources(infos)
-    # the usual cut-short commit (a rank died before the exchange ran): commit 7 on every survivor
-    assert choose_sources([_info(0, 7, holder), _info(1, 7, holder), None])[0] == 7
 
 
 def test_losing_a_rank_and_its_buddy_is_a_clear_error_not_retried():
@@ -118,3 +119,18 @@ def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path):
     saved = consolidate_checkpoint(str(tmp_path / "ckpt"))  # checkpoints work after resharding
     for key, value in saved.items():
         np.testing.assert_allclose(value.numpy(), np.array(done["full"][-1][key]), rtol=0, atol=0)
+
+
+# ~6 s: two of three one-slot hosts die in the same step; rank 1's shard and its buddy copy (on
+# rank 2) are both gone, so the survivor stops with ShardsLostError instead of re-forming forever.
+@pytest.mark.slow
+def test_losing_a_rank_with_its_buddy_ends_the_job_naming_both():
+    script = str(REPO / "tests" / "elastic_zero_train.py")
+    env = {"ELASTIC_KILL": "127.0.0.1[0]:3,127.0.0.2[0]:3", "ELASTIC_STEPS": "8"}
+    hosts = "localhost:1,127.0.0.1:1,127.0.0.2:1"
+    res = hvdliterun("-np", 3, "--min-np", 1, "-H", hosts, sys.executable, script, env=env, timeout=120)
+    assert res.returncode != 0
+    assert "ShardsLostError" in res.stderr, res.stderr[-4000:]
+    assert "rank 1 and rank 2 (which kept its buddy copy) were both lost" in res.stderr, res.stderr[-4000:]
+    assert "hvd.load_checkpoint" in res.stderr
+    assert "DONE" not in res.stdout

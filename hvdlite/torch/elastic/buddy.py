@@ -17,14 +17,17 @@ holder of the shard at position i is position (i + s) mod n, with s the largest 
 when that puts every copy on another host (the elastic driver drops a failed worker's host whole,
 so a host-mate would die with it), else the shift putting the most copies off-host.
 
-Versions: commit() replaces both copies, stamped with the next version, only once the exchange
-returned; a commit cut short by a failure leaves a rank the previous commit's copies. recover()
-picks the newest version of which every old shard still has a copy (a commit the failure cut
-short on some ranks falls back to the one before) and raises ShardsLostError naming the owner
-and its buddy when some shard has none.
+Versions: each copy carries the commit version it holds. Own copies alternate between two
+buffers, so the last commit's stays while the next is packed; the buddy copy is received in
+place and counts as lost from the moment its exchange starts until it returned. A barrier before
+that exchange makes the usual cut-short commit (a member died before it, e.g. mid-step) leave
+every buddy copy intact. recover() picks the newest version of which every old shard still has
+a copy and raises ShardsLostError naming the owner and its buddy when some shard has none: a
+member that dies during the exchange itself (after the barrier) may take with it the only
+complete copy of its shard of both versions.
 
-Memory: the own copy plus one buddy copy; during commit() the new pair exists beside the old one
-until the exchange returned (briefly two of each). Threading: the training thread.
+Memory: two own copies and one buddy copy, reused from commit to commit (no allocation, no page
+faults after the first). Threading: the training thread.
 """
 
 import dataclasses
@@ -33,11 +36,12 @@ from typing import Any
 
 import torch
 
-from hvdlite.common import exceptions, settings
+from hvdlite.common import collectives, exceptions, ops, settings
 from hvdlite.common.objects import allgather_object
-from hvdlite.common.process_sets import global_process_set
+from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.topology import rank as global_rank
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.buffers import TORCH
 
 CHECKPOINT_HINT = (
     "restart from the last disk checkpoint (hvd.save_checkpoint(path, model, opt) while training, "
@@ -75,50 +79,88 @@ def holders(hosts):
 
 
 class BuddyCopies:
-    """One rank's copies: its own shard and its buddy's, each with the commit version it holds."""
+    """One rank's copies: its own shard (two buffers, the last two commits packed alternately)
+    and its buddy's (one buffer, received in place), each with the commit version it holds."""
 
     def __init__(self):
         self.version = 0  # commits started
-        self.own, self.own_version = None, 0
+        self.own: list[torch.Tensor | None] = [None, None]  # two buffers of this rank's shard, packed alternately
+        self.own_versions = [0, 0]  # the version each holds (0: none)
         self.buddy, self.buddy_version, self.buddy_of = None, 0, None  # buddy_of: old position
         self.position, self.size, self.holder = None, 0, None
-        self._hosts_key, self._holder_cache = None, None
+        self._hosts_key = None
 
     def _placement(self, process_set):
         ranks = tuple(process_set.ranks)
         if self._hosts_key != ranks:
             hosts = allgather_object(host_id(), name="buddy.hosts", process_set=process_set)
-            self._hosts_key, self._holder_cache = ranks, holders(hosts)
-        return ranks.index(global_rank()), len(ranks), self._holder_cache
+            self._hosts_key, self.holder = ranks, holders(hosts)
+            self.position, self.size = ranks.index(global_rank()), len(ranks)
+        return self.position, self.size, self.holder
 
     def forget_placement(self):
-        """The next commit() asks every member's host again (call after the job re-formed)."""
-        self._hosts_key = self._holder_cache = None
+        """Drops every copy (the old world's) and makes the next commit() place buddies anew:
+        call once the job re-formed and the old copies were used."""
+        self._hosts_key = None
+        self.own, self.own_versions = [None, None], [0, 0]
+        self.buddy, self.buddy_version, self.buddy_of = None, 0, None
 
     def commit(self, parts, process_set=None):
         """Keeps a copy of this rank's shard, `parts` (a 1-D tensor or a list of them, kept as
         their concatenation), and exchanges it with the buddies. Collective over `process_set`
-        (default: every rank); blocks until the buddy's copy arrived."""
+        (default: every rank); blocks until the buddy's copy arrived.
+
+        Order: pack into the older own buffer (the newer, the last commit, stays), one barrier
+        (every member packed and alive: a failure up to here leaves the buddy copy intact),
+        then the alltoall into the buddy buffer, which counts as lost until it returned."""
         process_set = process_set or global_process_set
         parts = [t.detach().reshape(-1) for t in (parts if isinstance(parts, (list, tuple)) else [parts])]
         numel = sum(t.numel() for t in parts)
-        self.version += 1
-        send = torch.cat(parts)
         pos, n, holder = self._placement(process_set)
-        if n > 1:
-            splits = [0] * n
-            splits[holder[pos]] = numel
-            handle = mpi_ops.alltoall_async(send, splits=splits, name="buddy.commit", process_set=process_set)
-            out, _ = mpi_ops.synchronize(handle)  # raises HvdliteInternalError: copies unchanged
-            self.buddy, self.buddy_of, self.buddy_version = out, holder.index(pos), self.version
-        self.own, self.own_version = send, self.version
-        self.position, self.size, self.holder = pos, n, holder
+        self.version += 1
+        slot = 0 if self.own_versions[0] <= self.own_versions[1] else 1
+        self.own_versions[slot] = 0
+        dest = self.own[slot]
+        if dest is None or dest.numel() != numel or dest.dtype != parts[0].dtype:
+            self.own[slot] = dest = None  # the old buffer goes before the new one is allocated
+            dest = self.own[slot] = torch.empty(numel, dtype=parts[0].dtype)
+        torch.cat(parts, out=dest)
+        self.own_versions[slot] = self.version
+        if n < 2:
+            return
+        mpi_ops.barrier(process_set)
+        into = self.buddy if self.buddy is not None and self.buddy.shape == dest.shape else None
+        self.buddy_version = 0  # from here the buffer may be half written
+        if into is None:
+            self.buddy = None
+        splits = [0] * n
+        splits[holder[pos]] = numel
+        pending = collectives.with_output(
+            TORCH,
+            "alltoall",
+            ops.ALLTOALL,
+            dest,
+            "buddy.commit",
+            out=into,
+            splits=splits,
+            process_set=resolve(process_set),
+        )
+        out, _ = mpi_ops.synchronize(collectives.start(pending, then=lambda r: r))
+        self.buddy, self.buddy_of, self.buddy_version = out, holder.index(pos), self.version
 
     def info(self):
         """What this rank holds, as recover() exchanges it."""
-        if self.own is None:
+        if not any(self.own_versions):
             return None
-        return (self.position, self.size, self.own_version, self.buddy_of, self.buddy_version, self.holder)
+        versions = [v for v in self.own_versions if v]
+        return (self.position, self.size, versions, self.buddy_of, self.buddy_version, self.holder)
+
+    def own_copy(self, version):
+        """This rank's own copy at `version`, or None."""
+        for buf, v in zip(self.own, self.own_versions):
+            if v and v == version:
+                return buf
+        return None
 
     def recover(self, process_set=None):
         """After the job re-formed: agrees on the version to rebuild and on which survivor sends
@@ -143,12 +185,12 @@ def choose_sources(infos, at_most=None):
             "the survivors hold shards of different commits' worlds (%s); %s"
             % (sorted({i[1] for i in known}), CHECKPOINT_HINT)
         )
-    versions = sorted({i[2] for i in known if at_most is None or i[2] <= at_most}, reverse=True)
+    versions = sorted({v for i in known for v in i[2] if at_most is None or v <= at_most}, reverse=True)
     newest_missing = None  # what the newest commit lacks: what the error names
     for v in versions:
         source: dict[int, int] = {}
         for new, i in enumerate(infos):
-            if i is not None and i[2] == v:
+            if i is not None and v in i[2]:
                 source.setdefault(i[0], new)
         for new, i in enumerate(infos):
             if i is not None and i[4] == v and i[3] is not None:
@@ -200,8 +242,8 @@ class RecoveryPlan:
         for j, new in self.source.items():
             if new != self.me:
                 continue
-            if j == c.position and c.own_version == self.version:
-                out[j] = c.own
+            if j == c.position and c.own_copy(self.version) is not None:
+                out[j] = c.own_copy(self.version)
             elif j == c.buddy_of and c.buddy_version == self.version:
                 out[j] = c.buddy
         return out
@@ -221,7 +263,7 @@ class RecoveryPlan:
                 for a, b in ranges(j, k):
                     parts.append(held[j][a:b])
                     splits[k] += b - a
-        own = self.copies.own
+        own = self.copies.own_copy(self.version)
         dtype = next(iter(held.values())).dtype if held else (own.dtype if own is not None else torch.float32)
         send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
         if m > 1:

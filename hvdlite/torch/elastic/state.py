@@ -9,6 +9,7 @@ import torch
 from hvdlite.common.exceptions import NotSupportedError, ShardsLostError
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.topology import rank
+from hvdlite.elastic import worker
 from hvdlite.elastic.state import ObjectState
 from hvdlite.torch.diloco import DiLoCo
 from hvdlite.torch.elastic.sampler import ElasticSampler
@@ -75,6 +76,25 @@ def _handler_for(value):
     return None
 
 
+def _generation_workers():
+    """The elastic workers of this process's generation (ids), or None outside an elastic job."""
+    ctx = worker.context()
+    return None if ctx is None else set(ctx.current()["workers"])
+
+
+def _check_no_new_workers(state):
+    """ZeRO shards are rebuilt by the survivors only: a worker that joined in the new generation
+    would be constructing its optimizer (collectives the survivors never run). Raised before
+    any collective, naming the workers."""
+    old, new = state._workers, _generation_workers()
+    if old is not None and new is not None and new - old:
+        raise NotSupportedError(
+            "hvd.elastic.TorchState with a ZeroOptimizer: worker(s) %s joined the job; ZeRO jobs can "
+            "lose workers but not gain them (launch with --max-np equal to -np)"
+            % ", ".join(sorted(new - old))
+        )
+
+
 class TorchState(ObjectState):
     """State of a PyTorch training process: ``TorchState(model, optimizer, epoch=0, batch=0)``.
 
@@ -85,6 +105,7 @@ class TorchState(ObjectState):
 
     _handlers: dict[str, Any]
     _history: dict[int, tuple[dict[str, Any], dict[str, Any]]]
+    _workers: set[str] | None  # with ZeRO: the elastic workers of the last commit's generation
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         kwargs.update(model=model, optimizer=optimizer)
@@ -110,6 +131,7 @@ class TorchState(ObjectState):
         zero = self._zero_handlers()
         if zero:
             self._record(zero[0].copies.version)
+        object.__setattr__(self, "_workers", _generation_workers() if zero else None)
 
     def _zero_handlers(self):
         return [h for h in self._handlers.values() if hasattr(h, "rebuild")]
@@ -157,6 +179,7 @@ class TorchState(ObjectState):
         """After re-form: every ZeroOptimizer rebuilds the newest commit all its shards survived
         in; the other handlers and the plain attributes go back to that same commit; then the new
         world commits (buddy copies placed anew). Collective."""
+        _check_no_new_workers(self)
         plans = [h.recover_plan() for h in zero]
         version = min(p.version for p in plans)  # a commit cut short between two optimizers
         if version not in self._history:
@@ -173,6 +196,7 @@ class TorchState(ObjectState):
         self._saved_state = plain
         self._set_attrs()
         self.save()
+        object.__setattr__(self, "_workers", _generation_workers())
 
     def __setattr__(self, name, value):
         handlers = self.__dict__.get("_handlers", {})
