@@ -40,7 +40,7 @@ ROWS = {
     "zero1": ("hvdlite", lambda n: 8 + 12 / n, "8P + 12P/N"),
     "zero2": ("hvdlite", lambda n: 4 + 12 / n, "4P + 12P/N"),
     "zero3": ("hvdlite", lambda n: 16 / n, "16P/N"),
-    "zero3-commit": ("hvdlite", lambda n: 40 / n, "16P/N + 2 x 12P/N copies"),
+    "zero3-commit": ("hvdlite", lambda n: 52 / n, "16P/N + 3 x 12P/N copies"),
     "fsdp2": ("gloo", lambda n: 16 / n, "16P/N"),
     "fsdp2-keep": ("gloo", lambda n: 16 / n, "16P/N"),
     "torch-zero": ("gloo", lambda n: 8 + 8 / n, "8P + 8P/N"),

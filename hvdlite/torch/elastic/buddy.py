@@ -84,7 +84,10 @@ class BuddyCopies:
 
     def __init__(self):
         self.version = 0  # commits started
-        self.own: list[torch.Tensor | None] = [None, None]  # two buffers of this rank's shard, packed alternately
+        self.own: list[torch.Tensor | None] = [
+            None,
+            None,
+        ]  # two buffers of this rank's shard, packed alternately
         self.own_versions = [0, 0]  # the version each holds (0: none)
         self.buddy, self.buddy_version, self.buddy_of = None, 0, None  # buddy_of: old position
         self.position, self.size, self.holder = None, 0, None
