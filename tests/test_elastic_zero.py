@@ -134,3 +134,43 @@ def test_losing_a_rank_with_its_buddy_ends_the_job_naming_both():
     assert "rank 1 and rank 2 (which kept its buddy copy) were both lost" in res.stderr, res.stderr[-4000:]
     assert "hvd.load_checkpoint" in res.stderr
     assert "DONE" not in res.stdout
+
+
+def test_old_shards_reshard_to_any_new_size():
+    """segments()/assemble() (the rebuild's arithmetic, no processes): buckets sharded over 4
+    ranks, packed as commit() packs them (master then one state key per bucket), rebuilt for 3
+    and 2 ranks, give the new shards of the same flat buffers with zero padding."""
+    torch = pytest.importorskip("torch")
+    from hvdlite.torch.parallel.zero.elastic import assemble, segments
+    from hvdlite.torch.parallel.zero.shard import Bucket
+
+    numels, old_n = [10, 7, 1], 4
+    flats = [
+        [torch.arange(n, dtype=torch.float32) + 100 * i + 1000 * r for r in range(2)]
+        for i, n in enumerate(numels)
+    ]
+
+    def shard(n, count):
+        return max(1, -(-n // count))
+
+    meta = [(["exp_avg"], {"step": 3}, shard(n, old_n)) for n in numels]
+    packed = []
+    for j in range(old_n):
+        parts = []
+        for (_, _, sh), rows in zip(meta, flats):
+            for flat in rows:
+                padded = torch.cat([flat, torch.zeros(sh * old_n - flat.numel())])
+                parts.append(padded[j * sh : (j + 1) * sh])
+        packed.append(torch.cat(parts))
+    for new_n in (3, 2):
+        buckets = [Bucket(i, 0, [], n, shard(n, new_n), new_n) for i, n in enumerate(numels)]
+        for me in range(new_n):
+            pieces = {
+                j: [packed[j][a:b] for *_, a, b in segments(buckets, meta, j, me)] for j in range(old_n)
+            }
+            rows = assemble(buckets, meta, pieces, me)
+            for b, flat_rows in zip(buckets, flats):
+                for r, flat in enumerate(flat_rows):
+                    padded = torch.cat([flat, torch.zeros(b.padded_numel - flat.numel())])
+                    want = padded[me * b.shard_numel : (me + 1) * b.shard_numel]
+                    assert torch.equal(rows[b.index][r], want), (new_n, me, b.index, r)

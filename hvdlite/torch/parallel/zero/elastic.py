@@ -82,6 +82,20 @@ def segments(buckets, meta, j, k):
     return out
 
 
+def assemble(buckets, meta, pieces, me):
+    """{bucket index: [master, state key...] new shards of member `me`} from `pieces` = {old
+    shard j: the tensors of segments(buckets, meta, j, me), in order}; padding stays zero."""
+    rows = {
+        b.index: [torch.zeros(b.shard_numel, dtype=torch.float32) for _ in range(1 + len(meta[b.index][0]))]
+        for b in buckets
+    }
+    for j, got in pieces.items():
+        for (bucket, r, lo, hi, _, _), piece in zip(segments(buckets, meta, j, me), got):
+            start = me * bucket.shard_numel
+            rows[bucket.index][r][lo - start : hi - start].copy_(piece)
+    return rows
+
+
 def reform(z):
     """Re-plans `z` for the current world: same buckets and slots, shard count = the new size;
     drops every per-step and per-world buffer. The masters are left to install()."""
@@ -209,17 +223,7 @@ class ZeroHandler:
         pieces = plan.fetch(
             lambda j, k: [(a, b) for _, _, _, _, a, b in segments(z.buckets, meta, j, k)], global_process_set
         )
-        rows = {
-            b.index: [
-                torch.zeros(b.shard_numel, dtype=torch.float32) for _ in range(1 + len(meta[b.index][0]))
-            ]
-            for b in z.buckets
-        }
-        start = {b.index: me * b.shard_numel for b in z.buckets}
-        for j, got in pieces.items():
-            for (bucket, r, lo, hi, _, _), piece in zip(segments(z.buckets, meta, j, me), got):
-                rows[bucket.index][r][lo - start[bucket.index] : hi - start[bucket.index]].copy_(piece)
-        install(z, rows, meta)
+        install(z, assemble(z.buckets, meta, pieces, me), meta)
         self.copies.forget_placement()  # the next commit places buddies in the new world
 
 
