@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import run_pooled
 from test_elastic import REPO, hvdliterun, worker_lines
 
 from hvdlite.common.exceptions import HvdliteInternalError, ShardsLostError
@@ -32,7 +33,7 @@ def test_buddies_sit_on_another_host_and_each_rank_keeps_one():
 def _info(pos, version, holder, buddy_version=None, own=None):
     buddy_of = holder.index(pos)
     own = [version - 1, version] if own is None else own
-    return (pos, len(holder), own, buddy_of, version if buddy_version is None else buddy_version, holder)
+    return (pos, len(holder), own, buddy_of, version if buddy_version is None else buddy_version, holder, 10)
 
 
 def test_survivors_rebuild_from_own_and_buddy_copies():
@@ -174,3 +175,33 @@ def test_old_shards_reshard_to_any_new_size():
                     padded = torch.cat([flat, torch.zeros(b.padded_numel - flat.numel())])
                     want = padded[me * b.shard_numel : (me + 1) * b.shard_numel]
                     assert torch.equal(rows[b.index][r], want), (new_n, me, b.index, r)
+
+
+def _buddy_exchange():
+    import torch
+
+    import hvdlite.torch as hvd
+    from hvdlite.torch.elastic.buddy import BuddyCopies, RecoveryPlan
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    copies = BuddyCopies()
+    for version in (1, 2):  # the second commit reuses every buffer
+        copies.commit([torch.full((3,), 10.0 * r + version), torch.arange(2.0) + r], hvd.global_process_set)
+    plan = copies.recover(hvd.global_process_set)
+    # as if every owner were lost: each shard comes from the rank keeping its buddy copy
+    holder = copies.holder
+    by_buddy = RecoveryPlan(copies, plan.infos, plan.version, {j: holder[j] for j in range(n)}, r)
+    whole = by_buddy.fetch_whole({k: [(k + 1) % n] for k in range(n)}, hvd.global_process_set)
+    hvd.shutdown()
+    return plan.version, copies.info()[2], {j: t.tolist() for j, t in whole.items()}
+
+
+def test_buddy_copies_rebuild_a_shard_from_its_buddy():
+    """BuddyCopies on 3 ranks (no launcher hosts: one host, buddies are the next rank): two
+    commits, then every rank takes over its neighbour's whole shard from the buddy copy."""
+    results = run_pooled(_buddy_exchange, 3, timeout=60)
+    for r, (version, own_versions, whole) in enumerate(results):
+        j = (r + 1) % 3
+        assert version == 2 and sorted(own_versions) == [1, 2]
+        assert whole == {j: [10.0 * j + 2] * 3 + [0.0 + j, 1.0 + j]}

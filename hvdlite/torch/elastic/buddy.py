@@ -11,6 +11,7 @@ dtypes across the set) and later asks for element ranges of any old rank's shard
     ... ranks die, the job re-forms ...
     plan = copies.recover(process_set)        # collective: one allgather_object of a small tuple
     pieces = plan.fetch(ranges, process_set)  # collective: one alltoall; {old rank: [tensors]}
+    whole = plan.fetch_whole({new_rank: [old ranks]}, process_set)  # or whole shards, as they were
 
 Placement: the set's ranks are ordered host by host (hosts in order of their lowest rank); the
 holder of the shard at position i is position (i + s) mod n, with s the largest host's rank count
@@ -156,7 +157,8 @@ class BuddyCopies:
         if not any(self.own_versions):
             return None
         versions = [v for v in self.own_versions if v]
-        return (self.position, self.size, versions, self.buddy_of, self.buddy_version, self.holder)
+        numel = next(b.numel() for b, v in zip(self.own, self.own_versions) if v and b is not None)
+        return (self.position, self.size, versions, self.buddy_of, self.buddy_version, self.holder, numel)
 
     def own_copy(self, version):
         """This rank's own copy at `version`, or None."""
@@ -227,9 +229,11 @@ class RecoveryPlan:
     source: dict[int, int]  # old position -> new position sending it
     me: int  # this rank's position in the new process set
     old_size: int = 0
+    numel: int = 0  # elements of every old shard's copy
 
     def __post_init__(self):
         self.old_size = next(i[1] for i in self.infos if i is not None)
+        self.numel = next(i[6] for i in self.infos if i is not None)
 
     def at(self, version):
         """This plan rebuilding `version` instead (no collective: every rank has the infos)."""
@@ -290,3 +294,14 @@ class RecoveryPlan:
                     pos += b - a
                 out[j] = pieces
         return out
+
+    def fetch_whole(self, assignment, process_set=None):
+        """{old position j: its whole shard} on each new member, for the old shards
+        `assignment[k]` (a list of old positions) names for new member k: a survivor taking over
+        a lost rank's shard as it was (same layout, e.g. a mesh job's dp=1 shard). Collective."""
+        wanted = {j: k for k, js in assignment.items() for j in js}
+
+        def ranges(j, k):
+            return [(0, self.numel)] if wanted.get(j) == k else []
+
+        return {j: pieces[0] for j, pieces in self.fetch(ranges, process_set).items() if pieces}
