@@ -4,7 +4,8 @@ rank's peak RSS over the timed steps.
     python _zero_gpt_worker.py --lib LIB --out DIR --mode MODE --steps S --idle-wait W
 
 MODE (LIB): ddp (hvdlite: DistributedOptimizer), zero1 / zero2 / zero3 (hvdlite:
-ZeroOptimizer), fsdp2 / fsdp2-keep (gloo: torch fully_shard per block and root, reshard after
+ZeroOptimizer), zero3-commit (zero3 with hvd.elastic.TorchState(model, opt).commit() after every
+step: buddy copies of the shards; the commit's own time is recorded as "commit_times"), fsdp2 / fsdp2-keep (gloo: torch fully_shard per block and root, reshard after
 forward True / False), torch-zero (gloo: DistributedDataParallel + ZeroRedundancyOptimizer),
 ds1 / ds2 / ds3 (gloo job, DeepSpeed ZeRO stage n, fp32, DS_ACCELERATOR=cpu).
 Peak RSS: the kernel's high-water mark (VmHWM), reset after the warm-up steps
@@ -58,7 +59,8 @@ def distribute(lib, mode, model):
             return model, hvd.DistributedOptimizer(
                 _adamw(model.parameters()), named_parameters=model.named_parameters()
             )
-        return model, hvd.ZeroOptimizer(_adamw(model.parameters()), model, stage=int(mode[-1]))
+        stage = int(mode[len("zero")])
+        return model, hvd.ZeroOptimizer(_adamw(model.parameters()), model, stage=stage)
     if mode.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
 
@@ -94,6 +96,18 @@ def measure(comm, gate, args):
     x = torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=gen)
     y = torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=gen)
     deepspeed_engine = args.mode.startswith("ds")
+    commit, commit_times = None, []
+    if args.mode.endswith("-commit"):
+        import time
+
+        import hvdlite.torch as hvd
+
+        state = hvd.elastic.TorchState(model, opt)
+
+        def commit():
+            t0 = time.perf_counter()
+            state.commit()
+            commit_times.append(time.perf_counter() - t0)
 
     def step():
         loss = F.cross_entropy(forward(x).flatten(0, 1), y.flatten())
@@ -104,6 +118,8 @@ def measure(comm, gate, args):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if commit is not None:
+            commit()
 
     for _ in range(WARMUP):
         comm.barrier()
@@ -117,7 +133,8 @@ def measure(comm, gate, args):
 
         comm.version += "; deepspeed " + deepspeed.__version__
     peak = _status_kib("VmHWM")
-    return step_doc(comm, times, load, params=params, peak_rss=peak, rss_before=rss_before)
+    extra = {"commit_times": commit_times[-args.steps :]} if commit_times else {}
+    return step_doc(comm, times, load, params=params, peak_rss=peak, rss_before=rss_before, **extra)
 
 
 def main():

@@ -11,6 +11,8 @@ Model: examples/pytorch_zero_gpt.py's GPT, 12 layers, width 768, 12 heads, vocab
 (tied head), context 64; batch 4 sequences per rank; AdamW, fp32. Rows:
   ddp          hvd.DistributedOptimizer (allreduce overlapping backward)
   zero1..3     hvd.ZeroOptimizer(stage=1..3)
+  zero3-commit zero3 plus hvd.elastic.TorchState(model, opt).commit() after every step (buddy
+               copies of the shards in host memory); the commit's share of the step is reported
   fsdp2        torch fully_shard per block and root, gloo, reshard_after_forward=True
   fsdp2-keep   the same with reshard_after_forward=False
   torch-zero   torch DistributedDataParallel + ZeroRedundancyOptimizer (gloo)
@@ -38,6 +40,7 @@ ROWS = {
     "zero1": ("hvdlite", lambda n: 8 + 12 / n, "8P + 12P/N"),
     "zero2": ("hvdlite", lambda n: 4 + 12 / n, "4P + 12P/N"),
     "zero3": ("hvdlite", lambda n: 16 / n, "16P/N"),
+    "zero3-commit": ("hvdlite", lambda n: 52 / n, "16P/N + 3 x 12P/N copies"),
     "fsdp2": ("gloo", lambda n: 16 / n, "16P/N"),
     "fsdp2-keep": ("gloo", lambda n: 16 / n, "16P/N"),
     "torch-zero": ("gloo", lambda n: 8 + 8 / n, "8P + 8P/N"),
@@ -86,6 +89,11 @@ def run_row(row, steps, idle_wait, ds_reason, tiny=False):
         return dict(out, error=error or "%d of %d ranks wrote results" % (len(docs), RANKS))
     per_step = sorted(max(d["times"][i] for d in docs) for i in range(steps))
     params = docs[0]["params"]
+    if "commit_times" in docs[0]:
+        commits = sorted(max(d["commit_times"][i] for d in docs) for i in range(steps))
+        out.update(
+            commit_median_s=commits[len(commits) // 2], commit_min_s=commits[0], commit_max_s=commits[-1]
+        )
     return dict(
         out,
         median_s=per_step[len(per_step) // 2],
@@ -123,6 +131,24 @@ def table(results):
                 fmt_others(r["others"]),
             )
         )
+    return lines
+
+
+def commit_lines(results):
+    """The commit's cost where a row measured it, against the step of the same row without it."""
+    lines = []
+    for r in results:
+        if "commit_median_s" not in r:
+            continue
+        base = next((b for b in results if b["row"] == r["row"].split("-")[0] and "median_s" in b), None)
+        share = r["commit_median_s"] / (r["median_s"] - r["commit_median_s"])
+        lines += [
+            "",
+            "%s: commit (buddy copies) median %.3f s (min %.3f, max %.3f) = %.1f%% of the step without it"
+            % (r["row"], r["commit_median_s"], r["commit_min_s"], r["commit_max_s"], 100 * share),
+        ]
+        if base:
+            lines[-1] += "; the %s row's median step: %.2f s" % (base["row"], base["median_s"])
     return lines
 
 
@@ -176,6 +202,7 @@ def main(argv=None):
             "",
         ]
         + table(results)
+        + commit_lines(results)
     )
     write_outputs(args.out_dir, "zero_gpt", text, {"results": results}, lambda path: plot(results, path))
     return 1 if any("error" in r for r in results) else 0

@@ -41,6 +41,7 @@ from hvdlite.common.exceptions import (
     MismatchError,
     NotSupportedError,
     PreconditionError,
+    ShardsLostError,
 )
 from hvdlite.common.ops import join, poll, synchronize
 from hvdlite.common.p2p import P2POp

@@ -119,6 +119,12 @@ class HostsUpdatedInterrupt(HvdliteError):
         self.skip_sync = skip_sync
 
 
+class ShardsLostError(HvdliteError):
+    """Elastic training cannot rebuild sharded state in memory: a rank and the peer keeping its
+    buddy copy were lost together (or a commit was cut short). Not an HvdliteInternalError, so
+    hvd.elastic.run does not retry it; the fix is to restart from a disk checkpoint."""
+
+
 # Horovod's names.
 HorovodInternalError = HvdliteInternalError
 

@@ -156,9 +156,15 @@ def run_fn(func, reset=_reset):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         skip_sync = False
+        reset_pending = False
         error: Exception
         while True:
             try:
+                if reset_pending:
+                    # Inside the try: on_reset may run collectives (TorchState rebuilding ZeRO
+                    # shards), and a rank lost meanwhile is recovered from like any other.
+                    reset_pending = False
+                    state.on_reset()
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
@@ -170,7 +176,7 @@ def run_fn(func, reset=_reset):
                 skip_sync = e.skip_sync
                 error = e
             reset(error)
-            state.on_reset()
+            reset_pending = True
 
     return wrapper
 

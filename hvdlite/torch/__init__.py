@@ -46,6 +46,7 @@ from hvdlite.common.exceptions import (
     MismatchError,
     NotSupportedError,
     PreconditionError,
+    ShardsLostError,
 )
 from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hvdlite.common.util import register_gpu_check

@@ -2,12 +2,14 @@
 synced through their state_dicts (Horovod's horovod.torch.elastic.TorchState)."""
 
 import copy
+from typing import Any
 
 import torch
 
-from hvdlite.common.exceptions import NotSupportedError
+from hvdlite.common.exceptions import NotSupportedError, ShardsLostError
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.topology import rank
+from hvdlite.elastic import worker
 from hvdlite.elastic.state import ObjectState
 from hvdlite.torch.diloco import DiLoCo
 from hvdlite.torch.elastic.sampler import ElasticSampler
@@ -65,10 +67,32 @@ _HANDLERS = [
 
 
 def _handler_for(value):
+    make = getattr(value, "elastic_handler", None)  # a ZeroOptimizer: sharded state
+    if callable(make) and isinstance(value, torch.optim.Optimizer):
+        return make()
     for kind, handler in _HANDLERS:
         if isinstance(value, kind):
             return handler(value)
     return None
+
+
+def _generation_workers():
+    """The elastic workers of this process's generation (ids), or None outside an elastic job."""
+    ctx = worker.context()
+    return None if ctx is None else set(ctx.current()["workers"])
+
+
+def _check_no_new_workers(state):
+    """ZeRO shards are rebuilt by the survivors only: a worker that joined in the new generation
+    would be constructing its optimizer (collectives the survivors never run). Raised before
+    any collective, naming the workers."""
+    old, new = state._workers, _generation_workers()
+    if old is not None and new is not None and new - old:
+        raise NotSupportedError(
+            "hvd.elastic.TorchState with a ZeroOptimizer: worker(s) %s joined the job; ZeRO jobs can "
+            "lose workers but not gain them (launch with --max-np equal to -np)"
+            % ", ".join(sorted(new - old))
+        )
 
 
 class TorchState(ObjectState):
@@ -79,26 +103,59 @@ class TorchState(ObjectState):
     0); everything else is an ordinary picklable object. Several models or optimizers may be
     passed as keywords."""
 
-    _handlers: dict[str, _Handler]
+    _handlers: dict[str, Any]
+    _history: dict[int, tuple[dict[str, Any], dict[str, Any]]]
+    _workers: set[str] | None  # with ZeRO: the elastic workers of the last commit's generation
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         kwargs.update(model=model, optimizer=optimizer)
         handlers, plain = {}, {}
+        zero_models: dict[int, Any] = {}
+        for value in kwargs.values():  # ZeroOptimizers first: their models are kept apart
+            if callable(getattr(value, "elastic_handler", None)) and isinstance(value, torch.optim.Optimizer):
+                zero_models[id(getattr(value, "model", None))] = value
         for key, value in kwargs.items():
-            handler = _handler_for(value)
+            if id(value) in zero_models and isinstance(value, torch.nn.Module):
+                handler = zero_models[id(value)].elastic_model_handler()
+            else:
+                handler = _handler_for(value)
             if handler is None:
                 plain[key] = value
             else:
                 handlers[key] = handler
         object.__setattr__(self, "_handlers", handlers)
+        object.__setattr__(self, "_history", {})  # ZeRO commit version -> the local saves
         for key, handler in handlers.items():
             object.__setattr__(self, key, handler.value)
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **plain)
+        zero = self._zero_handlers()
+        if zero:
+            self._record(zero[0].copies.version)
+        object.__setattr__(self, "_workers", _generation_workers() if zero else None)
+
+    def _zero_handlers(self):
+        return [h for h in self._handlers.values() if hasattr(h, "rebuild")]
+
+    def _record(self, version):
+        """With ZeRO: remembers this commit's local saves under its version (the last two), so
+        that a rebuild that falls back to an earlier commit restores the matching ones. Recorded
+        before the buddy exchange: a rank whose exchange fails still has them."""
+        local = {k: h._saved for k, h in self._handlers.items() if not hasattr(h, "rebuild")}
+        self._history[version] = (local, self._saved_state)
+        for old in [v for v in self._history if v < version - 1]:
+            del self._history[old]
 
     def save(self):
+        """Local copies first (they cannot fail), then the ZeRO handlers' buddy exchanges."""
+        zero = self._zero_handlers()
         for handler in self._handlers.values():
-            handler.save()
+            if handler not in zero:
+                handler.save()
         super().save()
+        if zero:
+            self._record(zero[0].next_version)
+        for handler in zero:
+            handler.save()
 
     def restore(self):
         for handler in self._handlers.values():
@@ -111,9 +168,35 @@ class TorchState(ObjectState):
         super().sync()
 
     def reset(self):
+        zero = self._zero_handlers()
+        if zero:
+            self._rebuild(zero)  # also when only hosts changed: shards of lost ranks are rebuilt
         for handler in self._handlers.values():
             if isinstance(handler.value, ElasticSampler):
                 handler.value.reset()  # re-partition over the new ranks
+
+    def _rebuild(self, zero):
+        """After re-form: every ZeroOptimizer rebuilds the newest commit all its shards survived
+        in; the other handlers and the plain attributes go back to that same commit; then the new
+        world commits (buddy copies placed anew). Collective."""
+        _check_no_new_workers(self)
+        plans = [h.recover_plan() for h in zero]
+        version = min(p.version for p in plans)  # a commit cut short between two optimizers
+        if version not in self._history:
+            raise ShardsLostError(
+                "hvd.elastic.TorchState: commit %d is no longer kept; restart from the last disk "
+                "checkpoint (hvd.load_checkpoint)" % version
+            )
+        for handler, plan in zip(zero, plans):
+            handler.rebuild(plan if plan.version == version else plan.at(version))
+        local, plain = self._history[version]
+        for key, saved in local.items():
+            self._handlers[key]._saved = saved
+            self._handlers[key].restore()
+        self._saved_state = plain
+        self._set_attrs()
+        self.save()
+        object.__setattr__(self, "_workers", _generation_workers())
 
     def __setattr__(self, name, value):
         handlers = self.__dict__.get("_handlers", {})

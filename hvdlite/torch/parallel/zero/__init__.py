@@ -1,8 +1,8 @@
 """ZeRO stages 1-3 (``hvd.ZeroOptimizer``) and its resharding checkpoints: the flat-buffer
 layout and sharding groups (shard.py), the optimizer (optimizer.py), stage 3's parameter
-gathering (stage3.py), checkpoints that load at any world size (checkpoint.py) and their conversion to and from
-torch.distributed.checkpoint (dcp.py). docs/zero.md is
-the user page."""
+gathering (stage3.py), checkpoints that load at any world size (checkpoint.py) and their
+conversion to and from torch.distributed.checkpoint (dcp.py), elastic training's buddy copies and
+resharding after a re-form (elastic.py). docs/zero.md is the user page."""
 
 from hvdlite.torch.parallel.zero.checkpoint import (
     consolidate_checkpoint,

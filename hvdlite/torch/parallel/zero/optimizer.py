@@ -460,6 +460,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
             "ZeroOptimizer holds shards: load with hvd.load_checkpoint(path, model, opt) instead"
         )
 
+    def elastic_handler(self):
+        """hvd.elastic.TorchState's handler of this optimizer (buddy copies of the shards)."""
+        from hvdlite.torch.parallel.zero.elastic import ZeroHandler
+
+        return ZeroHandler(self)
+
+    def elastic_model_handler(self):
+        from hvdlite.torch.parallel.zero.elastic import RestModelHandler
+
+        return RestModelHandler(self.model, self)
+
     def schedule_from_root(self, traces):
         """Rank 0 of the process set's `traces` (stage 3 gather order), on every rank."""
         return broadcast_object(
