@@ -1,12 +1,14 @@
-"""Elastic ZeRO training (stages 1, 2 and 3 side by side, one TorchState) run by
-tests/test_elastic_zero.py under `hvdliterun --min-np ...`. Every step trains three copies of one
-small MLP, each with its own ZeroOptimizer(AdamW, stage=1|2|3), on the same global batch of
+"""Elastic ZeRO training (stages 1, 2 and 3 side by side with plain data parallelism, one
+TorchState) run by tests/test_elastic_zero.py under `hvdliterun --min-np ...`. Every step trains
+four copies of one small MLP, three each with its own ZeroOptimizer(AdamW, stage=1|2|3) and one
+with hvd.DistributedOptimizer(AdamW) (every rank holds the whole state), on the same global batch of
 GLOBAL rows (rank r of n takes rows [r*GLOBAL/n, (r+1)*GLOBAL/n)), and commits.
 
 ELASTIC_KILL="worker_id:step": that worker SIGKILLs itself in that step, after backward (its
 gradients' reduce-scatters submitted). ELASTIC_CKPT: a directory rank 0.. saves a ZeRO checkpoint
 of the stage-3 model into after the last step. Rank 0 prints "DONE <json>": the committed
-(step, size, time) log, every model's full_state_dict, and per rank and stage the optimizer state
+(step, size, time) log, every ZeRO model's full_state_dict, the plain model's state_dict
+("plain"), and per rank and stage the optimizer state
 elements it holds against the model's parameter count.
 """
 
@@ -52,7 +54,11 @@ if __name__ == "__main__":
     named = {}
     for s, n, o in zip(STAGES, nets, opts):
         named["model%d" % s], named["opt%d" % s] = n, o
-    state = hvd.elastic.TorchState(step=0, log=[], **named)
+    plain = model()
+    plain_opt = hvd.DistributedOptimizer(
+        optimizer(plain.parameters()), named_parameters=plain.named_parameters()
+    )
+    state = hvd.elastic.TorchState(step=0, log=[], model0=plain, opt0=plain_opt, **named)
 
     @hvd.elastic.run
     def train(state):
@@ -60,12 +66,12 @@ if __name__ == "__main__":
             x, y = batch(state.step)
             n, r = hvd.size(), hvd.rank()
             rows = slice(r * GLOBAL // n, (r + 1) * GLOBAL // n)
-            for net, opt in zip(nets, opts):
+            for net, opt in zip([*nets, plain], [*opts, plain_opt]):
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(net(x[rows]), y[rows]).backward()
             if KILL.get(ME) == str(state.step):
                 os.kill(os.getpid(), signal.SIGKILL)
-            for opt in opts:
+            for opt in [*opts, plain_opt]:
                 opt.step()
             state.log.append((state.step, n, time.time()))
             state.step += 1
@@ -73,13 +79,17 @@ if __name__ == "__main__":
 
     train(state)
     full = [{k: v.tolist() for k, v in hvd.full_state_dict(net).items()} for net in nets]
+    plain_full = {k: v.tolist() for k, v in plain.state_dict().items()}
     sizes = hvd.allgather_object([state_elements(z) for z in opts])
     if os.environ.get("ELASTIC_CKPT"):
         hvd.save_checkpoint(os.environ["ELASTIC_CKPT"], nets[-1], opts[-1])
     if hvd.rank() == 0:
         params = sum(p.numel() for p in nets[0].parameters())
         print(
-            "DONE " + json.dumps({"log": state.log, "full": full, "sizes": sizes, "params": params}),
+            "DONE "
+            + json.dumps(
+                {"log": state.log, "full": full, "plain": plain_full, "sizes": sizes, "params": params}
+            ),
             flush=True,
         )
     hvd.shutdown()

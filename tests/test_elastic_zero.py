@@ -78,7 +78,8 @@ def _reference(train, steps):
     return {k: v.detach().numpy() for k, v in net.state_dict().items()}
 
 
-# ~10 s: one job, three ZeroOptimizers (stages 1, 2, 3) in one TorchState, commit every step.
+# ~10 s: one job, three ZeroOptimizers (stages 1, 2, 3) and a plain DistributedOptimizer in one
+# TorchState, commit every step.
 @pytest.mark.slow
 def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path):
     pytest.importorskip("torch")
@@ -113,6 +114,10 @@ def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path):
             err = _max_rel(full[key], value)
             print("stage %d %s: max relative difference %.2e" % (stage, key, err))
             assert err <= 2e-4, (stage, key, err)
+    for key, value in want.items():  # plain data parallelism, in the same job
+        err = _max_rel(done["plain"][key], value)
+        print("plain DP %s: max relative difference %.2e" % (key, err))
+        assert err <= 2e-4, ("plain", key, err)
     # each survivor holds half of the optimizer state (AdamW: 2 elementwise tensors, padded shards)
     for per_rank in done["sizes"]:
         for elements in per_rank:
