@@ -17,6 +17,7 @@ rank waits for, and the group stays usable.
 """
 
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -119,6 +120,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         self._in_flight_lock = threading.Lock()
         self._name_prefix = "c10d.%d." % self._set_id
         self._group_label = group_name
+        self._closed = False  # set by shutdown(): later calls raise instead of reaching a freed id
 
     # ---- identity ----
 
@@ -132,9 +134,38 @@ class HvdliteProcessGroup(dist.ProcessGroup):
     def __repr__(self):
         return "HvdliteProcessGroup(set %d, ranks %s)" % (self._set_id, self._members)
 
+    # ---- lifetime ----
+
+    def shutdown(self):
+        """torch's destroy_process_group(group) calls this on the group; destroying the world
+        calls it on every group of this rank, in the order of their names (the same on every
+        rank). A subgroup's process set is removed here among its members only: removal is
+        collective over the members, and this is a point every member reaches in the same order
+        relative to its other calls (a finalizer would run at an unordered time, on any thread).
+        Waits first for this group's calls in flight (each bounded by the group's timeout).
+        Blocks until every member has destroyed the group; one that never does fails the others
+        after HVDLITE_STALL_SHUTDOWN_TIME_SECONDS with a TimeoutError naming the set and the
+        missing ranks. The global set (the default group) stays: hvd.* calls share it, and a
+        later init_process_group("hvdlite") in this process joins the same runtime. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + self._timeout_s
+        with self._in_flight_lock:
+            pending = list(self._in_flight.values())
+        for work in pending:
+            work._complete(deadline)
+        if self._set is not global_process_set and basics.is_initialized():
+            process_sets.remove_process_set_among_members(self._set)
+
     # ---- naming ----
 
     def _name(self, kind, signature):
+        if self._closed:
+            raise exceptions.PreconditionError(
+                "%s: %s on a destroyed torch.distributed group (destroy_process_group ran); "
+                "create a new group" % (self, kind)
+            )
         key = (kind, signature)
         n = self._counts.get(key, 0)
         self._counts[key] = n + 1
