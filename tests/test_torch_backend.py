@@ -143,6 +143,10 @@ def test_destroyed_subgroups_leave_no_process_set_and_the_world_can_start_again(
     assert out[0]["fresh"] == out[2]["fresh"] == [0.0, 2.0]
     assert out[1]["kept"] == out[2]["kept"] == 2.0
     assert [o["again"] for o in out] == [(0, 3, 4.0), (1, 3, 4.0), (2, 3, 4.0)]
+    for o in out[1:]:
+        assert o["refused"].startswith("PreconditionError") and "destroyed" in o["refused"], o["refused"]
+    split = "No device associated with the default pg, not safe to split any process groups"
+    assert [o["split"] for o in out] == [split] * 3
 
 
 def test_a_member_that_never_destroys_the_group_fails_the_others_naming_it():

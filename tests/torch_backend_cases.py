@@ -394,6 +394,12 @@ def group_lifetime(rounds):
                 out["sums"] &= x.item() == 3.0 + 2 * i
                 out["ids"].add(g._set_id)
                 dist.destroy_process_group(g)
+                if i == 0:
+                    try:
+                        g.allreduce([torch.ones(1)], dist.AllreduceOptions())
+                        out["refused"] = None
+                    except Exception as e:
+                        out["refused"] = "%s: %s" % (type(e).__name__, e)
             out["peak"] = max(out["peak"], len(process_sets.core_set_ids()))
         x = torch.tensor([float(r)])
         dist.all_reduce(x)
@@ -408,6 +414,11 @@ def group_lifetime(rounds):
             z = torch.tensor([1.0])
             dist.all_reduce(z, group=kept)
             out["kept"] = z.item()
+        try:
+            dist.split_group(split_ranks=[[0, 1]])
+            out["split"] = None
+        except RuntimeError as e:  # torch 2.13 needs an accelerator (docs/torch_backend.md)
+            out["split"] = str(e)
     finally:
         dist.destroy_process_group()
     out["after_world"] = process_sets.core_set_ids()
