@@ -17,7 +17,6 @@ rank waits for, and the group stays usable.
 """
 
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -142,19 +141,14 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         rank). A subgroup's process set is removed here among its members only: removal is
         collective over the members, and this is a point every member reaches in the same order
         relative to its other calls (a finalizer would run at an unordered time, on any thread).
-        Waits first for this group's calls in flight (each bounded by the group's timeout).
-        Blocks until every member has destroyed the group; one that never does fails the others
+        Calls in flight on the group still complete: every member submitted them before its
+        removal, so the core decides and runs them first. Blocks until every member has destroyed the group; one that never does fails the others
         after HVDLITE_STALL_SHUTDOWN_TIME_SECONDS with a TimeoutError naming the set and the
         missing ranks. The global set (the default group) stays: hvd.* calls share it, and a
         later init_process_group("hvdlite") in this process joins the same runtime. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        deadline = time.monotonic() + self._timeout_s
-        with self._in_flight_lock:
-            pending = list(self._in_flight.values())
-        for work in pending:
-            work._complete(deadline)
         if self._set is not global_process_set and basics.is_initialized():
             process_sets.remove_process_set_among_members(self._set)
 
