@@ -304,13 +304,19 @@ void TestRemoveAmongMembers() {
   rm.process_set = id;
   rm.target_set = id;
   rm.name = "__remove_process_set__.1[1,2]";
+  h.Submit(Allreduce("stray", 1, 4, id));  // rank 2 never submits it
   h.SubmitAll(rm, {1});
   Check(h.Drain().empty() && h.sets.Exists(id), "a removal among members waits for every member");
   h.SubmitAll(rm, {2});
   auto out = h.Drain();
-  Check(out.size() == 3 && out[0].responses.empty() && out[1].responses.size() == 1 &&
-            out[2].responses.size() == 1 && out[1].responses[0].error_code == StatusCode::kOk,
+  Check(out.size() == 3 && out[0].responses.empty() && out[1].responses.size() == 2 &&
+            out[2].responses.size() == 1 && out[2].responses[0].error_code == StatusCode::kOk,
         "the removal reaches its members only");
+  Check(out.size() == 3 && out[1].responses.size() == 2 && out[1].responses[0].names[0] == "stray" &&
+            out[1].responses[0].error_code == StatusCode::kAborted &&
+            out[1].responses[0].error.find("was removed") != std::string::npos &&
+            out[1].responses[1].error_code == StatusCode::kOk,
+        "a tensor of the set not every member submitted fails on its submitters, before the removal");
   Check(!h.sets.Exists(id), "the coordinator's table no longer holds the set");
   Request b = a;
   b.name = "__add_process_set__.0,1";
