@@ -367,15 +367,6 @@ def timeouts():
         dist.destroy_process_group()
 
 
-if __name__ == "__main__":  # under a launcher (tests/test_torch_backend.py runs it with torchrun)
-    import json
-    import sys
-
-    result = collectives_vs_gloo()
-    with open(os.path.join(sys.argv[1], "rank%d.json" % int(os.environ["RANK"])), "w") as f:
-        json.dump(result, f)
-
-
 def group_lifetime(rounds):
     """A subgroup of ranks 1 and 2 created, used and destroyed `rounds` times: its process set is
     removed among its members each time (rank 0 takes no part), so the core's tables stay small;
@@ -457,3 +448,12 @@ def member_never_destroys():
     x = torch.tensor([1.0])
     dist.all_reduce(x)
     return error, x.item()
+
+
+if __name__ == "__main__":  # under a launcher (tests/test_torch_backend.py runs it with torchrun)
+    import json
+    import sys
+
+    result = collectives_vs_gloo()
+    with open(os.path.join(sys.argv[1], "rank%d.json" % int(os.environ["RANK"])), "w") as f:
+        json.dump(result, f)
