@@ -227,7 +227,8 @@ def dead_peer(dying_rank):
     """A rank that exits mid-job: the survivors' pending all_reduce raises, not hangs."""
     import time
 
-    r, _n = start()
+    r, n = start()
+    dist.new_group([i for i in range(n) if i != dying_rank])
     dist.all_reduce(torch.ones(1))
     if r == dying_rank:
         os._exit(3)
@@ -237,6 +238,9 @@ def dead_peer(dying_rank):
         return ("completed", time.monotonic() - t0)
     except RuntimeError as e:
         return (str(e)[:400], time.monotonic() - t0)
+    finally:  # the failed runtime cannot remove the survivors' subgroup: torch's teardown completes
+        dist.destroy_process_group()
+        assert not dist.is_initialized()
 
 
 def frozen_peer(victim, tmp):
