@@ -255,12 +255,38 @@ int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t among_membe
   return RunProcessSetOp(r, id, err, err_len);
 }
 
-int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len) {
+int hvdlite_remove_process_set(int32_t id, int32_t among_members, char* err, size_t err_len) {
   Request r;
   r.type = OpType::kRemoveProcessSet;
   r.name = "__remove_process_set__";
   r.target_set = id;
+  if (among_members) {
+    // Negotiated on the set itself, so only its members take part (as the set's collectives do);
+    // the name carries the members, so a stall error names the set and who it waits for.
+    auto rt = Current();
+    if (!rt) return Report(NotInitialized(), err, err_len);
+    const std::vector<int> members = rt->process_sets().Ranks(id);
+    if (id == 0 || members.empty()) {
+      return Report(
+          Status::InvalidArgument("remove_process_set among members: process set " + std::to_string(id) +
+                                  (id == 0 ? " is the global set, which is never removed"
+                                           : " does not exist (removed already?)")),
+          err, err_len);
+    }
+    r.process_set = id;
+    r.name += "." + std::to_string(id) + "[";
+    for (size_t i = 0; i < members.size(); ++i) r.name += (i ? "," : "") + std::to_string(members[i]);
+    r.name += "]";
+  }
   return RunProcessSetOp(r, nullptr, err, err_len);
+}
+
+int hvdlite_process_set_ids(int32_t* ids, int32_t cap) {
+  auto rt = Current();
+  if (!rt) return -1;
+  const std::vector<int32_t> all = rt->process_sets().Ids();
+  for (int32_t i = 0; i < cap && i < static_cast<int32_t>(all.size()); ++i) ids[i] = all[i];
+  return static_cast<int>(all.size());
 }
 
 int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap) {

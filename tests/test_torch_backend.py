@@ -126,3 +126,34 @@ def test_every_collective_equals_gloo_under_torchrun(tmp_path):
         with open(tmp_path / ("rank%d.json" % rank)) as f:
             results.append(json.load(f))
     _check_all_true(results)
+
+
+def test_destroyed_subgroups_leave_no_process_set_and_the_world_can_start_again():
+    """50 times a 2-rank subgroup (ranks 1, 2; rank 0 takes no part) is created, used and
+    destroyed: its process set is removed among its members, so the core's table and the ids
+    in use stay bounded (a removed id is reused)."""
+    out = run_pooled(cases.group_lifetime, 3, args=(50,), timeout=120)
+    for rank, o in enumerate(out):
+        assert o["sums"] is True, rank
+        assert o["peak"] <= 2, (rank, o["peak"])  # the global set and at most the one subgroup
+        assert o["world"] == 3.0
+        assert o["after_world"] == [0] and o["registry"] == [0], (rank, o)
+        assert o["after_again"] == [0], (rank, o)
+    assert out[1]["ids"] == out[2]["ids"] and len(out[1]["ids"]) == 1, out[1]["ids"]
+    assert out[0]["fresh"] == out[2]["fresh"] == [0.0, 2.0]
+    assert out[1]["kept"] == out[2]["kept"] == 2.0
+    assert [o["again"] for o in out] == [(0, 3, 4.0), (1, 3, 4.0), (2, 3, 4.0)]
+    for o in out[1:]:
+        assert o["refused"].startswith("PreconditionError") and "destroyed" in o["refused"], o["refused"]
+    split = "No device associated with the default pg, not safe to split any process groups"
+    assert [o["split"] for o in out] == [split] * 3
+
+
+def test_a_member_that_never_destroys_the_group_fails_the_others_naming_it():
+    env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "0.5", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "1"}
+    out = run_ranks(cases.member_never_destroys, 3, env=env, timeout=90)
+    error = out[1][0]
+    assert error is not None and error.startswith("HvdliteTimeoutError"), error
+    assert "[1,2]" in error and "ranks 2 never submitted" in error, error
+    assert out[0][0] is None and out[2][0] is None
+    assert [o[1] for o in out] == [3.0, 3.0, 3.0]

@@ -227,7 +227,8 @@ def dead_peer(dying_rank):
     """A rank that exits mid-job: the survivors' pending all_reduce raises, not hangs."""
     import time
 
-    r, _n = start()
+    r, n = start()
+    dist.new_group([i for i in range(n) if i != dying_rank])
     dist.all_reduce(torch.ones(1))
     if r == dying_rank:
         os._exit(3)
@@ -237,6 +238,9 @@ def dead_peer(dying_rank):
         return ("completed", time.monotonic() - t0)
     except RuntimeError as e:
         return (str(e)[:400], time.monotonic() - t0)
+    finally:  # the failed runtime cannot remove the survivors' subgroup: torch's teardown completes
+        dist.destroy_process_group()
+        assert not dist.is_initialized()
 
 
 def frozen_peer(victim, tmp):
@@ -365,6 +369,89 @@ def timeouts():
         return out
     finally:
         dist.destroy_process_group()
+
+
+def group_lifetime(rounds):
+    """A subgroup of ranks 1 and 2 created, used and destroyed `rounds` times: its process set is
+    removed among its members each time (rank 0 takes no part), so the core's tables stay small;
+    collectives on the world and on fresh subgroups work after; destroying the world removes the
+    subgroups' sets, and init_process_group("hvdlite") again in this process works."""
+    from hvdlite.common import process_sets
+
+    r, _n = start()
+    out = {"sums": True, "ids": set(), "peak": 0}
+    try:
+        for i in range(rounds):
+            g = dist.new_group([1, 2])
+            if r in (1, 2):
+                x = torch.tensor([float(r + i)])
+                dist.all_reduce(x, group=g)
+                out["sums"] &= x.item() == 3.0 + 2 * i
+                out["ids"].add(g._set_id)
+                dist.destroy_process_group(g)
+                if i == 0:
+                    try:
+                        g.allreduce([torch.ones(1)], dist.AllreduceOptions())
+                        out["refused"] = None
+                    except Exception as e:
+                        out["refused"] = "%s: %s" % (type(e).__name__, e)
+            out["peak"] = max(out["peak"], len(process_sets.core_set_ids()))
+        x = torch.tensor([float(r)])
+        dist.all_reduce(x)
+        out["world"] = x.item()
+        fresh = dist.new_group([0, 2])
+        if r in (0, 2):
+            y = torch.zeros(2)
+            dist.all_gather_into_tensor(y, torch.tensor([float(r)]), group=fresh)
+            out["fresh"] = y.tolist()
+        kept = dist.new_group([1, 2])  # left to the world's destruction
+        if r in (1, 2):
+            z = torch.tensor([1.0])
+            dist.all_reduce(z, group=kept)
+            out["kept"] = z.item()
+        try:
+            dist.split_group(split_ranks=[[0, 1]])
+            out["split"] = None
+        except RuntimeError as e:  # torch 2.13 needs an accelerator (docs/torch_backend.md)
+            out["split"] = str(e)
+    finally:
+        dist.destroy_process_group()
+    out["after_world"] = process_sets.core_set_ids()
+    out["registry"] = sorted(process_sets.ids_and_ranks())
+    r2, n2 = start()  # again, in the same process: joins the same hvdlite runtime
+    try:
+        g = dist.new_group([0, 1])
+        w = torch.tensor([float(r2)])
+        if r2 < 2:
+            dist.all_reduce(w, group=g)  # 0 + 1 on ranks 0 and 1
+        dist.all_reduce(w)
+        out["again"] = (r2, n2, w.item())
+    finally:
+        dist.destroy_process_group()
+    out["after_again"] = process_sets.core_set_ids()
+    out["ids"] = sorted(out["ids"])
+    return out
+
+
+def member_never_destroys():
+    """Rank 1 destroys its subgroup with rank 2, which never does: rank 1's destroy fails after
+    the stall bound, naming the set and rank 2; then every rank's world collectives still work.
+    (Run in fresh processes: the half-destroyed subgroup stays on rank 2.)"""
+    r, _n = start()
+    store = dist.distributed_c10d._get_default_store()
+    g = dist.new_group([1, 2])
+    error = None
+    if r == 1:
+        try:
+            dist.destroy_process_group(g)
+        except Exception as e:  # the error the user sees
+            error = "%s: %s" % (type(e).__name__, e)
+        store.set("rank1_done", "1")
+    else:
+        store.wait(["rank1_done"])  # (not an hvdlite collective: nothing else stalls meanwhile)
+    x = torch.tensor([1.0])
+    dist.all_reduce(x)
+    return error, x.item()
 
 
 if __name__ == "__main__":  # under a launcher (tests/test_torch_backend.py runs it with torchrun)

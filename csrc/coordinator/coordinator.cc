@@ -328,6 +328,7 @@ void Coordinator::Decide(const Key& key, Pending& p) {
     sets_->Add(id, members);
     d.response.new_set_id = id;
   } else if (r0.type == OpType::kRemoveProcessSet) {
+    FailPendingOf(r0.target_set, sets_->Ranks(r0.target_set), key.first == r0.target_set ? key.second : "");
     if (r0.target_set != 0 && sets_->Exists(r0.target_set)) free_set_ids_.push_back(r0.target_set);
     sets_->Remove(r0.target_set);
   }
@@ -342,6 +343,28 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   }
   d.response.cache_ids.push_back(id);
   Push(std::move(d));
+}
+
+void Coordinator::FailPendingOf(int32_t set, const std::vector<int>& ranks, const std::string& keep) {
+  for (auto it = pending_.lower_bound(Key{set, std::string()});
+       it != pending_.end() && it->first.first == set;) {
+    if (it->first.second == keep) {
+      ++it;  // the removal itself: its caller erases it
+      continue;
+    }
+    std::vector<int> submitted;
+    for (size_t i = 0; i < ranks.size() && i < it->second.have.size(); ++i) {
+      if (it->second.have[i]) submitted.push_back(ranks[i]);
+    }
+    const Request& any = it->second.first;
+    if (timeline_) timeline_->End(any.name, NegotiatePhase(any.type));
+    DecideError(
+        any, submitted,
+        Status::Aborted(std::string(OpTypeName(any.type)) + " of tensor '" + any.name + "': process set " +
+                        std::to_string(set) + " was removed before every member submitted it (ranks " +
+                        JoinRanks(submitted) + " did)."));
+    it = pending_.erase(it);
+  }
 }
 
 int32_t Coordinator::StageAmongMembers(const Request& r) {

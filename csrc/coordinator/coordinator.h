@@ -124,6 +124,10 @@ class Coordinator {
   void Push(Decided d);  // stamps it with now_() and queues it
   void Decide(const Key& key, Pending& p);
   void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
+  // The set `set` (members `ranks`) is being removed: its undecided tensors other than `keep` can
+  // never complete, so they fail on the members that submitted them (before the id goes to
+  // another set, whose tensors of the same name they would otherwise be taken for).
+  void FailPendingOf(int32_t set, const std::vector<int>& ranks, const std::string& keep);
   void OnShutdown(int rank);
   void OnJoin(int rank);
   // Every member has submitted the tensor or has joined.

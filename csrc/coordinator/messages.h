@@ -21,7 +21,8 @@ enum class OpType : int32_t {
   kBarrier = 5,
   kAddProcessSet = 6,     // negotiated on the global set, or among its members (kAmongMembers);
                           // Request::set_members lists members
-  kRemoveProcessSet = 7,  // negotiated on the global set; Request::target_set is the set id
+  kRemoveProcessSet = 7,  // negotiated on the global set, or on the set itself (among its members
+                          // only: process_set == target_set); Request::target_set is the set id
   kShutdown = 8,          // internal: this rank is leaving
   kJoin = 9,              // this rank has no more data; it joins others' collectives with identity values
   // Only in a deadlock's error response to a rank blocked in a point-to-point

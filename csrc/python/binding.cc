@@ -117,14 +117,27 @@ py::tuple AddProcessSet(const std::vector<int32_t>& ranks, bool among_members) {
   return py::make_tuple(code, std::string(code ? err : ""), id);
 }
 
-py::tuple RemoveProcessSet(int32_t id) {
+py::tuple RemoveProcessSet(int32_t id, bool among_members) {
   char err[kErrLen] = {0};
   int code;
   {
     py::gil_scoped_release nogil;
-    code = hvdlite_remove_process_set(id, err, kErrLen);
+    code = hvdlite_remove_process_set(id, among_members ? 1 : 0, err, kErrLen);
   }
   return Result(code, err);
+}
+
+// None before init (or after shutdown).
+py::object ProcessSetIds() {
+  std::vector<int32_t> ids(256);
+  int n = hvdlite_process_set_ids(ids.data(), static_cast<int32_t>(ids.size()));
+  while (n > static_cast<int>(ids.size())) {
+    ids.resize(static_cast<size_t>(n));
+    n = hvdlite_process_set_ids(ids.data(), static_cast<int32_t>(ids.size()));
+  }
+  if (n < 0) return py::none();
+  ids.resize(static_cast<size_t>(n));
+  return py::cast(ids);
 }
 
 // Any number of ranks: asks again with a buffer of the reported size when the
@@ -195,7 +208,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("release", &hvdlite_release);
   m.def("p2p", &P2p);
   m.def("add_process_set", &AddProcessSet, py::arg("ranks"), py::arg("among_members") = false);
-  m.def("remove_process_set", &RemoveProcessSet);
+  m.def("remove_process_set", &RemoveProcessSet, py::arg("id"), py::arg("among_members") = false);
+  m.def("process_set_ids", &ProcessSetIds);
   m.def("process_set_ranks", &ProcessSetRanks);
   m.def("build_info", &BuildInfo);
   m.def("mpi_enabled", [] { return hvdlite_mpi_enabled() != 0; });

@@ -458,7 +458,10 @@ Status Executor::RunProcessSetOp(const Response& r, TensorEntry& e, HandleResult
     const int32_t id = e.request.target_set;
     backend_->RemoveProcessSet(id);
     if (GpuBackend* gpu = gpu_.load()) gpu->RemoveProcessSet(id);
-    sets_->Remove(id);
+    // Rank 0's table is the coordinator's, which removed the set when it decided this and may
+    // since have staged a new set under the freed id (a registration among other members):
+    // removing again here would drop that one.
+    if (rank_ != 0) sets_->Remove(id);
     sequence_.erase(id);
   }
   return Status::OK();

@@ -216,6 +216,37 @@ def add_process_set_among_members(ranks):
     return ps
 
 
+def remove_process_set_among_members(process_set):
+    """Unregisters a set registered by add_process_set_among_members, calling on its members only
+    (the other ranks take no part, as for the add). Every member must call it, after its last
+    operation on the set and in the same order relative to its other removals and collectives
+    (torch's destroy_process_group gives that order). Blocks until every member has called it; a
+    member that never does fails the others' call after HVDLITE_STALL_SHUTDOWN_TIME_SECONDS with
+    a TimeoutError naming the set, its members and the missing ranks. Returns True if it was
+    registered (False: already removed, or the global set)."""
+    set_id = process_set.process_set_id
+    if set_id in (None, 0):
+        return False
+    if rank() not in process_set.ranks:
+        raise exceptions.InvalidArgumentError(
+            "remove_process_set_among_members(%s): rank %d is not a member; only members call it"
+            % (process_set.ranks, rank())
+        )
+    code, message = _core.remove_process_set(set_id, True)
+    exceptions.raise_for_status(code, message)
+    _registry.pop(set_id, None)
+    _addon_ids.discard(set_id)
+    process_set.process_set_id = None
+    return True
+
+
+def core_set_ids():
+    """Ids of the sets in the core's table on this rank, 0 included (rank 0's table also holds
+    the sets it coordinates for other ranks); None before init. For checking that removed sets
+    are gone."""
+    return _core.process_set_ids()
+
+
 def _registered_as(ranks):
     """Ids of the registered sets with exactly `ranks` (the global set included), leaving out the
     add-ons' own sets (_addon_ids)."""

@@ -17,6 +17,7 @@ rank waits for, and the group stays usable.
 """
 
 import threading
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -119,6 +120,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         self._in_flight_lock = threading.Lock()
         self._name_prefix = "c10d.%d." % self._set_id
         self._group_label = group_name
+        self._closed = False  # set by shutdown(): later calls raise instead of reaching a freed id
 
     # ---- identity ----
 
@@ -132,9 +134,42 @@ class HvdliteProcessGroup(dist.ProcessGroup):
     def __repr__(self):
         return "HvdliteProcessGroup(set %d, ranks %s)" % (self._set_id, self._members)
 
+    # ---- lifetime ----
+
+    def shutdown(self):
+        """torch's destroy_process_group(group) calls this on the group; destroying the world
+        calls it on every group of this rank, in the order of their names (the same on every
+        rank). A subgroup's process set is removed here among its members only: removal is
+        collective over the members, and this is a point every member reaches in the same order
+        relative to its other calls (a finalizer would run at an unordered time, on any thread).
+        Calls in flight on the group still complete: every member submitted them before its
+        removal, so the core decides and runs them first. Blocks until every member has destroyed the group; one that never does fails the others
+        after HVDLITE_STALL_SHUTDOWN_TIME_SECONDS with a TimeoutError naming the set and the
+        missing ranks (a runtime that has failed, e.g. after a peer died, only warns, so that
+        torch's teardown completes). The global set (the default group) stays: hvd.* calls share it, and a
+        later init_process_group("hvdlite") in this process joins the same runtime. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._set is global_process_set or not basics.is_initialized():
+            return
+        try:
+            process_sets.remove_process_set_among_members(self._set)
+        except exceptions.HvdliteError as e:
+            if isinstance(e, ValueError) or "stalled for" in str(e):
+                raise  # a misuse, or a member that never destroyed the group: the user's to fix
+            # The runtime has failed (a peer died): it runs no collective any more, so the set
+            # goes with it; raising would stop torch's teardown of the world half way.
+            warnings.warn("%s: its process set was not removed: %s" % (self, e), stacklevel=2)
+
     # ---- naming ----
 
     def _name(self, kind, signature):
+        if self._closed:
+            raise exceptions.PreconditionError(
+                "%s: %s on a destroyed torch.distributed group (destroy_process_group ran); "
+                "create a new group" % (self, kind)
+            )
         key = (kind, signature)
         n = self._counts.get(key, 0)
         self._counts[key] = n + 1

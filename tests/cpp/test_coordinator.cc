@@ -285,6 +285,55 @@ void TestAddAmongMembers() {
         "the coordinator's table holds both sets");
 }
 
+// The removal of such a set, negotiated on the set itself (process_set == target_set): it waits
+// for the set's members only, reaches only them, frees the id for the next registration, and a
+// non-member's submission is refused naming the members.
+void TestRemoveAmongMembers() {
+  Harness h(3);
+  Request a;
+  a.type = OpType::kAddProcessSet;
+  a.process_set = kAmongMembers;
+  a.name = "__add_process_set__.1,2";
+  a.set_members = {1, 2};
+  h.SubmitAll(a, {1, 2});
+  h.Drain();
+  const int32_t id = 1;
+  Check(h.sets.Ranks(id) == std::vector<int>({1, 2}), "registered among members");
+  Request rm;
+  rm.type = OpType::kRemoveProcessSet;
+  rm.process_set = id;
+  rm.target_set = id;
+  rm.name = "__remove_process_set__.1[1,2]";
+  h.Submit(Allreduce("stray", 1, 4, id));  // rank 2 never submits it
+  h.SubmitAll(rm, {1});
+  Check(h.Drain().empty() && h.sets.Exists(id), "a removal among members waits for every member");
+  h.SubmitAll(rm, {2});
+  auto out = h.Drain();
+  Check(out.size() == 3 && out[0].responses.empty() && out[1].responses.size() == 2 &&
+            out[2].responses.size() == 1 && out[2].responses[0].error_code == StatusCode::kOk,
+        "the removal reaches its members only");
+  Check(out.size() == 3 && out[1].responses.size() == 2 && out[1].responses[0].names[0] == "stray" &&
+            out[1].responses[0].error_code == StatusCode::kAborted &&
+            out[1].responses[0].error.find("was removed") != std::string::npos &&
+            out[1].responses[1].error_code == StatusCode::kOk,
+        "a tensor of the set not every member submitted fails on its submitters, before the removal");
+  Check(!h.sets.Exists(id), "the coordinator's table no longer holds the set");
+  Request b = a;
+  b.name = "__add_process_set__.0,1";
+  b.set_members = {0, 1};
+  h.SubmitAll(b, {0, 1});
+  out = h.Drain();
+  Check(out.size() == 3 && out[0].responses.size() == 1 && out[0].responses[0].new_set_id == id,
+        "the freed id goes to the next registration");
+  rm.name = "__remove_process_set__.1[0,1]";
+  h.SubmitAll(rm, {2});
+  out = h.Drain();
+  Check(out.size() == 3 && out[2].responses.size() == 1 &&
+            out[2].responses[0].error_code == StatusCode::kInvalidArgument &&
+            out[2].responses[0].error.find("not a member") != std::string::npos && h.sets.Exists(id),
+        "a non-member's removal is refused and the set stays");
+}
+
 }  // namespace
 
 int main() {
@@ -297,5 +346,6 @@ int main() {
   TestStallDetection();
   TestProcessSetFieldsAndWire();
   TestAddAmongMembers();
+  TestRemoveAmongMembers();
   return Report();
 }

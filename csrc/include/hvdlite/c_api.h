@@ -104,7 +104,15 @@ void hvdlite_free_output(void* p);
  * over the whole job (Horovod's add_process_set); 1: only the members call it (a torch subgroup). */
 int hvdlite_add_process_set(const int32_t* ranks, int32_t n, int32_t among_members, int32_t* id, char* err,
                             size_t err_len);
-int hvdlite_remove_process_set(int32_t id, char* err, size_t err_len);
+/* Unregisters process set `id`. among_members = 0: collective over the whole job (Horovod's
+ * remove_process_set); 1: only the set's members call it (a destroyed torch subgroup), in the same
+ * order as their other calls on the set. Blocks until every member has called it; a member that
+ * never does fails the others' call after HVDLITE_STALL_SHUTDOWN_TIME_SECONDS with a Timeout naming
+ * the set, its members and the ranks missing. */
+int hvdlite_remove_process_set(int32_t id, int32_t among_members, char* err, size_t err_len);
+/* Writes up to cap ids of the registered process sets (ascending, 0 included) as this rank's
+ * table holds them (rank 0's also holds the sets it coordinates for others); returns the count. */
+int hvdlite_process_set_ids(int32_t* ids, int32_t cap);
 /* Writes up to cap ascending member ranks; returns the member count, or -1 for an unknown set. */
 int hvdlite_process_set_ranks(int32_t id, int32_t* ranks, int32_t cap);
 
