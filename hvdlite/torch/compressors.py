@@ -31,9 +31,11 @@ class _Pending:
             stage, self._advance = self._advance, None
             stage()
 
-    def __call__(self):
+    def __call__(self, *scale):
+        """The reduced gradient; a compressor's inner pending takes the output scale, which
+        it folds into its last small operation instead of a pass over the output."""
         self.advance()
-        return self._finish()
+        return self._finish(*scale)
 
 
 class StatefulCompressor:
@@ -97,7 +99,8 @@ class StatefulCompressor:
         pending = self._start(name, corrected, plan, process_set)
 
         def finish():
-            return pending().mul_(scale).view(tensor.shape).to(tensor.dtype)
+            out = pending(scale)
+            return out.view(tensor.shape).to(tensor.dtype)
 
         return _Pending(finish, pending.advance)
 
@@ -107,11 +110,11 @@ class StatefulCompressor:
 
     def _corrected(self, name, grad):
         """Error feedback: a new float32 tensor, gradient + this rank's residual."""
-        corrected = grad.to(torch.float32, copy=True).contiguous()
         residual = self._state.local_of(name).get("residual")
-        if residual is not None:
-            corrected.add_(residual.to(corrected.device))
-        return corrected
+        if residual is None:
+            return grad.to(torch.float32, copy=True).contiguous()
+        # One pass, into a new tensor (torch.add promotes a half gradient to float32).
+        return torch.add(residual.to(grad.device), grad).contiguous()
 
     def _start(self, name, corrected, plan, process_set):
         raise exceptions.NotSupportedError("%s must define _start()" % type(self).__name__)
@@ -195,15 +198,15 @@ class PowerSGDCompressor(StatefulCompressor):
             mpi_ops.synchronize(p_handle)
             _orthogonalize(p)
             q_local = mat.t() @ p
-            local["residual"] = (mat - p @ q_local.t()).view(corrected.shape)
+            local["residual"] = torch.addmm(mat, p, q_local.t(), alpha=-1.0).view(corrected.shape)
             second["q"] = q_local
             second["handle"] = mpi_ops.allreduce_async_(
                 q_local, name=name + ".powersgd.q", op=dtypes.Sum, process_set=process_set
             )
 
-        def finish():
+        def finish(scale=1.0):
             mpi_ops.synchronize(second["handle"])
             shared["q"] = second["q"]
-            return p @ second["q"].t()
+            return p @ (second["q"] * scale).t()
 
         return _Pending(finish, advance)
