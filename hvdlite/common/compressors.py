@@ -136,6 +136,29 @@ def sign_plan(shape, is_float, itemsize, min_chunk, size, min_numel):
     return Plan("sign", "densified past the allgather crossover", "allreduce", dense, dense)
 
 
+def check_cross_host_only(value):
+    if value not in (None, True, False):
+        raise exceptions.InvalidArgumentError(
+            "cross_host_only must be None, True or False, got %r" % (value,)
+        )
+    return value
+
+
+def two_level_layout(every):
+    """From every rank's (rank, local rank, local size, host index), in rank order:
+    (ranks of each host, the hosts' first ranks) when the job has 2+ hosts each holding the
+    same number (2+) of consecutive ranks in local-rank order, else (None, None)."""
+    local_size = every[0][2]
+    hosts = 1 + max(e[3] for e in every)
+    if hosts < 2 or local_size < 2 or len(every) != hosts * local_size:
+        return None, None
+    for rank, local_rank, size, host in every:
+        if size != local_size or rank != host * local_size + local_rank:
+            return None, None
+    local = [list(range(h * local_size, (h + 1) * local_size)) for h in range(hosts)]
+    return local, [h * local_size for h in range(hosts)]
+
+
 def check_reduction(op, name):
     if op not in (dtypes.Average, dtypes.Sum):
         raise exceptions.NotSupportedError(

@@ -111,8 +111,16 @@ class TopKCompressor(StatefulCompressor):
 
     method = "topk"
 
-    def __init__(self, ratio=0.01, momentum=0.0, min_numel=policy.DEFAULT_MIN_NUMEL, fused=False, seed=0):
-        super().__init__(min_numel)
+    def __init__(
+        self,
+        ratio=0.01,
+        momentum=0.0,
+        min_numel=policy.DEFAULT_MIN_NUMEL,
+        fused=False,
+        seed=0,
+        cross_host_only=None,
+    ):
+        super().__init__(min_numel, cross_host_only)
         self.ratio = policy.check_ratio(ratio)
         self.momentum = policy.check_momentum(momentum)
         self.fused = bool(fused)
@@ -270,8 +278,10 @@ class SignCompressor(StatefulCompressor):
 
     method = "sign"
 
-    def __init__(self, chunk=policy.DEFAULT_SIGN_CHUNK, min_numel=policy.DEFAULT_MIN_NUMEL):
-        super().__init__(min_numel)
+    def __init__(
+        self, chunk=policy.DEFAULT_SIGN_CHUNK, min_numel=policy.DEFAULT_MIN_NUMEL, cross_host_only=None
+    ):
+        super().__init__(min_numel, cross_host_only)
         self.chunk = policy.check_positive_int(chunk, "sign chunk")
 
     def _describe(self):
