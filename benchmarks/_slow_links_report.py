@@ -114,9 +114,8 @@ def plot(docs, path):
     for ax, doc in zip(axes.flat, docs):
         for method, runs in _by_method(doc).items():
             ax.plot(runs[0]["times"], ema(runs[0]["losses"]), label=method, lw=1.2)
-        ax.set_title(
-            "%s, %d hosts, %s" % (doc["model"], doc["hosts"] * doc["per_host"], doc["rate"]), fontsize=9
-        )
+        where = (doc["model"], doc["hosts"], doc["per_host"], doc["rate"])
+        ax.set_title("%s, %d hosts x %d ranks, %s" % where, fontsize=9)
         ax.set_xlabel("wall time (s)")
         ax.set_ylabel("training loss (smoothed)")
         ax.set_yscale("log")

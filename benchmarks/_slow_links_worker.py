@@ -8,7 +8,9 @@ namespace's /proc/net/dev, every interface but lo, transmit side: so ring and co
 both count, and nothing that stayed inside a host), rank 0's loss per step with its time, the
 held-out accuracy and whether the replicas ended bit-identical. Methods:
   none, fp16, bf16, powersgd, topk, sign    hvd.DistributedOptimizer(compression=...)
-  *-xhost                                   the same stateful compressor, cross-host stage only
+  *-xhost, *-flat                           cross_host_only=True / False (default: None, which
+                                            compresses the cross-host stage only where hosts
+                                            run 2+ ranks each)
   diloco                                    hvd.DiLoCo(sync_every=8, outer_lr=0.7, outer_momentum=0.9)
   ddp, ddp-powersgd                         torch DDP on a gloo group, plain or with torch's
                                             PowerSGD hook (rank 4, start 10: the same settings)
@@ -35,7 +37,7 @@ STATELESS = ("none", "fp16", "bf16")
 def compressor(method):
     """The hvdlite compression of a method name (None for DiLoCo and the torch peers)."""
     base, _, variant = method.partition("-")
-    cross = {"cross_host_only": True} if variant == "xhost" else {}
+    cross = {"cross_host_only": {"xhost": True, "flat": False}[variant]} if variant else {}
     if base in STATELESS:
         return getattr(hvd.Compression, base)
     if base == "powersgd":

@@ -34,7 +34,7 @@ from _slow_links_report import plot, table  # noqa: E402
 
 WORKER = os.path.join(HERE, "_slow_links_worker.py")
 METHODS = "none,fp16,bf16,powersgd,topk,sign,diloco,ddp,ddp-powersgd"
-HIERARCHY = "none,powersgd,powersgd-xhost,topk,topk-xhost,sign,sign-xhost"
+HIERARCHY = "none,powersgd-flat,powersgd,topk-flat,topk,sign-flat,sign"
 STEPS = {"mlp": 200, "cnn": 200, "gpt": 200}
 
 
@@ -130,11 +130,11 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, _terminate)  # the simulated hosts are cleaned up on the way out
     if args.quick:
         args.models, args.hosts, args.rates, args.steps = "mlp,gpt", "2", "1gbit", args.steps or 30
-    if os.geteuid() != 0:
-        print("slow_links: needs root (simulated hosts are network namespaces)", file=sys.stderr)
-        return 1
+    if os.geteuid() != 0:  # reported, not failed: the suite runs on machines without root too
+        write_outputs(args.out_dir, "slow_links", "slow_links: not run, simulated hosts need root")
+        return 0
     docs = [run_case(*case, args) for case in cases(args)]
-    stem = "slow_links" + ("_goal" if args.goal else "_hierarchy" if args.hierarchy else "")
+    stem = "slow_links"
     text = table(docs, args.rounds)
     write_outputs(args.out_dir, stem, text, data={"cases": docs}, plot=lambda path: plot(docs, path))
     return 1 if any("error" in d for d in docs) else 0

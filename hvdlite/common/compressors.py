@@ -28,8 +28,11 @@ STATE_KEY = "hvdlite_compression"
 # min_numel= to change it.
 DEFAULT_MIN_NUMEL = 4096
 
-# The scaled sign has one scale per chunk of at least this many elements (whole rows).
-DEFAULT_SIGN_CHUNK = 256
+# The scaled sign has one scale per chunk of at least this many elements (whole rows). 64,
+# not 256: on the MLP of docs/compression.md a scale per row of its 1024 x 64 first layer
+# instead of per 4 rows lifts sign's accuracy from 92.5% to 95.8% (uncompressed: 96.1%)
+# for 3 KB more per step.
+DEFAULT_SIGN_CHUNK = 64
 
 
 class Plan(NamedTuple):
