@@ -45,7 +45,7 @@ def compressor(method):
     if base == "topk":
         return hvd.Compression.topk(ratio=0.01, **cross)
     if base == "sign":
-        return hvd.Compression.sign(**cross)
+        return hvd.Compression.sign(chunk=64, **cross)  # a scale per row: docs/compression.md
     return None
 
 

@@ -12,8 +12,8 @@ from helpers import run_ranks
 
 pytestmark = pytest.mark.slow
 
-# The compressed weights and the rows of one sign chunk (chunk 64: 4 rows of 16, 1 of 64).
-CHUNK_ROWS = {"0.weight": 4, "2.weight": 1}
+# The compressed weights and the rows of one sign chunk (chunk 256: 16 rows of 16, 4 of 64).
+CHUNK_ROWS = {"0.weight": 16, "2.weight": 4}
 
 
 def _hosts_env(hosts):
