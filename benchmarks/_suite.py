@@ -41,6 +41,8 @@ SUITE = {
     "pipeline_bubble": (["--steps", "2"], 60),
     "pipeline_vs_torch": (["--steps", "3"], 90),
     "torch_backend": (["--reps", "8", "--rounds", "3", "--steps", "3", "--idle-wait", "3"], 150),
+    # simulated hosts (needs root; without it the script writes why and exits 0): the MLP goal run
+    "slow_links": (["--goal"], 180),
 }
 DEFAULT_BUDGET_S = 14.5 * 60
 MIN_SLOT_S = 30

@@ -129,6 +129,35 @@ def _torch_backend(data):
             yield ("%s step, 25M MLP" % kind, fmt_time(m), "gloo", fmt_time(p), _ratio(p, m))
 
 
+def _slow_links(data):
+    """Per case: torch DDP (gloo) against uncompressed hvdlite, and torch's PowerSGD hook
+    against Compression.powersgd; training-loop wall times, medians over rounds."""
+    import statistics
+
+    for case in data.get("cases", []):
+        walls = {}
+        for run in case.get("runs", []):
+            walls.setdefault(run["method"], []).append(run["wall_s"])
+        med = {m: statistics.median(w) for m, w in walls.items()}
+        where = "%s, %d hosts, %s" % (
+            case.get("model"),
+            case.get("hosts", 0) * case.get("per_host", 1),
+            case.get("rate"),
+        )
+        for mine, peer, label in (
+            ("none", "ddp", "DDP (gloo)"),
+            ("powersgd", "ddp-powersgd", "DDP PowerSGD hook"),
+        ):
+            if mine in med and peer in med:
+                yield (
+                    "%s train, %s" % (mine, where),
+                    fmt_time(med[mine]),
+                    label,
+                    fmt_time(med[peer]),
+                    _ratio(med[peer], med[mine]),
+                )
+
+
 RATIOS = {
     "collectives": _collectives,
     "fusion": _fusion,
@@ -137,6 +166,7 @@ RATIOS = {
     "zero_gpt": _zero,
     "pipeline_vs_torch": _pipeline,
     "torch_backend": _torch_backend,
+    "slow_links": _slow_links,
 }
 
 

@@ -33,23 +33,29 @@ class BF16Compressor(FP16Compressor):
     _float16 = torch.bfloat16
 
 
-def powersgd(rank=4, start_step=10, min_numel=_policy.DEFAULT_MIN_NUMEL):
+def powersgd(rank=4, start_step=10, min_numel=_policy.DEFAULT_MIN_NUMEL, cross_host_only=None):
     """A new PowerSGD compressor (low rank `rank`, warm start, error feedback); the first
-    `start_step` steps of each gradient go uncompressed."""
-    return PowerSGDCompressor(rank=rank, start_step=start_step, min_numel=min_numel)
+    `start_step` steps of each gradient go uncompressed. cross_host_only (every stateful
+    compressor): None compresses only the cross-host stage where the job spans hosts with
+    2+ ranks each (exact inside a host), True requires that, False compresses every hop."""
+    return PowerSGDCompressor(
+        rank=rank, start_step=start_step, min_numel=min_numel, cross_host_only=cross_host_only
+    )
 
 
-def topk(ratio=0.01, momentum=0.0, min_numel=_policy.DEFAULT_MIN_NUMEL, fused=False):
+def topk(ratio=0.01, momentum=0.0, min_numel=_policy.DEFAULT_MIN_NUMEL, fused=False, cross_host_only=None):
     """A new top-k compressor (the `ratio` largest entries, error feedback; momentum > 0:
     DGC's momentum correction, with a momentum-free optimizer; fused=True: chosen across
     all of a step's compressed gradients, one collective per step)."""
-    return TopKCompressor(ratio=ratio, momentum=momentum, min_numel=min_numel, fused=fused)
+    return TopKCompressor(
+        ratio=ratio, momentum=momentum, min_numel=min_numel, fused=fused, cross_host_only=cross_host_only
+    )
 
 
-def sign(chunk=_policy.DEFAULT_SIGN_CHUNK, min_numel=_policy.DEFAULT_MIN_NUMEL):
+def sign(chunk=_policy.DEFAULT_SIGN_CHUNK, min_numel=_policy.DEFAULT_MIN_NUMEL, cross_host_only=None):
     """A new scaled-sign compressor (1 bit per element + a scale per chunk of rows, error
     feedback)."""
-    return SignCompressor(chunk=chunk, min_numel=min_numel)
+    return SignCompressor(chunk=chunk, min_numel=min_numel, cross_host_only=cross_host_only)
 
 
 Compression = make_compression(FP16Compressor, BF16Compressor, powersgd=powersgd, topk=topk, sign=sign)

@@ -10,11 +10,14 @@ Q, step counters) is keyed by the gradient's name, which is the same on every ra
 """
 
 import zlib
+from typing import Any
 
 import torch
 
 from hvdlite.common import compressors as policy
-from hvdlite.common import dtypes, exceptions
+from hvdlite.common import dtypes, exceptions, topology
+from hvdlite.common.objects import allgather_object
+from hvdlite.common.process_sets import add_process_set_among_members, global_process_set
 from hvdlite.torch import mpi_ops
 
 
@@ -31,9 +34,11 @@ class _Pending:
             stage, self._advance = self._advance, None
             stage()
 
-    def __call__(self):
+    def __call__(self, *scale):
+        """The reduced gradient; a compressor's inner pending takes the output scale, which
+        it folds into its last small operation instead of a pass over the output."""
         self.advance()
-        return self._finish()
+        return self._finish(*scale)
 
 
 class StatefulCompressor:
@@ -45,8 +50,10 @@ class StatefulCompressor:
     stateful = True
     method = ""
 
-    def __init__(self, min_numel=policy.DEFAULT_MIN_NUMEL):
+    def __init__(self, min_numel=policy.DEFAULT_MIN_NUMEL, cross_host_only=None):
         self.min_numel = policy.check_positive_int(min_numel, "min_numel")
+        self.cross_host_only = policy.check_cross_host_only(cross_host_only)
+        self._two_level_sets: Any = None  # (local set, cross set or None) once decided; False: flat
         self._state = policy.CompressorState()
         self.plans: dict[str, policy.Plan] = {}
         self._plan_keys: dict[str, tuple[object, ...]] = {}
@@ -83,6 +90,9 @@ class StatefulCompressor:
     def start(self, name, tensor, op, prescale, postscale, process_set):
         """Submits gradient `tensor` of gradient `name`; returns a pending gradient, or
         None when the tensor goes uncompressed (the caller allreduces it as it is)."""
+        sets = self._two_level(process_set)
+        if sets:
+            return self._start_two_level(name, tensor, op, prescale * postscale, process_set, sets)
         size = process_set.size()
         plan = self.plan(name, tensor, size)
         if plan.method != "none":
@@ -97,9 +107,74 @@ class StatefulCompressor:
         pending = self._start(name, corrected, plan, process_set)
 
         def finish():
-            return pending().mul_(scale).view(tensor.shape).to(tensor.dtype)
+            out = pending(scale)
+            return out.view(tensor.shape).to(tensor.dtype)
 
         return _Pending(finish, pending.advance)
+
+    def _two_level(self, process_set):
+        """(local set, cross set or None) when this compressor compresses the cross-host stage
+        only, else False. Decided once, at the first compressed gradient (collective over the
+        job: every rank's first start() comes to it): two levels when cross_host_only is not
+        False, the reduction is over the whole job, and the job has 2+ hosts each holding
+        the same number (2+) of consecutive ranks; the local set is this host's ranks, the
+        cross set the hosts' local rank 0s (None on the other ranks). Sets are registered
+        among their members only."""
+        if self._two_level_sets is None:
+            self._two_level_sets = False
+            if self.cross_host_only is not False and process_set == global_process_set:
+                layout = (
+                    topology.rank(),
+                    topology.local_rank(),
+                    topology.local_size(),
+                    topology.cross_rank(),
+                )
+                every = allgather_object(layout, name="hvdlite.compression.hosts")
+                local, cross = policy.two_level_layout(every)
+                if local is None and self.cross_host_only:
+                    raise exceptions.PreconditionError(
+                        "%r: cross_host_only=True needs 2+ hosts each running the same number (2+) of"
+                        " consecutive ranks; this job's (rank, local rank, local size, host) are %s:"
+                        " pass cross_host_only=None or False" % (self, every)
+                    )
+                if local is not None:
+                    mine = local[topology.cross_rank()]
+                    local_set = add_process_set_among_members(mine)
+                    cross_set = add_process_set_among_members(cross) if topology.rank() in cross else None
+                    self._two_level_sets = (local_set, cross_set)
+        return self._two_level_sets
+
+    def _start_two_level(self, name, tensor, op, scale_factor, process_set, sets):
+        """Exact sum inside the host (local set), the compressor on the host sums among the
+        hosts' local rank 0s (cross set), then a broadcast inside the host: so every replica
+        gets local rank 0's bits, which are equal on every host."""
+        local_set, cross_set = sets
+        plan = self.plan(name, tensor, topology.cross_size())
+        if plan.method != "none":
+            policy.check_reduction(op, name)
+            plan = self._admit(name, plan)
+        if plan.method == "none":
+            return None  # the core's own (two-level) allreduce, exact
+        if cross_set is not None:  # bytes that cross hosts: the local rank 0s' only
+            self.bytes_uncompressed += plan.dense_bytes
+            self.bytes_submitted += plan.wire_bytes
+        scale = policy.output_scale(op, scale_factor, 1.0, process_set.size())
+        host_sum = tensor.detach().to(torch.float32, copy=True).contiguous()
+        local = mpi_ops.allreduce_async_(host_sum, name=name + ".host", op=dtypes.Sum, process_set=local_set)
+        root = local_set.ranks[0]
+        stage = {}
+
+        def advance():
+            mpi_ops.synchronize(local)
+            if cross_set is not None:
+                stage["inner"] = self._start(name, self._corrected(name, host_sum), plan, cross_set)
+
+        def finish():
+            out = stage["inner"](scale).contiguous() if cross_set is not None else torch.empty_like(host_sum)
+            out = mpi_ops.broadcast_(out.view(-1), root, name=name + ".hostbcast", process_set=local_set)
+            return out.view(tensor.shape).to(tensor.dtype)
+
+        return _Pending(finish, advance)
 
     def _admit(self, name, plan):
         """The plan of this step (PowerSGD's warm-up sends uncompressed)."""
@@ -107,11 +182,11 @@ class StatefulCompressor:
 
     def _corrected(self, name, grad):
         """Error feedback: a new float32 tensor, gradient + this rank's residual."""
-        corrected = grad.to(torch.float32, copy=True).contiguous()
         residual = self._state.local_of(name).get("residual")
-        if residual is not None:
-            corrected.add_(residual.to(corrected.device))
-        return corrected
+        if residual is None:
+            return grad.to(torch.float32, copy=True).contiguous()
+        # One pass, into a new tensor (torch.add promotes a half gradient to float32).
+        return torch.add(residual.to(grad.device), grad).contiguous()
 
     def _start(self, name, corrected, plan, process_set):
         raise exceptions.NotSupportedError("%s must define _start()" % type(self).__name__)
@@ -124,6 +199,8 @@ class StatefulCompressor:
         return self._state.state_dict()
 
     def load_state_dict(self, state):
+        # An elastic reset reloads the state in a new job: decide the two levels (hosts) again.
+        self._two_level_sets = None
         self._state.load_state_dict(state)
 
 
@@ -148,8 +225,8 @@ class PowerSGDCompressor(StatefulCompressor):
 
     method = "powersgd"
 
-    def __init__(self, rank=4, start_step=10, min_numel=policy.DEFAULT_MIN_NUMEL):
-        super().__init__(min_numel)
+    def __init__(self, rank=4, start_step=10, min_numel=policy.DEFAULT_MIN_NUMEL, cross_host_only=None):
+        super().__init__(min_numel, cross_host_only)
         self.rank = policy.check_positive_int(rank, "powersgd rank")
         self.start_step = policy.check_positive_int(start_step, "powersgd start_step", minimum=0)
 
@@ -195,15 +272,15 @@ class PowerSGDCompressor(StatefulCompressor):
             mpi_ops.synchronize(p_handle)
             _orthogonalize(p)
             q_local = mat.t() @ p
-            local["residual"] = (mat - p @ q_local.t()).view(corrected.shape)
+            local["residual"] = torch.addmm(mat, p, q_local.t(), alpha=-1.0).view(corrected.shape)
             second["q"] = q_local
             second["handle"] = mpi_ops.allreduce_async_(
                 q_local, name=name + ".powersgd.q", op=dtypes.Sum, process_set=process_set
             )
 
-        def finish():
+        def finish(scale=1.0):
             mpi_ops.synchronize(second["handle"])
             shared["q"] = second["q"]
-            return p @ second["q"].t()
+            return p @ (second["q"] * scale).t()
 
         return _Pending(finish, advance)

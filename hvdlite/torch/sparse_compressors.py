@@ -24,22 +24,23 @@ def _dense_pending(contribution, name, process_set):
     """The contribution (already what this rank sends) summed by an allreduce."""
     handle = mpi_ops.allreduce_async_(contribution, name=name, op=dtypes.Sum, process_set=process_set)
 
-    def finish():
-        return mpi_ops.synchronize(handle)
+    def finish(scale=1.0):
+        out = mpi_ops.synchronize(handle)
+        return out if scale == 1.0 else out.mul_(scale)
 
     return _Pending(finish)
 
 
 def _gather_pending(wire, name, process_set, decode):
-    """An allgather of every rank's `wire`; decode(segment, out) adds one rank's
-    contribution into out, called in rank order."""
+    """An allgather of every rank's `wire`; decode(rank, segment, out, scale) adds rank's
+    contribution times `scale` into out, called in rank order."""
     handle = mpi_ops.allgather_async(wire, name=name, process_set=process_set)
 
-    def finish():
+    def finish(scale=1.0):
         gathered = mpi_ops.synchronize(handle).view(process_set.size(), -1)
         out = None
-        for segment in gathered:
-            out = decode(segment, out)
+        for rank, segment in enumerate(gathered):
+            out = decode(rank, segment, out, scale)
         return out
 
     return _Pending(finish)
@@ -87,10 +88,10 @@ class _FusedBucket:
         if self.pending is None:
             self.pending = self.compressor._fused_start(self)
 
-    def output(self, name):
+    def output(self, name, scale=1.0):
         self.advance()
-        if self.outputs is None:
-            out, self.outputs, offset = self.pending(), {}, 0
+        if self.outputs is None:  # the scale is the same for every gradient of the step
+            out, self.outputs, offset = self.pending(scale), {}, 0
             for entry_name in sorted(self.entries):
                 numel = self.entries[entry_name].numel()
                 self.outputs[entry_name] = out[offset : offset + numel]
@@ -110,8 +111,16 @@ class TopKCompressor(StatefulCompressor):
 
     method = "topk"
 
-    def __init__(self, ratio=0.01, momentum=0.0, min_numel=policy.DEFAULT_MIN_NUMEL, fused=False, seed=0):
-        super().__init__(min_numel)
+    def __init__(
+        self,
+        ratio=0.01,
+        momentum=0.0,
+        min_numel=policy.DEFAULT_MIN_NUMEL,
+        fused=False,
+        seed=0,
+        cross_host_only=None,
+    ):
+        super().__init__(min_numel, cross_host_only)
         self.ratio = policy.check_ratio(ratio)
         self.momentum = policy.check_momentum(momentum)
         self.fused = bool(fused)
@@ -150,7 +159,7 @@ class TopKCompressor(StatefulCompressor):
         Returns (index, values)."""
         index = select_topk(flat.abs(), policy.topk_count(flat.numel(), self.ratio), self._generator)
         values = flat[index]
-        residual = flat.clone()
+        residual = flat  # the compressor's own new tensor (_corrected, or the fused concatenation)
         residual[index] = 0.0
         velocity = None
         if self.momentum != 0.0:
@@ -159,9 +168,10 @@ class TopKCompressor(StatefulCompressor):
         offset = 0
         for name, shape in pieces:
             local, numel = self._state.local_of(name), int(torch.Size(shape).numel())
-            local["residual"] = residual[offset : offset + numel].clone().view(shape)
+            # Views of this step's new tensors (never mutated later: the state is replaced).
+            local["residual"] = residual[offset : offset + numel].view(shape)
             if velocity is not None:
-                local["velocity"] = velocity[offset : offset + numel].clone().view(shape)
+                local["velocity"] = velocity[offset : offset + numel].view(shape)
             offset += numel
         return index, values
 
@@ -174,11 +184,11 @@ class TopKCompressor(StatefulCompressor):
         k = index.numel()
         wire = torch.cat([index.to(torch.int32), values.view(torch.int32)])
 
-        def decode(segment, out):
+        def decode(rank, segment, out, scale):
             if out is None:
                 out = torch.zeros_like(like)
             # Indices within one rank are distinct: one addition per entry, in rank order.
-            return out.index_add_(0, segment[:k].long(), segment[k:].view(torch.float32))
+            return out.index_add_(0, segment[:k].long(), segment[k:].view(torch.float32) * scale)
 
         return _gather_pending(wire, name, process_set, decode)
 
@@ -188,7 +198,7 @@ class TopKCompressor(StatefulCompressor):
                 self._bucket = _FusedBucket(self, process_set)
             bucket = self._bucket
             bucket.entries[name] = corrected
-            return _Pending(lambda: bucket.output(name), bucket.advance)
+            return _Pending(lambda scale=1.0: bucket.output(name, scale), bucket.advance)
         flat = corrected.view(-1)
         index, values = self._select(flat, [(name, corrected.shape)])
         gather = plan.collective == "allgather"
@@ -239,13 +249,25 @@ def unpack_bits(packed, n):
     return torch.from_numpy(np.unpackbits(packed.numpy(), count=n, bitorder="little"))
 
 
-def _scaled_signs(signs, scales, chunk, n):
-    """signs (n values, 1 for +, 0 for -) times their chunk's scale, as float32."""
+def _pad(flat, length):
+    if flat.numel() == length:
+        return flat
+    out = torch.zeros(length, dtype=flat.dtype, device=flat.device)
+    out[: flat.numel()] = flat
+    return out
+
+
+def _scaled_signs(signed, scales, chunk, n):
+    """Each chunk's scale with the sign of `signed` (float32: n values whose sign bits are
+    what is sent; -0.0 counts as negative), one copysign pass; float32, n values."""
     chunks = scales.numel()
-    out = torch.zeros(chunks * chunk, dtype=torch.float32, device=scales.device)
-    out[:n] = signs
-    out.mul_(2).sub_(1)
-    return out.view(chunks, chunk).mul_(scales.view(-1, 1)).view(-1)[:n]
+    grid = _pad(signed, chunks * chunk).view(chunks, chunk)
+    return torch.copysign(scales.view(-1, 1).expand(chunks, chunk), grid).view(-1)[:n]
+
+
+def _signs_of_bits(negative, n):
+    """+1.0 where a sent bit is 0, -1.0 where it is 1 (float32)."""
+    return torch.sub(1.0, negative[:n].to(torch.float32), alpha=2.0)
 
 
 class SignCompressor(StatefulCompressor):
@@ -256,8 +278,10 @@ class SignCompressor(StatefulCompressor):
 
     method = "sign"
 
-    def __init__(self, chunk=policy.DEFAULT_SIGN_CHUNK, min_numel=policy.DEFAULT_MIN_NUMEL):
-        super().__init__(min_numel)
+    def __init__(
+        self, chunk=policy.DEFAULT_SIGN_CHUNK, min_numel=policy.DEFAULT_MIN_NUMEL, cross_host_only=None
+    ):
+        super().__init__(min_numel, cross_host_only)
         self.chunk = policy.check_positive_int(chunk, "sign chunk")
 
     def _describe(self):
@@ -270,22 +294,32 @@ class SignCompressor(StatefulCompressor):
         flat = corrected.view(-1)
         n = flat.numel()
         chunk, chunks = policy.sign_layout(tuple(corrected.shape), self.chunk)
-        padded = torch.zeros(chunk * chunks, dtype=torch.float32, device=flat.device)
-        padded[:n] = flat
-        counts = torch.full((chunks,), float(chunk), device=flat.device)
-        counts[-1] = n - (chunks - 1) * chunk
-        scales = padded.view(chunks, chunk).abs().sum(1) / counts
-        positive = flat >= 0
-        sent = _scaled_signs(positive, scales, chunk, n)
-        self._state.local_of(name)["residual"] = (flat - sent).view(corrected.shape)
+        if chunks * chunk == n:
+            scales = flat.view(chunks, chunk).abs().mean(1)
+        else:  # the last chunk is short: its mean over its own elements
+            sums = torch.zeros(chunks * chunk, dtype=torch.float32, device=flat.device)
+            sums[:n] = flat.abs()
+            counts = torch.full((chunks,), float(chunk), device=flat.device)
+            counts[-1] = n - (chunks - 1) * chunk
+            scales = sums.view(chunks, chunk).sum(1) / counts
+        negative = torch.signbit(flat)  # what copysign reads: -0.0 is negative too
+        sent = _scaled_signs(flat, scales, chunk, n)
+        # flat is the compressor's own new tensor: the residual is computed in place.
+        self._state.local_of(name)["residual"] = flat.sub_(sent).view(corrected.shape)
         if plan.collective != "allgather":
             return _dense_pending(sent, name + ".sign", process_set)
         nbytes = 4 * (-(-n // 32))
-        wire = torch.cat([pack_bits(positive, nbytes), scales.view(torch.uint8)])
+        wire = torch.cat([pack_bits(negative, nbytes), scales.view(torch.uint8)])
+        me, last = process_set.rank(), process_set.size() - 1
 
-        def decode(segment, out):
-            rank_scales = segment[nbytes:].clone().view(torch.float32)
-            contribution = _scaled_signs(unpack_bits(segment[:nbytes], n), rank_scales, chunk, n)
-            return contribution if out is None else out.add_(contribution)
+        def decode(rank, segment, out, scale):
+            if rank == me:  # this rank's own contribution is `sent` (the same bits, the same values)
+                contribution = sent
+            else:
+                rank_scales = segment[nbytes:].clone().view(torch.float32)
+                signs = _signs_of_bits(unpack_bits(segment[:nbytes], n), n)
+                contribution = _scaled_signs(signs, rank_scales, chunk, n)
+            out = contribution if out is None else out.add_(contribution)
+            return out.mul_(scale) if rank == last and scale != 1.0 else out
 
         return _gather_pending(wire, name + ".sign", process_set, decode)
