@@ -41,7 +41,7 @@ from hvdlite.common import collectives, exceptions, ops, settings
 from hvdlite.common.objects import allgather_object
 from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.topology import rank as global_rank
-from hvdlite.torch import mpi_ops
+from hvdlite.torch import mpi_ops, p2p_ops
 from hvdlite.torch.buffers import TORCH
 
 CHECKPOINT_HINT = (
@@ -127,13 +127,18 @@ class BuddyCopies:
         as lost), or raises the failure with `raise_errors`."""
         if self._inflight is None:
             return True
-        handle, slot, version = self._inflight
+        handles, slot, version = self._inflight
         self._inflight = None
-        try:
-            out, _ = mpi_ops.synchronize(handle)
-        except exceptions.HvdliteError:
+        error, out = None, None
+        for handle in handles:  # every one, even after one failed: the core may use the buffers
+            try:
+                got = mpi_ops.synchronize(handle)
+                out = got if out is None else out
+            except exceptions.HvdliteError as e:
+                error = error or e
+        if error is not None:
             if raise_errors:
-                raise
+                raise error
             return False
         self.buddy[slot], self.buddy_versions[slot] = out, version
         return True
@@ -165,9 +170,20 @@ class BuddyCopies:
         if into is None or into.shape != dest.shape or into.dtype != dest.dtype:
             self.buddy[slot] = None
             into = self.buddy[slot] = torch.empty_like(dest)
-        splits = [0] * n
-        splits[holder[pos]] = numel
         self.buddy_of = holder.index(pos)
+        if self.overlap:
+            handles = self._post_p2p(dest, into, holder[pos], process_set)
+        else:
+            handles = (self._post_alltoall(dest, into, holder[pos], n, process_set),)
+        self._inflight = (handles, slot, self.version)
+        if not self.overlap:
+            self.settle(raise_errors=True)
+
+    def _post_alltoall(self, dest, into, to, n, process_set):
+        """The exchange as one alltoall with one non-empty slot each way; it takes its place in
+        the core's one order of collectives, so the next collective waits for it."""
+        splits = [0] * n
+        splits[to] = dest.numel()
         pending = collectives.with_output(
             TORCH,
             "alltoall",
@@ -178,9 +194,16 @@ class BuddyCopies:
             splits=splits,
             process_set=resolve(process_set),
         )
-        self._inflight = (collectives.start(pending, then=lambda r: r), slot, self.version)
-        if not self.overlap:
-            self.settle(raise_errors=True)
+        return collectives.start(pending, then=lambda r: r[0])
+
+    def _post_p2p(self, dest, into, to, process_set):
+        """The exchange as a send to the holder and a receive from the buddy: point-to-point
+        bypasses the core's order of collectives, so training's collectives run meanwhile."""
+        tag = 7000 + self.uid  # one per BuddyCopies: several may be in flight at once
+        return (
+            p2p_ops.recv_async(into, self.buddy_of, tag=tag, process_set=process_set),
+            p2p_ops.send_async(dest, to, tag=tag, process_set=process_set),
+        )
 
     def _pack(self, parts, numel):
         """Copies `parts` into the older own buffer (one pass) and returns it."""
