@@ -6,9 +6,9 @@ GLOBAL rows (rank r of n takes rows [r*GLOBAL/n, (r+1)*GLOBAL/n)), and commits.
 
 ELASTIC_KILL="worker_id:step": that worker SIGKILLs itself in that step, after backward (its
 gradients' reduce-scatters submitted). ELASTIC_KILL_IN_EXCHANGE="worker_id:step": that worker
-SIGKILLs itself inside the commit ending that step, right after its buddy exchanges were started
-(TorchState's default buddy_overlap leaves them running), before commit()'s check for host
-updates (a broadcast, which the core would order after them). ELASTIC_CKPT: a directory rank 0.. saves a ZeRO checkpoint
+SIGKILLs itself inside the commit ending that step, after the stage-1 optimizer's buddy exchange
+was started and before the stage-2 one's (TorchState's default buddy_overlap leaves exchanges
+running): the survivors wait for a copy that never comes and must fall back a commit. ELASTIC_CKPT: a directory rank 0.. saves a ZeRO checkpoint
 of the stage-3 model into after the last step. Rank 0 prints "DONE <json>": the committed
 (step, size, time) log, every ZeRO model's full_state_dict, the plain model's state_dict
 ("plain"), and per rank and stage the optimizer state
@@ -36,15 +36,16 @@ KILL, KILL_IN_EXCHANGE = _kills("ELASTIC_KILL"), _kills("ELASTIC_KILL_IN_EXCHANG
 
 
 def kill_in_exchange(state):
-    """Makes state.commit() SIGKILL this worker between its save() and check_host_updates()."""
-    check = state.check_host_updates
+    """Makes state.commit() SIGKILL this worker just before the stage-2 ZeroOptimizer's save."""
+    handler = state._handlers["opt2"]
+    save = handler.save
 
-    def checked():
+    def killing_save():
         if KILL_IN_EXCHANGE.get(ME) == str(state.step - 1):
             os.kill(os.getpid(), signal.SIGKILL)
-        check()
+        save()
 
-    object.__setattr__(state, "check_host_updates", checked)
+    handler.save = killing_save
 
 
 def model():

@@ -19,16 +19,20 @@ when that puts every copy on another host (the elastic driver drops a failed wor
 so a host-mate would die with it), else the shift putting the most copies off-host.
 
 Versions: each copy carries the commit version it holds. Own copies alternate between two
-buffers, so the last commit's stays while the next is packed; the buddy copy is received in
-place and counts as lost from the moment its exchange starts until it returned. A barrier before
-that exchange makes the usual cut-short commit (a member died before it, e.g. mid-step) leave
-every buddy copy intact. recover() picks the newest version of which every old shard still has
-a copy and raises ShardsLostError naming the owner and its buddy when some shard has none: a
-member that dies during the exchange itself (after the barrier) may take with it the only
-complete copy of its shard of both versions.
+buffers, so the last commit's stays while the next is packed; a buddy copy counts as lost from
+the moment its exchange starts until it returned. Without overlap (one buddy buffer, received in
+place by one alltoall) a barrier before the exchange makes the usual cut-short commit (a member
+died before it, e.g. mid-step) leave every buddy copy intact; a member that dies during the
+exchange itself may take with it the only complete copy of its shard of both versions. With
+overlap the exchange is a send and a receive (point-to-point, outside the core's order of
+collectives, so training's collectives run while it travels) into the older of two buddy
+buffers, so the previous commit's buddy copy stays whole until the next one arrived, whenever a
+member dies. recover() picks the newest version of which every old shard still has a copy and
+raises ShardsLostError naming the owner and its buddy when some shard has none.
 
-Memory: two own copies and one buddy copy, reused from commit to commit (no allocation, no page
-faults after the first). Threading: the training thread.
+Memory: two own copies and one buddy copy (two with overlap), reused from commit to commit (no
+allocation, no page faults after the first). Threading: the training thread; the core's
+background thread moves an overlapped exchange's bytes.
 """
 
 import dataclasses
@@ -151,7 +155,7 @@ class BuddyCopies:
 
         Order: pack into the older own buffer (the newer, the last commit, stays); without
         overlap one barrier (every member packed and alive: a failure up to here leaves the one
-        buddy copy intact); then the alltoall into the (older) buddy buffer, which counts as lost
+        buddy copy intact); then the exchange into the (older) buddy buffer, which counts as lost
         until it returned."""
         process_set = process_set or global_process_set
         self.settle(raise_errors=True)
