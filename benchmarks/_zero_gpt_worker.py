@@ -5,7 +5,9 @@ rank's peak RSS over the timed steps.
 
 MODE (LIB): ddp (hvdlite: DistributedOptimizer), zero1 / zero2 / zero3 (hvdlite:
 ZeroOptimizer), zero3-commit (zero3 with hvd.elastic.TorchState(model, opt).commit() after every
-step: buddy copies of the shards; the commit's own time is recorded as "commit_times"), fsdp2 / fsdp2-keep (gloo: torch fully_shard per block and root, reshard after
+step: buddy copies of the shards, exchanged while the next step runs; the commit's own time,
+the training thread's stall, is recorded as "commit_times"), zero3-commit-sync (the same with
+buddy_overlap=False: each commit waits for its exchange), fsdp2 / fsdp2-keep (gloo: torch fully_shard per block and root, reshard after
 forward True / False), torch-zero (gloo: DistributedDataParallel + ZeroRedundancyOptimizer),
 ds1 / ds2 / ds3 (gloo job, DeepSpeed ZeRO stage n, fp32, DS_ACCELERATOR=cpu).
 Peak RSS: the kernel's high-water mark (VmHWM), reset after the warm-up steps
@@ -97,12 +99,12 @@ def measure(comm, gate, args):
     y = torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=gen)
     deepspeed_engine = args.mode.startswith("ds")
     commit, commit_times = None, []
-    if args.mode.endswith("-commit"):
+    if "-commit" in args.mode:
         import time
 
         import hvdlite.torch as hvd
 
-        state = hvd.elastic.TorchState(model, opt)
+        state = hvd.elastic.TorchState(model, opt, buddy_overlap=not args.mode.endswith("-sync"))
 
         def commit():
             t0 = time.perf_counter()

@@ -12,7 +12,10 @@ Model: examples/pytorch_zero_gpt.py's GPT, 12 layers, width 768, 12 heads, vocab
   ddp          hvd.DistributedOptimizer (allreduce overlapping backward)
   zero1..3     hvd.ZeroOptimizer(stage=1..3)
   zero3-commit zero3 plus hvd.elastic.TorchState(model, opt).commit() after every step (buddy
-               copies of the shards in host memory); the commit's share of the step is reported
+               copies of the shards in host memory, exchanged while the next step runs); the
+               commit's share of the step (the training thread's stall) is reported
+  zero3-commit-sync  the same with TorchState(..., buddy_overlap=False): each commit waits for
+               its buddy exchange
   fsdp2        torch fully_shard per block and root, gloo, reshard_after_forward=True
   fsdp2-keep   the same with reshard_after_forward=False
   torch-zero   torch DistributedDataParallel + ZeroRedundancyOptimizer (gloo)
@@ -40,7 +43,8 @@ ROWS = {
     "zero1": ("hvdlite", lambda n: 8 + 12 / n, "8P + 12P/N"),
     "zero2": ("hvdlite", lambda n: 4 + 12 / n, "4P + 12P/N"),
     "zero3": ("hvdlite", lambda n: 16 / n, "16P/N"),
-    "zero3-commit": ("hvdlite", lambda n: 52 / n, "16P/N + 3 x 12P/N copies"),
+    "zero3-commit": ("hvdlite", lambda n: 64 / n, "16P/N + 4 x 12P/N copies"),
+    "zero3-commit-sync": ("hvdlite", lambda n: 52 / n, "16P/N + 3 x 12P/N copies"),
     "fsdp2": ("gloo", lambda n: 16 / n, "16P/N"),
     "fsdp2-keep": ("gloo", lambda n: 16 / n, "16P/N"),
     "torch-zero": ("gloo", lambda n: 8 + 8 / n, "8P + 8P/N"),
@@ -148,7 +152,12 @@ def commit_lines(results):
             % (r["row"], r["commit_median_s"], r["commit_min_s"], r["commit_max_s"], 100 * share),
         ]
         if base:
-            lines[-1] += "; the %s row's median step: %.2f s" % (base["row"], base["median_s"])
+            lines[-1] += "; the %s row's median step: %.2f s, this row's %.2f s (%.2fx)" % (
+                base["row"],
+                base["median_s"],
+                r["median_s"],
+                r["median_s"] / base["median_s"],
+            )
     return lines
 
 

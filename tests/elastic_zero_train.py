@@ -5,7 +5,10 @@ with hvd.DistributedOptimizer(AdamW) (every rank holds the whole state), on the 
 GLOBAL rows (rank r of n takes rows [r*GLOBAL/n, (r+1)*GLOBAL/n)), and commits.
 
 ELASTIC_KILL="worker_id:step": that worker SIGKILLs itself in that step, after backward (its
-gradients' reduce-scatters submitted). ELASTIC_CKPT: a directory rank 0.. saves a ZeRO checkpoint
+gradients' reduce-scatters submitted). ELASTIC_KILL_IN_EXCHANGE="worker_id:step": that worker
+SIGKILLs itself inside the commit ending that step, after the stage-1 optimizer's buddy exchange
+was started and before the stage-2 one's (TorchState's default buddy_overlap leaves exchanges
+running): the survivors wait for a copy that never comes and must fall back a commit. ELASTIC_CKPT: a directory rank 0.. saves a ZeRO checkpoint
 of the stage-3 model into after the last step. Rank 0 prints "DONE <json>": the committed
 (step, size, time) log, every ZeRO model's full_state_dict, the plain model's state_dict
 ("plain"), and per rank and stage the optimizer state
@@ -23,7 +26,26 @@ import hvdlite.torch as hvd
 
 STEPS, GLOBAL, STAGES = int(os.environ.get("ELASTIC_STEPS", "12")), 8, (1, 2, 3)
 ME = os.environ.get("HVDLITE_ELASTIC_WORKER_ID", "")
-KILL = dict(item.rsplit(":", 1) for item in filter(None, os.environ.get("ELASTIC_KILL", "").split(",")))
+
+
+def _kills(var):
+    return dict(item.rsplit(":", 1) for item in filter(None, os.environ.get(var, "").split(",")))
+
+
+KILL, KILL_IN_EXCHANGE = _kills("ELASTIC_KILL"), _kills("ELASTIC_KILL_IN_EXCHANGE")
+
+
+def kill_in_exchange(state):
+    """Makes state.commit() SIGKILL this worker just before the stage-2 ZeroOptimizer's save."""
+    handler = state._handlers["opt2"]
+    save = handler.save
+
+    def killing_save():
+        if KILL_IN_EXCHANGE.get(ME) == str(state.step - 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+        save()
+
+    handler.save = killing_save
 
 
 def model():
@@ -59,6 +81,7 @@ if __name__ == "__main__":
         optimizer(plain.parameters()), named_parameters=plain.named_parameters()
     )
     state = hvd.elastic.TorchState(step=0, log=[], model0=plain, opt0=plain_opt, **named)
+    kill_in_exchange(state)
 
     @hvd.elastic.run
     def train(state):

@@ -48,6 +48,12 @@ def test_survivors_rebuild_from_own_and_buddy_copies():
     infos = [_info(0, 8, holder), _info(1, 8, holder, buddy_version=0)]
     with pytest.raises(ShardsLostError, match="rank 3's shard has no copy of the same commit"):
         choose_sources(infos)
+    # with buddy_overlap each rank also keeps the previous buddy copy: rank 3 died while commit
+    # 8's exchange was still running (rank 0's arrived, rank 1's did not): commit 7 is rebuilt
+    infos = [_info(0, 8, holder, buddy_version=[7, 8]), _info(1, 8, holder, buddy_version=[7])]
+    assert choose_sources(infos) == (7, {0: 0, 1: 1, 2: 0, 3: 1})
+    infos = [_info(0, 8, holder, buddy_version=[8, 7]), _info(1, 8, holder, buddy_version=[7, 8])]
+    assert choose_sources(infos) == (8, {0: 0, 1: 1, 2: 0, 3: 1})
 
 
 def test_losing_a_rank_and_its_buddy_is_a_clear_error_not_retried():
@@ -78,10 +84,13 @@ def _reference(train, steps):
     return {k: v.detach().numpy() for k, v in net.state_dict().items()}
 
 
-# ~10 s: one job, three ZeroOptimizers (stages 1, 2, 3) and a plain DistributedOptimizer in one
-# TorchState, commit every step.
+# ~10 s each: one job, three ZeroOptimizers (stages 1, 2, 3) and a plain DistributedOptimizer in
+# one TorchState, commit every step. The host is lost mid-step 5, or inside step 4's commit between
+# two optimizers' buddy exchanges (then one copy of that commit never arrives, and the survivors
+# rebuild step 3's commit from the second buddy buffers and train on from there).
 @pytest.mark.slow
-def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path):
+@pytest.mark.parametrize("kill", ["ELASTIC_KILL", "ELASTIC_KILL_IN_EXCHANGE"])
+def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path, kill):
     pytest.importorskip("torch")
     sys.path.insert(0, str(REPO / "tests"))
     import elastic_zero_train as train
@@ -89,7 +98,11 @@ def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path):
     from hvdlite.torch.parallel.zero.checkpoint import consolidate_checkpoint
 
     script = str(REPO / "tests" / "elastic_zero_train.py")
-    env = {"ELASTIC_KILL": "127.0.0.1[0]:5", "ELASTIC_STEPS": "12", "ELASTIC_CKPT": str(tmp_path / "ckpt")}
+    env = {
+        kill: "127.0.0.1[0]:%d" % (5 if kill == "ELASTIC_KILL" else 4),
+        "ELASTIC_STEPS": "12",
+        "ELASTIC_CKPT": str(tmp_path / "ckpt"),
+    }
     hosts = "localhost:2,127.0.0.1:2"
     res = hvdliterun("-np", 4, "--min-np", 2, "-H", hosts, sys.executable, script, env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -102,7 +115,11 @@ def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path):
     )
     log = done["log"]
     assert [s for s, _, _ in log] == list(range(12)), log  # every committed step exactly once
-    assert [n for _, n, _ in log] == [4] * 5 + [2] * 7, log
+    sizes = [n for _, n, _ in log]
+    if kill == "ELASTIC_KILL":
+        assert sizes == [4] * 5 + [2] * 7, log
+    else:
+        assert sizes == [4] * 4 + [2] * 8, log
     gaps = [b[2] - a[2] for a, b in itertools.pairwise(log)]
     print(
         "longest gap between commits: %.3f s (recovery), median %.3f s"
@@ -190,23 +207,36 @@ def _buddy_exchange():
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    copies = BuddyCopies()
-    for version in (1, 2):  # the second commit reuses every buffer
-        copies.commit([torch.full((3,), 10.0 * r + version), torch.arange(2.0) + r], hvd.global_process_set)
-    plan = copies.recover(hvd.global_process_set)
-    # as if every owner were lost: each shard comes from the rank keeping its buddy copy
-    holder = copies.holder
-    by_buddy = RecoveryPlan(copies, plan.infos, plan.version, {j: holder[j] for j in range(n)}, r)
-    whole = by_buddy.fetch_whole({k: [(k + 1) % n] for k in range(n)}, hvd.global_process_set)
+    out = []
+    for overlap in (False, True):
+        copies = BuddyCopies(overlap=overlap)
+        for version in (1, 2, 3):  # later commits reuse every buffer
+            copies.commit(
+                [torch.full((3,), 10.0 * r + version), torch.arange(2.0) + r], hvd.global_process_set
+            )
+        plan = copies.recover(hvd.global_process_set)  # waits for an exchange still running
+        # as if every owner were lost: each shard comes from the rank keeping its buddy copy
+        holder = copies.holder
+        whole = {}
+        for version in (3, 2) if overlap else (3,):  # overlap: the previous buddy copy is kept too
+            by_buddy = RecoveryPlan(copies, plan.infos, version, {j: holder[j] for j in range(n)}, r)
+            got = by_buddy.fetch_whole({k: [(k + 1) % n] for k in range(n)}, hvd.global_process_set)
+            whole[version] = {j: t.tolist() for j, t in got.items()}
+        info = copies.info()
+        out.append((plan.version, info[2], info[4], whole))
     hvd.shutdown()
-    return plan.version, copies.info()[2], {j: t.tolist() for j, t in whole.items()}
+    return out
 
 
 def test_buddy_copies_rebuild_a_shard_from_its_buddy():
-    """BuddyCopies on 3 ranks (no launcher hosts: one host, buddies are the next rank): two
-    commits, then every rank takes over its neighbour's whole shard from the buddy copy."""
+    """BuddyCopies on 3 ranks (no launcher hosts: one host, buddies are the next rank), without
+    and with overlap: three commits, then every rank takes over its neighbour's whole shard from
+    the buddy copy (with overlap, also the previous commit's, from the second buddy buffer)."""
     results = run_pooled(_buddy_exchange, 3, timeout=60)
-    for r, (version, own_versions, whole) in enumerate(results):
+    for r, modes in enumerate(results):
         j = (r + 1) % 3
-        assert version == 2 and sorted(own_versions) == [1, 2]
-        assert whole == {j: [10.0 * j + 2] * 3 + [0.0 + j, 1.0 + j]}
+        for overlap, (version, own_versions, buddy_versions, whole) in zip((False, True), modes):
+            assert version == 3 and sorted(own_versions) == [2, 3]
+            assert sorted(buddy_versions) == ([2, 3] if overlap else [3])
+            for v, got in whole.items():
+                assert got == {j: [10.0 * j + v] * 3 + [0.0 + j, 1.0 + j]}, (overlap, v)

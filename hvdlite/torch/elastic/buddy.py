@@ -19,16 +19,20 @@ when that puts every copy on another host (the elastic driver drops a failed wor
 so a host-mate would die with it), else the shift putting the most copies off-host.
 
 Versions: each copy carries the commit version it holds. Own copies alternate between two
-buffers, so the last commit's stays while the next is packed; the buddy copy is received in
-place and counts as lost from the moment its exchange starts until it returned. A barrier before
-that exchange makes the usual cut-short commit (a member died before it, e.g. mid-step) leave
-every buddy copy intact. recover() picks the newest version of which every old shard still has
-a copy and raises ShardsLostError naming the owner and its buddy when some shard has none: a
-member that dies during the exchange itself (after the barrier) may take with it the only
-complete copy of its shard of both versions.
+buffers, so the last commit's stays while the next is packed; a buddy copy counts as lost from
+the moment its exchange starts until it returned. Without overlap (one buddy buffer, received in
+place by one alltoall) a barrier before the exchange makes the usual cut-short commit (a member
+died before it, e.g. mid-step) leave every buddy copy intact; a member that dies during the
+exchange itself may take with it the only complete copy of its shard of both versions. With
+overlap the exchange is a send and a receive (point-to-point, outside the core's order of
+collectives, so training's collectives run while it travels) into the older of two buddy
+buffers, so the previous commit's buddy copy stays whole until the next one arrived, whenever a
+member dies. recover() picks the newest version of which every old shard still has a copy and
+raises ShardsLostError naming the owner and its buddy when some shard has none.
 
-Memory: two own copies and one buddy copy, reused from commit to commit (no allocation, no page
-faults after the first). Threading: the training thread.
+Memory: two own copies and one buddy copy (two with overlap), reused from commit to commit (no
+allocation, no page faults after the first). Threading: the training thread; the core's
+background thread moves an overlapped exchange's bytes.
 """
 
 import dataclasses
@@ -41,7 +45,7 @@ from hvdlite.common import collectives, exceptions, ops, settings
 from hvdlite.common.objects import allgather_object
 from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.topology import rank as global_rank
-from hvdlite.torch import mpi_ops
+from hvdlite.torch import mpi_ops, p2p_ops
 from hvdlite.torch.buffers import TORCH
 
 CHECKPOINT_HINT = (
@@ -81,18 +85,28 @@ def holders(hosts):
 
 class BuddyCopies:
     """One rank's copies: its own shard (two buffers, the last two commits packed alternately)
-    and its buddy's (one buffer, received in place), each with the commit version it holds."""
+    and its buddy's (one buffer received in place; two, alternating, with `overlap`), each with
+    the commit version it holds.
 
-    def __init__(self):
+    overlap=False: commit() returns once the buddy's copy arrived. overlap=True: commit() packs
+    (the commit point), starts the exchange and returns; the core's background thread moves the
+    data while training goes on. The next commit(), settle() and recover() first wait for it."""
+
+    _instances = 0  # construction order: the same on every rank, names each one's exchange
+
+    def __init__(self, overlap=False):
+        BuddyCopies._instances += 1
+        self.uid = BuddyCopies._instances
+        self.overlap = overlap
         self.version = 0  # commits started
-        self.own: list[torch.Tensor | None] = [
-            None,
-            None,
-        ]  # two buffers of this rank's shard, packed alternately
+        self.own: list[torch.Tensor | None] = [None, None]  # this rank's shard, packed alternately
         self.own_versions = [0, 0]  # the version each holds (0: none)
-        self.buddy, self.buddy_version, self.buddy_of = None, 0, None  # buddy_of: old position
+        self.buddy: list[torch.Tensor | None] = [None, None]  # the buddy's shard (slot 1: overlap)
+        self.buddy_versions = [0, 0]
+        self.buddy_of = None  # the buddy's old position
         self.position, self.size, self.holder = None, 0, None
         self._hosts_key = None
+        self._inflight = None  # (handle, buddy slot, version) of an exchange not yet waited for
 
     def _placement(self, process_set):
         ranks = tuple(process_set.ranks)
@@ -105,23 +119,98 @@ class BuddyCopies:
     def forget_placement(self):
         """Drops every copy (the old world's) and makes the next commit() place buddies anew:
         call once the job re-formed and the old copies were used."""
+        self.settle()
         self._hosts_key = None
         self.own, self.own_versions = [None, None], [0, 0]
-        self.buddy, self.buddy_version, self.buddy_of = None, 0, None
+        self.buddy, self.buddy_versions, self.buddy_of = [None, None], [0, 0], None
+
+    def settle(self, raise_errors=False):
+        """Waits for the exchange commit() left running, if any (bounded by the core's operation
+        timeout; at once when the job was shut down: its handle is stale) and records its buddy
+        copy. True when none was running or it completed; False when it failed (the copy counts
+        as lost), or raises the failure with `raise_errors`."""
+        if self._inflight is None:
+            return True
+        handles, slot, version = self._inflight
+        self._inflight = None
+        error, out = None, None
+        for handle in handles:  # every one, even after one failed: the core may use the buffers
+            try:
+                got = mpi_ops.synchronize(handle)
+                out = got if out is None else out
+            except exceptions.HvdliteError as e:
+                error = error or e
+        if error is not None:
+            if raise_errors:
+                raise error
+            return False
+        self.buddy[slot], self.buddy_versions[slot] = out, version
+        return True
 
     def commit(self, parts, process_set=None):
         """Keeps a copy of this rank's shard, `parts` (a 1-D tensor or a list of them, kept as
         their concatenation), and exchanges it with the buddies. Collective over `process_set`
-        (default: every rank); blocks until the buddy's copy arrived.
+        (default: every rank); blocks until the buddy's copy arrived, or with `overlap` only
+        until the previous commit's did (raising its failure) and the new exchange started.
 
-        Order: pack into the older own buffer (the newer, the last commit, stays), one barrier
-        (every member packed and alive: a failure up to here leaves the buddy copy intact),
-        then the alltoall into the buddy buffer, which counts as lost until it returned."""
+        Order: pack into the older own buffer (the newer, the last commit, stays); without
+        overlap one barrier (every member packed and alive: a failure up to here leaves the one
+        buddy copy intact); then the exchange into the (older) buddy buffer, which counts as lost
+        until it returned."""
         process_set = process_set or global_process_set
+        self.settle(raise_errors=True)
         parts = [t.detach().reshape(-1) for t in (parts if isinstance(parts, (list, tuple)) else [parts])]
         numel = sum(t.numel() for t in parts)
         pos, n, holder = self._placement(process_set)
         self.version += 1
+        dest = self._pack(parts, numel)
+        if n < 2:
+            return
+        if not self.overlap:
+            mpi_ops.barrier(process_set)
+        slot = 1 if self.overlap and self.buddy_versions[1] < self.buddy_versions[0] else 0
+        self.buddy_versions[slot] = 0  # from here the buffer may be half written
+        into = self.buddy[slot]
+        if into is None or into.shape != dest.shape or into.dtype != dest.dtype:
+            self.buddy[slot] = None
+            into = self.buddy[slot] = torch.empty_like(dest)
+        self.buddy_of = holder.index(pos)
+        if self.overlap:
+            handles = self._post_p2p(dest, into, holder[pos], process_set)
+        else:
+            handles = (self._post_alltoall(dest, into, holder[pos], n, process_set),)
+        self._inflight = (handles, slot, self.version)
+        if not self.overlap:
+            self.settle(raise_errors=True)
+
+    def _post_alltoall(self, dest, into, to, n, process_set):
+        """The exchange as one alltoall with one non-empty slot each way; it takes its place in
+        the core's one order of collectives, so the next collective waits for it."""
+        splits = [0] * n
+        splits[to] = dest.numel()
+        pending = collectives.with_output(
+            TORCH,
+            "alltoall",
+            ops.ALLTOALL,
+            dest,
+            "buddy.commit.%d" % self.uid,
+            out=into,
+            splits=splits,
+            process_set=resolve(process_set),
+        )
+        return collectives.start(pending, then=lambda r: r[0])
+
+    def _post_p2p(self, dest, into, to, process_set):
+        """The exchange as a send to the holder and a receive from the buddy: point-to-point
+        bypasses the core's order of collectives, so training's collectives run meanwhile."""
+        tag = 7000 + self.uid  # one per BuddyCopies: several may be in flight at once
+        return (
+            p2p_ops.recv_async(into, self.buddy_of, tag=tag, process_set=process_set),
+            p2p_ops.send_async(dest, to, tag=tag, process_set=process_set),
+        )
+
+    def _pack(self, parts, numel):
+        """Copies `parts` into the older own buffer (one pass) and returns it."""
         slot = 0 if self.own_versions[0] <= self.own_versions[1] else 1
         self.own_versions[slot] = 0
         dest = self.own[slot]
@@ -130,27 +219,7 @@ class BuddyCopies:
             dest = self.own[slot] = torch.empty(numel, dtype=parts[0].dtype)
         torch.cat(parts, out=dest)
         self.own_versions[slot] = self.version
-        if n < 2:
-            return
-        mpi_ops.barrier(process_set)
-        into = self.buddy if self.buddy is not None and self.buddy.shape == dest.shape else None
-        self.buddy_version = 0  # from here the buffer may be half written
-        if into is None:
-            self.buddy = None
-        splits = [0] * n
-        splits[holder[pos]] = numel
-        pending = collectives.with_output(
-            TORCH,
-            "alltoall",
-            ops.ALLTOALL,
-            dest,
-            "buddy.commit",
-            out=into,
-            splits=splits,
-            process_set=resolve(process_set),
-        )
-        out, _ = mpi_ops.synchronize(collectives.start(pending, then=lambda r: r))
-        self.buddy, self.buddy_of, self.buddy_version = out, holder.index(pos), self.version
+        return dest
 
     def info(self):
         """What this rank holds, as recover() exchanges it."""
@@ -158,7 +227,8 @@ class BuddyCopies:
             return None
         versions = [v for v in self.own_versions if v]
         numel = next(b.numel() for b, v in zip(self.own, self.own_versions) if v and b is not None)
-        return (self.position, self.size, versions, self.buddy_of, self.buddy_version, self.holder, numel)
+        buddy = [v for v in self.buddy_versions if v]
+        return (self.position, self.size, versions, self.buddy_of, buddy, self.holder, numel)
 
     def own_copy(self, version):
         """This rank's own copy at `version`, or None."""
@@ -171,6 +241,7 @@ class BuddyCopies:
         """After the job re-formed: agrees on the version to rebuild and on which survivor sends
         each old shard. Collective over the new `process_set`; returns a RecoveryPlan."""
         process_set = process_set or global_process_set
+        self.settle()  # the old world's exchange: completed before the failure, or lost
         infos = allgather_object(self.info(), name="buddy.recover", process_set=process_set)
         version, source = choose_sources(infos)
         me = list(process_set.ranks).index(global_rank())
@@ -198,7 +269,7 @@ def choose_sources(infos, at_most=None):
             if i is not None and v in i[2]:
                 source.setdefault(i[0], new)
         for new, i in enumerate(infos):
-            if i is not None and i[4] == v and i[3] is not None:
+            if i is not None and v in _versions(i[4]) and i[3] is not None:
                 source.setdefault(i[3], new)
         missing = [j for j in range(old_size) if j not in source]
         if not missing:
@@ -217,6 +288,11 @@ def choose_sources(infos, at_most=None):
             CHECKPOINT_HINT,
         )
     )
+
+
+def _versions(buddy):
+    """The buddy copies' versions in an info(): a list (an int from callers of the old form)."""
+    return list(buddy) if isinstance(buddy, (list, tuple)) else [buddy]
 
 
 @dataclasses.dataclass
@@ -251,8 +327,8 @@ class RecoveryPlan:
                 continue
             if j == c.position and c.own_copy(self.version) is not None:
                 out[j] = c.own_copy(self.version)
-            elif j == c.buddy_of and c.buddy_version == self.version:
-                out[j] = c.buddy
+            elif j == c.buddy_of and self.version in c.buddy_versions:
+                out[j] = c.buddy[c.buddy_versions.index(self.version)]
         return out
 
     def fetch(self, ranges, process_set=None):

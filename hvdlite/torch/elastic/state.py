@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hvdlite.common.exceptions import NotSupportedError, ShardsLostError
+from hvdlite.common.exceptions import HostsUpdatedInterrupt, NotSupportedError, ShardsLostError
 from hvdlite.common.objects import broadcast_object
 from hvdlite.common.topology import rank
 from hvdlite.elastic import worker
@@ -101,13 +101,15 @@ class TorchState(ObjectState):
     Every keyword becomes an attribute. Modules, optimizers, hvd.DiLoCo and ElasticSamplers are handled
     through their state_dicts (sync: broadcast_parameters / broadcast_optimizer_state from rank
     0); everything else is an ordinary picklable object. Several models or optimizers may be
-    passed as keywords."""
+    passed as keywords. buddy_overlap (ZeroOptimizers only; docs/elastic.md, "ZeRO"): True lets
+    commit() return once the buddy copies' exchange started, at the cost of a second buddy
+    buffer; False waits for it."""
 
     _handlers: dict[str, Any]
     _history: dict[int, tuple[dict[str, Any], dict[str, Any]]]
     _workers: set[str] | None  # with ZeRO: the elastic workers of the last commit's generation
 
-    def __init__(self, model=None, optimizer=None, **kwargs):
+    def __init__(self, model=None, optimizer=None, buddy_overlap=True, **kwargs):
         kwargs.update(model=model, optimizer=optimizer)
         handlers, plain = {}, {}
         zero_models: dict[int, Any] = {}
@@ -125,6 +127,8 @@ class TorchState(ObjectState):
                 handlers[key] = handler
         object.__setattr__(self, "_handlers", handlers)
         object.__setattr__(self, "_history", {})  # ZeRO commit version -> the local saves
+        for handler in self._zero_handlers():  # False: each commit waits for its buddy exchange
+            handler.copies.overlap = bool(buddy_overlap)
         for key, handler in handlers.items():
             object.__setattr__(self, key, handler.value)
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **plain)
@@ -146,8 +150,11 @@ class TorchState(ObjectState):
             del self._history[old]
 
     def save(self):
-        """Local copies first (they cannot fail), then the ZeRO handlers' buddy exchanges."""
+        """Local copies first (they cannot fail), then the ZeRO handlers' buddy exchanges. The
+        last commit's exchanges end first: their failure raises before this commit records."""
         zero = self._zero_handlers()
+        for handler in zero:
+            handler.copies.settle(raise_errors=True)
         for handler in self._handlers.values():
             if handler not in zero:
                 handler.save()
@@ -156,6 +163,16 @@ class TorchState(ObjectState):
             self._record(zero[0].next_version)
         for handler in zero:
             handler.save()
+
+    def check_host_updates(self):
+        """As State's; before the job re-forms for a host update, the buddy exchanges still
+        running end (every rank is alive), so the re-formed job rebuilds this commit."""
+        try:
+            super().check_host_updates()
+        except HostsUpdatedInterrupt:
+            for handler in self._zero_handlers():
+                handler.copies.settle()
+            raise
 
     def restore(self):
         for handler in self._handlers.values():

@@ -3,7 +3,8 @@
 What is kept where (docs/elastic.md, "ZeRO"):
   - commit (save()): this rank's master shards and the elementwise optimizer state shards of
     every bucket, packed into one flat fp32 copy in host memory, and one peer's copy of the same
-    (hvdlite/torch/elastic/buddy.py: one alltoall with one non-empty slot per rank). The
+    (hvdlite/torch/elastic/buddy.py: one alltoall with one non-empty slot per rank, left running
+    while training goes on unless TorchState(..., buddy_overlap=False)). The
     optimizer's scalar state (Adam's step) and the shard sizes are kept per commit version (the
     last two). Stage 3's parameters live only in the masters, so the masters are the whole model
     state ZeRO manages; the model's other entries (buffers, frozen parameters) are kept whole by
@@ -176,7 +177,7 @@ class ZeroHandler:
                 "shard_size=None); the job's size changes when it re-forms"
             )
         self.value = z
-        self.copies = BuddyCopies()
+        self.copies = BuddyCopies(overlap=True)  # TorchState(..., buddy_overlap=False) turns it off
         self.meta = {}  # commit version -> pack() meta
         self.save()
 
@@ -196,7 +197,9 @@ class ZeroHandler:
         self.copies.commit(tensors, z.process_set)
 
     def restore(self):
-        """Nothing yet: the world may be broken. reset() (after re-form) rebuilds the commit."""
+        """Waits for the last commit's exchange (it completed, or failed with the world: its buddy
+        copy then counts as lost); reset() (after re-form) rebuilds the commit."""
+        self.copies.settle()
 
     def set_value(self, value):
         raise exceptions.NotSupportedError("hvd.elastic.TorchState: a ZeroOptimizer cannot be replaced")
