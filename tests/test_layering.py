@@ -273,7 +273,7 @@ def test_the_core_has_one_loader_module():
 # hvdlite/torch/parallel/ holds one package per technique and no loose technique modules; every
 # public name of a technique is importable from its package and from hvd.parallel.
 
-TECHNIQUES = ("zero", "tensor", "cp", "pipeline", "moe", "sparse")
+TECHNIQUES = ("zero", "tensor", "cp", "pipeline", "moe", "sparse", "mesh")
 TORCH_ADDON = os.path.join(ROOT, "hvdlite", "torch", "parallel")
 
 

@@ -1,5 +1,5 @@
 """A hvd.Mesh job re-forms on the survivors of a loss (hvdlite/parallel/reform.py: the plan, pure;
-hvdlite/torch/parallel/mesh_state.py: MeshState under hvd.elastic.run, real processes).
+hvdlite/torch/parallel/mesh/state.py: MeshState under hvd.elastic.run, real processes).
 
 The slow test runs examples/pytorch_gpt_3d.py --elastic (pp=2 x tp=2 x dp=2, 8 ranks on 4
 localhost "hosts" of 2 slots) with rank 5 SIGKILLed in step 3: the driver drops its host, the 6

@@ -18,7 +18,7 @@ Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the
     driver can kill the frozen process (it would never exit by itself) and re-form without it.
   - "retire/<g>" = JSON list of the ids of workers of generation g that leave the job although
     they are alive (a mesh re-formed on fewer ranks than survived releases them:
-    hvdlite/torch/parallel/mesh_state.py), written by its rank 0 before the workers ask for a new
+    hvdlite/torch/parallel/mesh/state.py), written by its rank 0 before the workers ask for a new
     generation with "reset/<g>"; the driver forms the next one without them and never starts a
     worker in their slots again; they find no place in it and exit 0.
 Every init() of an elastic worker (the script's own hvd.init() included, through the init hook

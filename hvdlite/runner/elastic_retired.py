@@ -1,6 +1,6 @@
 """The elastic driver's side of retired workers (RetiredSlots, one per ElasticDriver).
 
-A mesh job (hvdlite/torch/parallel/mesh_state.py) that lost ranks re-forms with fewer
+A mesh job (hvdlite/torch/parallel/mesh/state.py) that lost ranks re-forms with fewer
 data-parallel replicas than its survivors could fill, so some live workers have no place in it.
 Its rank 0 names them in "retire/<g>" (hvdlite/elastic/worker.py), then every worker asks for a
 new generation ("reset/<g>"). Before assigning that generation the driver reads the list: the

@@ -1,7 +1,7 @@
 """hvdlite.torch.parallel (``hvd.parallel``): ZeRO, tensor, context, pipeline and expert (MoE)
 parallelism and sharded embedding tables for PyTorch modules, built only on hvdlite.torch's public
-collectives, and MeshState, the elastic state of a mesh job (mesh_state.py). One package per
-technique (zero/, tensor/, cp/, pipeline/, moe/, sparse/), each re-exporting its public names here; their framework-neutral halves live in hvdlite.parallel."""
+collectives, and MeshState, the elastic state of a mesh job (mesh/). One package per
+technique (zero/, tensor/, cp/, pipeline/, moe/, sparse/, mesh/), each re-exporting its public names here; their framework-neutral halves live in hvdlite.parallel."""
 
 from hvdlite.torch.parallel.cp import (
     ContextParallelAttention,
@@ -9,7 +9,7 @@ from hvdlite.torch.parallel.cp import (
     cp_shard,
     cp_unshard,
 )
-from hvdlite.torch.parallel.mesh_state import MeshState
+from hvdlite.torch.parallel.mesh import MeshState
 from hvdlite.torch.parallel.moe import MoE, expert_parameters, moe_zero_optimizers
 from hvdlite.torch.parallel.pipeline import (
     PipelineStage,
