@@ -18,14 +18,6 @@ import zero_cases as zc
 from helpers import run_pooled, spawn_ranks
 
 
-def _steps(hvd, model, opt, first, count):
-    for step in range(first, first + count):
-        x, y = zc.local_batch(step, hvd.rank(), hvd.size())
-        zc.loss_of(model, x, y).backward()
-        opt.step()
-        opt.zero_grad()
-
-
 def _np(sd):
     return {k: v.detach().numpy().copy() for k, v in sd.items()}
 
@@ -61,14 +53,14 @@ def _snapshot(path):
     hvd.init()
     model = zc.make_model()
     opt = hvd.ZeroOptimizer(zc.make_optimizer("adamw", model), model, stage=3)
-    _steps(hvd, model, opt, 0, 2)
+    zc.train_steps(hvd, model, opt, 0, 2)
     hvd.save_checkpoint(path, model, opt, blocking=False)  # an older checkpoint, replaced below
     at_save = _np(hvd.full_state_dict(model))
     real = _slow_writes(checkpoint_io, 0.3)
     try:
         hvd.save_checkpoint(path, model, opt, blocking=False)  # joins the first save
         was_pending = checkpoint_io._PENDING is not None and checkpoint_io._PENDING.thread.is_alive()
-        _steps(hvd, model, opt, 2, 2)  # changes the masters in place while the writer sleeps
+        zc.train_steps(hvd, model, opt, 2, 2)  # changes the masters in place while the writer sleeps
         hvd.wait_checkpoint()
     finally:
         checkpoint_io._write_file = real
@@ -77,7 +69,7 @@ def _snapshot(path):
     model2, opt2 = _fresh(hvd, stage=1)
     hvd.load_checkpoint(path, model2, opt2)
     loaded = _np(hvd.full_state_dict(model2))
-    _steps(hvd, model2, opt2, 2, 2)
+    zc.train_steps(hvd, model2, opt2, 2, 2)
     continued = _np(hvd.full_state_dict(model2))
     hvd.shutdown()
     return was_pending, at_save, after, loaded, continued
@@ -115,7 +107,7 @@ def _write_errors(root):
     hvd.init()
     model = zc.make_model()
     opt = hvd.ZeroOptimizer(zc.make_optimizer("adamw", model), model, stage=2)
-    _steps(hvd, model, opt, 0, 1)
+    zc.train_steps(hvd, model, opt, 0, 1)
     errors = []
     blocker = os.path.join(root, "a-file")  # a path below a regular file cannot be a folder
     hvd.save_checkpoint(os.path.join(blocker, "ckpt"), model, opt, blocking=False)  # returns
@@ -130,7 +122,7 @@ def _write_errors(root):
     mine = torch.load(checkpoint_io.shard_file(folder, hvd.rank(), 2), weights_only=True)
     # stage 2's fp32 master shard views the flat bucket: the file holds the shard's bytes only
     compact = all(m.untyped_storage().nbytes() == m.numel() * 4 for m in mine["master"])
-    _steps(hvd, model, opt, 1, 1)
+    zc.train_steps(hvd, model, opt, 1, 1)
     real = checkpoint_io._write_file
     if hvd.rank() == 1:
 
@@ -171,10 +163,10 @@ def _killed_mid_write(path):
     hvd.init()
     model = zc.make_model()
     opt = hvd.ZeroOptimizer(zc.make_optimizer("adamw", model), model, stage=2)
-    _steps(hvd, model, opt, 0, 2)
+    zc.train_steps(hvd, model, opt, 0, 2)
     hvd.save_checkpoint(path, model, opt)
     saved = _np(hvd.full_state_dict(model))
-    _steps(hvd, model, opt, 2, 2)
+    zc.train_steps(hvd, model, opt, 2, 2)
     if hvd.rank() == 1:
 
         def killed(final, payload):  # half the file on disk, then the process is gone
@@ -228,12 +220,12 @@ def _plain_data_parallel(path):
     opt = hvd.DistributedOptimizer(
         zc.make_optimizer("adamw", model), named_parameters=model.named_parameters()
     )
-    _steps(hvd, model, opt, 0, 2)
+    zc.train_steps(hvd, model, opt, 0, 2)
     at_save = _np(model.state_dict())
     real = _slow_writes(checkpoint_io, 0.3)
     try:
         hvd.save_checkpoint(path, model, opt, blocking=False)
-        _steps(hvd, model, opt, 2, 2)  # during rank 0's write
+        zc.train_steps(hvd, model, opt, 2, 2)  # during rank 0's write
         hvd.wait_checkpoint()
     finally:
         checkpoint_io._write_file = real
@@ -242,7 +234,7 @@ def _plain_data_parallel(path):
     model2, opt2 = _fresh(hvd, stage=2)
     hvd.load_checkpoint(path, model2, opt2)
     loaded = _np(hvd.full_state_dict(model2))
-    _steps(hvd, model2, opt2, 2, 2)
+    zc.train_steps(hvd, model2, opt2, 2, 2)
     continued = _np(hvd.full_state_dict(model2))
     hvd.shutdown()
     return at_save, final, loaded, continued

@@ -15,14 +15,6 @@ from helpers import run_ranks
 BEFORE, AFTER = 2, 2  # steps before the checkpoint, steps after it
 
 
-def _steps(hvd, model, opt, first, count):
-    for step in range(first, first + count):
-        x, y = zc.local_batch(step, hvd.rank(), hvd.size())
-        zc.loss_of(model, x, y).backward()
-        opt.step()
-        opt.zero_grad()
-
-
 def _np(sd):
     return {k: v.numpy().copy() for k, v in sd.items()}
 
@@ -33,10 +25,10 @@ def _save_on_four(path):
     hvd.init()
     model = zc.make_model()
     opt = hvd.ZeroOptimizer(zc.make_optimizer("adamw", model), model, stage=3)
-    _steps(hvd, model, opt, 0, BEFORE)
+    zc.train_steps(hvd, model, opt, 0, BEFORE)
     hvd.save_checkpoint(path, model, opt)
     at_save = hvd.full_state_dict(model, rank=0)
-    _steps(hvd, model, opt, BEFORE, AFTER)
+    zc.train_steps(hvd, model, opt, BEFORE, AFTER)
     final = hvd.full_state_dict(model, rank=0)
     hvd.shutdown()
     return (_np(at_save), _np(final)) if at_save else None  # rank 0 only
@@ -52,7 +44,7 @@ def _load_on_two(path, configs):
         model = zc.Net()
         opt = hvd.ZeroOptimizer(zc.make_optimizer("adamw", model), model, stage=stage, shard_size=shard_size)
         hvd.load_checkpoint(path, model, opt)
-        _steps(hvd, model, opt, BEFORE, AFTER)
+        zc.train_steps(hvd, model, opt, BEFORE, AFTER)
         out.append(_np(hvd.full_state_dict(model)))
     hvd.shutdown()
     return out

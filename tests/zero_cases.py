@@ -62,6 +62,15 @@ def loss_of(model, x, y):
     return nn.functional.cross_entropy(model(x), y)
 
 
+def train_steps(hvd, model, opt, first, count):
+    """Steps first .. first+count-1 of the data-parallel run: this rank's share of each batch."""
+    for step in range(first, first + count):
+        x, y = local_batch(step, hvd.rank(), hvd.size())
+        loss_of(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def reference(kind, steps, start_state=None, first_step=0, clip=None):
     """One process on the concatenated global batch: the state_dict after `steps` steps."""
     model = make_model()
