@@ -66,10 +66,14 @@ _HANDLERS = [
 ]
 
 
+def _is_sharded_optimizer(value):
+    """A ZeroOptimizer (or any optimizer with sharded state that makes its own elastic handler)."""
+    return isinstance(value, torch.optim.Optimizer) and callable(getattr(value, "elastic_handler", None))
+
+
 def _handler_for(value):
-    make = getattr(value, "elastic_handler", None)  # a ZeroOptimizer: sharded state
-    if callable(make) and isinstance(value, torch.optim.Optimizer):
-        return make()
+    if _is_sharded_optimizer(value):
+        return value.elastic_handler()
     for kind, handler in _HANDLERS:
         if isinstance(value, kind):
             return handler(value)
@@ -114,7 +118,7 @@ class TorchState(ObjectState):
         handlers, plain = {}, {}
         zero_models: dict[int, Any] = {}
         for value in kwargs.values():  # ZeroOptimizers first: their models are kept apart
-            if callable(getattr(value, "elastic_handler", None)) and isinstance(value, torch.optim.Optimizer):
+            if _is_sharded_optimizer(value):
                 zero_models[id(getattr(value, "model", None))] = value
         for key, value in kwargs.items():
             if id(value) in zero_models and isinstance(value, torch.nn.Module):
