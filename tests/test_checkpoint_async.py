@@ -32,6 +32,16 @@ def _fresh(hvd, stage):
     return model, hvd.ZeroOptimizer(zc.make_optimizer("adamw", model), model, stage=stage)
 
 
+def _load_and_continue(hvd, path, stage):
+    """A fresh model and optimizer load `path`; returns their full state as loaded and after
+    steps 2-3 (what the saved job's steps 2-3 must equal)."""
+    model, opt = _fresh(hvd, stage)
+    hvd.load_checkpoint(path, model, opt)
+    loaded = _np(hvd.full_state_dict(model))
+    zc.train_steps(hvd, model, opt, 2, 2)
+    return loaded, _np(hvd.full_state_dict(model))
+
+
 def _slow_writes(checkpoint_io, seconds):
     """Wraps the writer's file function to sleep first; returns the original to restore."""
     import time
@@ -66,11 +76,7 @@ def _snapshot(path):
         checkpoint_io._write_file = real
     hvd.wait_checkpoint()  # nothing pending: returns at once
     after = _np(hvd.full_state_dict(model))
-    model2, opt2 = _fresh(hvd, stage=1)
-    hvd.load_checkpoint(path, model2, opt2)
-    loaded = _np(hvd.full_state_dict(model2))
-    zc.train_steps(hvd, model2, opt2, 2, 2)
-    continued = _np(hvd.full_state_dict(model2))
+    loaded, continued = _load_and_continue(hvd, path, stage=1)
     hvd.shutdown()
     return was_pending, at_save, after, loaded, continued
 
@@ -231,11 +237,7 @@ def _plain_data_parallel(path):
         checkpoint_io._write_file = real
     hvd.barrier()  # rank 0 has committed
     final = _np(model.state_dict())
-    model2, opt2 = _fresh(hvd, stage=2)
-    hvd.load_checkpoint(path, model2, opt2)
-    loaded = _np(hvd.full_state_dict(model2))
-    zc.train_steps(hvd, model2, opt2, 2, 2)
-    continued = _np(hvd.full_state_dict(model2))
+    loaded, continued = _load_and_continue(hvd, path, stage=2)
     hvd.shutdown()
     return at_save, final, loaded, continued
 
