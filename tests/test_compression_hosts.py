@@ -47,8 +47,12 @@ def _first_step(cross):
         named_parameters=model.named_parameters(),
         compression=compression,
     )
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    local = {n: p.grad.clone() for n, p in model.named_parameters()}
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    # This rank's own gradients, taken before backward: backward's hooks start the allreduces,
+    # and the uncompressed ones reduce p.grad in place while this thread runs on.
+    names, params = zip(*model.named_parameters())
+    local = dict(zip(names, torch.autograd.grad(loss, params, retain_graph=True)))
+    loss.backward()
     opt.synchronize()
     out = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
     every = {n: hvd.allgather(t[None], name="g." + n).numpy() for n, t in local.items()}

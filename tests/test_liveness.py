@@ -121,7 +121,9 @@ def test_silent_host_is_named_on_every_survivor(simhosts, tmp_path):
     for rank, (after, line) in found.items():
         print("rank %d: error %.1f s after the crash: %s" % (rank, after, line[:300]))
         assert victim.name in line, line  # every survivor's error names the silent host
-        assert "stopped answering" in line, line
+        # A silent host is found by whichever bound expires first under load: its TCP keepalive
+        # probes ("stopped answering") or its missing heartbeat ("stopped responding").
+        assert "stopped answering" in line or "stopped responding" in line, line
     # The default HVDLITE_TIMEOUT_SECONDS is 120 s: reaching here within the 90 s bound above
     # shows liveness, not the transfer timeout, found it (the times are printed above).
 

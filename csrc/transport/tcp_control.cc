@@ -128,8 +128,8 @@ Status TcpTransport::CheckHeartbeat() const {
   if (q < 0) return Status::OK();
   std::ostringstream os;
   os << Who(q) << " stopped responding: no heartbeat from it for " << heartbeat_->bound_s()
-     << " s while its connections stay open (its process is stopped or hung: SIGSTOP, a debugger, a call "
-        "that blocks every thread; HVDLITE_LIVENESS_SECONDS sets this bound)";
+     << " s (its process is stopped or hung: SIGSTOP, a debugger, a call that blocks every thread; or its "
+        "host or the network to it went silent; HVDLITE_LIVENESS_SECONDS sets this bound)";
   return Status::Aborted(os.str());
 }
 
