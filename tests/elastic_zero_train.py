@@ -11,8 +11,9 @@ was started and before the stage-2 one's (TorchState's default buddy_overlap lea
 running): the survivors wait for a copy that never comes and must fall back a commit. ELASTIC_CKPT: a directory rank 0.. saves a ZeRO checkpoint
 of the stage-3 model into after the last step. Rank 0 prints "DONE <json>": the committed
 (step, size, time) log, every ZeRO model's full_state_dict, the plain model's state_dict
-("plain"), and per rank and stage the optimizer state
-elements it holds against the model's parameter count.
+("plain"), per rank and stage the optimizer state elements it holds against the model's
+parameter count, and per ZeroOptimizer whether its buddy copies are mapped /dev/shm files
+("shared"; hvdlite/torch/elastic/buddy_shm.py) rather than sent.
 """
 
 import json
@@ -111,7 +112,14 @@ if __name__ == "__main__":
         print(
             "DONE "
             + json.dumps(
-                {"log": state.log, "full": full, "plain": plain_full, "sizes": sizes, "params": params}
+                {
+                    "log": state.log,
+                    "full": full,
+                    "plain": plain_full,
+                    "sizes": sizes,
+                    "params": params,
+                    "shared": [h.copies._shared is not None for h in state._zero_handlers()],
+                }
             ),
             flush=True,
         )

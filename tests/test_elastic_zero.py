@@ -5,6 +5,7 @@ by side in it (tests/elastic_zero_train.py; slow)."""
 
 import itertools
 import json
+import os
 import sys
 
 import numpy as np
@@ -87,7 +88,10 @@ def _reference(train, steps):
 # ~10 s each: one job, three ZeroOptimizers (stages 1, 2, 3) and a plain DistributedOptimizer in
 # one TorchState, commit every step. The host is lost mid-step 5, or inside step 4's commit between
 # two optimizers' buddy exchanges (then one copy of that commit never arrives, and the survivors
-# rebuild step 3's commit from the second buddy buffers and train on from there).
+# rebuild step 3's commit from the second buddy buffers and train on from there). The "hosts"
+# share this machine's /dev/shm: the first case keeps the buddy copies in mapped files (the
+# default), the second sends them point-to-point (HVDLITE_BUDDY_SHARED_MEMORY=0), as across
+# machines.
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", ["ELASTIC_KILL", "ELASTIC_KILL_IN_EXCHANGE"])
 def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path, kill):
@@ -102,6 +106,7 @@ def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path, kill):
         kill: "127.0.0.1[0]:%d" % (5 if kill == "ELASTIC_KILL" else 4),
         "ELASTIC_STEPS": "12",
         "ELASTIC_CKPT": str(tmp_path / "ckpt"),
+        "HVDLITE_BUDDY_SHARED_MEMORY": "1" if kill == "ELASTIC_KILL" else "0",
     }
     hosts = "localhost:2,127.0.0.1:2"
     res = hvdliterun("-np", 4, "--min-np", 2, "-H", hosts, sys.executable, script, env=env, timeout=120)
@@ -113,6 +118,7 @@ def test_zero_stages_survive_a_lost_host_from_buddy_copies(tmp_path, kill):
         for line in lines
         if line.startswith("DONE ")
     )
+    assert done["shared"] == [kill == "ELASTIC_KILL"] * 3, done["shared"]
     log = done["log"]
     assert [s for s, _, _ in log] == list(range(12)), log  # every committed step exactly once
     sizes = [n for _, n, _ in log]
@@ -208,7 +214,8 @@ def _buddy_exchange():
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     out = []
-    for overlap in (False, True):
+    for shared, overlap in itertools.product((False, True), (False, True)):
+        os.environ["HVDLITE_BUDDY_SHARED_MEMORY"] = "1" if shared else "0"
         copies = BuddyCopies(overlap=overlap)
         for version in (1, 2, 3):  # later commits reuse every buffer
             copies.commit(
@@ -218,25 +225,53 @@ def _buddy_exchange():
         # as if every owner were lost: each shard comes from the rank keeping its buddy copy
         holder = copies.holder
         whole = {}
-        for version in (3, 2) if overlap else (3,):  # overlap: the previous buddy copy is kept too
+        for version in (3, 2) if overlap or shared else (3,):  # the previous buddy copy is kept too
             by_buddy = RecoveryPlan(copies, plan.infos, version, {j: holder[j] for j in range(n)}, r)
             got = by_buddy.fetch_whole({k: [(k + 1) % n] for k in range(n)}, hvd.global_process_set)
             whole[version] = {j: t.tolist() for j, t in got.items()}
         info = copies.info()
-        out.append((plan.version, info[2], info[4], whole))
+        out.append((plan.version, info[2], info[4], whole, copies._shared is not None))
+        copies.forget_placement()
+    os.environ.pop("HVDLITE_BUDDY_SHARED_MEMORY")
     hvd.shutdown()
     return out
 
 
 def test_buddy_copies_rebuild_a_shard_from_its_buddy():
-    """BuddyCopies on 3 ranks (no launcher hosts: one host, buddies are the next rank), without
-    and with overlap: three commits, then every rank takes over its neighbour's whole shard from
-    the buddy copy (with overlap, also the previous commit's, from the second buddy buffer)."""
+    """BuddyCopies on 3 ranks (no launcher hosts: one host, buddies are the next rank), copies
+    sent (HVDLITE_BUDDY_SHARED_MEMORY=0) without and with overlap, and mapped from the owner's
+    /dev/shm files: three commits, then every rank takes over its neighbour's whole shard from
+    the buddy copy (with overlap or mapped, also the previous commit's)."""
     results = run_pooled(_buddy_exchange, 3, timeout=60)
     for r, modes in enumerate(results):
         j = (r + 1) % 3
-        for overlap, (version, own_versions, buddy_versions, whole) in zip((False, True), modes):
+        for (shared, overlap), got_mode in zip(itertools.product((False, True), (False, True)), modes):
+            version, own_versions, buddy_versions, whole, mapped = got_mode
+            assert mapped == shared, (shared, overlap)
             assert version == 3 and sorted(own_versions) == [2, 3]
-            assert sorted(buddy_versions) == ([2, 3] if overlap else [3])
+            assert sorted(buddy_versions) == ([2, 3] if overlap or shared else [3])
             for v, got in whole.items():
-                assert got == {j: [10.0 * j + v] * 3 + [0.0 + j, 1.0 + j]}, (overlap, v)
+                assert got == {j: [10.0 * j + v] * 3 + [0.0 + j, 1.0 + j]}, (shared, overlap, v)
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("hvdlite-") and "-buddy" in f]  # unlinked
+
+
+def test_a_shared_shard_is_one_set_of_pages_and_its_version_marks_a_complete_copy():
+    import torch
+
+    from hvdlite.torch.elastic.buddy_shm import SharedShard, name_prefix
+
+    name = name_prefix(0) + "-test"
+    own = SharedShard(name, 5, torch.float32, True)
+    try:
+        with pytest.raises(FileExistsError):
+            SharedShard(name, 5, torch.float32, True)
+        with pytest.raises(OSError, match="bytes, not"):
+            SharedShard(name, 6, torch.float32, False)
+        buddy = SharedShard(name, 5, torch.float32, False)
+        assert buddy.version == 0  # fresh: no complete copy
+        own.data.copy_(torch.arange(5.0))
+        own.version = 7
+    finally:
+        own.unlink()
+    del own  # the owner is gone and the name too: the buddy's mapping still holds the copy
+    assert buddy.version == 7 and buddy.data.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]

@@ -60,6 +60,13 @@ SETTINGS = (
     ),
     Setting("ELASTIC_SECRET", "str", "", "secret (hex) proving membership to the elastic driver's store"),
     Setting("ELASTIC_WORKER_ID", "str", "", "this elastic worker's name in the driver's assignments"),
+    Setting(
+        "BUDDY_SHARED_MEMORY",
+        "bool",
+        True,
+        "elastic ZeRO: a buddy copy between ranks sharing /dev/shm is the owner's packed copy in a"
+        " file the buddy maps (no bytes moved); 0 sends it point-to-point as across machines",
+    ),
     # Runtime behaviour.
     Setting(
         "FUSION_THRESHOLD",

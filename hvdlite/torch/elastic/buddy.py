@@ -30,9 +30,16 @@ buffers, so the previous commit's buddy copy stays whole until the next one arri
 member dies. recover() picks the newest version of which every old shard still has a copy and
 raises ShardsLostError naming the owner and its buddy when some shard has none.
 
+Shared memory: where every member sees the same /dev/shm (one machine; HVDLITE_BUDDY_SHARED_MEMORY
+not 0), the own buffers are files there that each buddy maps (buddy_shm.py): the buddy copy is
+the owner's packed copy itself, which outlives the owner's process, and nothing travels. The
+commit is then the pack and one barrier; each buddy holds the owner's last two commits (the one
+being packed reads version 0). Decided once per world (two small collectives); any member that
+cannot create or map the files makes every member fall back to sending the copies.
+
 Memory: two own copies and one buddy copy (two with overlap), reused from commit to commit (no
-allocation, no page faults after the first). Threading: the training thread; the core's
-background thread moves an overlapped exchange's bytes.
+allocation, no page faults after the first); shared, the two own copies only. Threading: the
+training thread; the core's background thread moves an overlapped exchange's bytes.
 """
 
 import dataclasses
@@ -47,6 +54,7 @@ from hvdlite.common.process_sets import global_process_set, resolve
 from hvdlite.common.topology import rank as global_rank
 from hvdlite.torch import mpi_ops, p2p_ops
 from hvdlite.torch.buffers import TORCH
+from hvdlite.torch.elastic.buddy_shm import SharedShard, name_prefix, share_key
 
 CHECKPOINT_HINT = (
     "restart from the last disk checkpoint (hvd.save_checkpoint(path, model, opt) while training, "
@@ -107,19 +115,28 @@ class BuddyCopies:
         self.position, self.size, self.holder = None, 0, None
         self._hosts_key = None
         self._inflight = None  # (handle, buddy slot, version) of an exchange not yet waited for
+        self._can_share = False  # every member maps its holder's /dev/shm (placement)
+        self._shared = None  # (numel, dtype) the shared files hold; None: private buffers
+        self._share_tried = None  # the (numel, dtype) _share() last ran for in this world
+        self._own_files: list[SharedShard] = []  # by own slot, while shared
+        self._buddy_files: list[SharedShard] = []  # the buddy's own files, mapped here
 
     def _placement(self, process_set):
         ranks = tuple(process_set.ranks)
         if self._hosts_key != ranks:
-            hosts = allgather_object(host_id(), name="buddy.hosts", process_set=process_set)
-            self._hosts_key, self.holder = ranks, holders(hosts)
+            self._drop_shared()
+            got = allgather_object((host_id(), share_key()), name="buddy.hosts", process_set=process_set)
+            self._hosts_key, self.holder = ranks, holders([h for h, _ in got])
             self.position, self.size = ranks.index(global_rank()), len(ranks)
+            keys = [k for _, k in got]
+            self._can_share = len(ranks) > 1 and all(k is not None and k == keys[0] for k in keys)
         return self.position, self.size, self.holder
 
     def forget_placement(self):
         """Drops every copy (the old world's) and makes the next commit() place buddies anew:
         call once the job re-formed and the old copies were used."""
         self.settle()
+        self._drop_shared()
         self._hosts_key = None
         self.own, self.own_versions = [None, None], [0, 0]
         self.buddy, self.buddy_versions, self.buddy_of = [None, None], [0, 0], None
@@ -163,8 +180,15 @@ class BuddyCopies:
         numel = sum(t.numel() for t in parts)
         pos, n, holder = self._placement(process_set)
         self.version += 1
+        if self._can_share and self._share_tried != (numel, parts[0].dtype):
+            self._share(numel, parts[0].dtype, holder.index(pos), process_set)
+            self._share_tried = (numel, parts[0].dtype)  # once: where it failed, private buffers
         dest = self._pack(parts, numel)
         if n < 2:
+            return
+        if self._shared is not None:  # the buddy maps this copy: nothing travels
+            mpi_ops.barrier(process_set)  # every member packed: the buddy copies hold `version`
+            self.buddy_versions = [f.version for f in self._buddy_files]
             return
         if not self.overlap:
             mpi_ops.barrier(process_set)
@@ -202,27 +226,81 @@ class BuddyCopies:
 
     def _post_p2p(self, dest, into, to, process_set):
         """The exchange as a send to the holder and a receive from the buddy: point-to-point
-        bypasses the core's order of collectives, so training's collectives run meanwhile."""
+        bypasses the core's order of collectives, so training's collectives run meanwhile. The
+        barrier between them puts every receive in place before any send starts: a message that
+        finds no receive would be kept whole in fresh memory and copied once more (page faults
+        and a further pass over the shard, measured: docs/elastic.md)."""
         tag = 7000 + self.uid  # one per BuddyCopies: several may be in flight at once
-        return (
-            p2p_ops.recv_async(into, self.buddy_of, tag=tag, process_set=process_set),
-            p2p_ops.send_async(dest, to, tag=tag, process_set=process_set),
-        )
+        recv = p2p_ops.recv_async(into, self.buddy_of, tag=tag, process_set=process_set)
+        mpi_ops.barrier(process_set)
+        return (recv, p2p_ops.send_async(dest, to, tag=tag, process_set=process_set))
 
     def _pack(self, parts, numel):
-        """Copies `parts` into the older own buffer (one pass) and returns it."""
+        """Copies `parts` into the older own buffer (one pass) and returns it. A shared one's
+        version reads 0 while it is written, so its buddy never takes it half packed."""
         slot = 0 if self.own_versions[0] <= self.own_versions[1] else 1
         self.own_versions[slot] = 0
         dest = self.own[slot]
         if dest is None or dest.numel() != numel or dest.dtype != parts[0].dtype:
             self.own[slot] = dest = None  # the old buffer goes before the new one is allocated
             dest = self.own[slot] = torch.empty(numel, dtype=parts[0].dtype)
+        shared = self._own_files[slot] if self._shared is not None else None
+        if shared is not None:
+            shared.version = 0
         torch.cat(parts, out=dest)
+        if shared is not None:
+            shared.version = self.version
         self.own_versions[slot] = self.version
         return dest
 
+    def _share(self, numel, dtype, buddy_of, process_set):
+        """Collective, once per world and shard size: every member makes its two own buffers
+        files in /dev/shm, maps its buddy's, and they are unlinked (buddy_shm.py). Where any
+        member fails, every member keeps private buffers and exchanges copies instead."""
+        self._drop_shared()
+        prefix = name_prefix(self.uid)
+        try:
+            self._own_files = [SharedShard("%s-%d" % (prefix, s), numel, dtype, True) for s in (0, 1)]
+        except OSError:
+            self._drop_shared()
+        made = allgather_object(
+            prefix if self._own_files else None, name="buddy.share.%d" % self.uid, process_set=process_set
+        )
+        theirs = made[buddy_of]
+        try:
+            if all(made):
+                self._buddy_files = [SharedShard("%s-%d" % (theirs, s), numel, dtype, False) for s in (0, 1)]
+        except OSError:
+            self._buddy_files = []
+        mapped = allgather_object(
+            bool(self._buddy_files), name="buddy.mapped.%d" % self.uid, process_set=process_set
+        )
+        for f in self._own_files:
+            f.unlink()  # every buddy mapped it (or gave up): only mappings keep the pages now
+        if not all(mapped):
+            self._drop_shared()
+            return
+        self._shared = (numel, dtype)
+        self.own = [f.data for f in self._own_files]
+        self.own_versions = [0, 0]
+        self.buddy = [f.data for f in self._buddy_files]
+        self.buddy_versions = [0, 0]
+        self.buddy_of = buddy_of
+
+    def _drop_shared(self):
+        """Back to private buffers (the shared ones, and the copies they held, are dropped)."""
+        for f in self._own_files:
+            f.unlink()
+        if self._shared is not None:
+            self.own, self.own_versions = [None, None], [0, 0]
+            self.buddy, self.buddy_versions = [None, None], [0, 0]
+        self._own_files, self._buddy_files, self._shared = [], [], None
+        self._share_tried = None
+
     def info(self):
         """What this rank holds, as recover() exchanges it."""
+        if self._shared is not None:  # the buddy's files as it left them (alive or not)
+            self.buddy_versions = [f.version for f in self._buddy_files]
         if not any(self.own_versions):
             return None
         versions = [v for v in self.own_versions if v]
