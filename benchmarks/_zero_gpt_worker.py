@@ -5,7 +5,8 @@ rank's peak RSS over the timed steps.
 
 MODE (LIB): ddp (hvdlite: DistributedOptimizer), zero1 / zero2 / zero3 (hvdlite:
 ZeroOptimizer), zero3-commit (zero3 with hvd.elastic.TorchState(model, opt).commit() after every
-step: buddy copies of the shards, exchanged while the next step runs; the commit's own time,
+step: buddy copies of the shards, mapped from the owner's /dev/shm file on one host, else
+exchanged while the next step runs; the commit's own time,
 the training thread's stall, is recorded as "commit_times"), zero3-commit-sync (the same with
 buddy_overlap=False: each commit waits for its exchange), fsdp2 / fsdp2-keep (gloo: torch fully_shard per block and root, reshard after
 forward True / False), torch-zero (gloo: DistributedDataParallel + ZeroRedundancyOptimizer),

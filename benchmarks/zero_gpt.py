@@ -12,10 +12,11 @@ Model: examples/pytorch_zero_gpt.py's GPT, 12 layers, width 768, 12 heads, vocab
   ddp          hvd.DistributedOptimizer (allreduce overlapping backward)
   zero1..3     hvd.ZeroOptimizer(stage=1..3)
   zero3-commit zero3 plus hvd.elastic.TorchState(model, opt).commit() after every step (buddy
-               copies of the shards in host memory, exchanged while the next step runs); the
-               commit's share of the step (the training thread's stall) is reported
+               copies of the shards in host memory: on one host the buddy maps the owner's
+               packed copy; with HVDLITE_BUDDY_SHARED_MEMORY=0 they are sent while the next step
+               runs); the commit's share of the step (the training thread's stall) is reported
   zero3-commit-sync  the same with TorchState(..., buddy_overlap=False): each commit waits for
-               its buddy exchange
+               its buddy exchange (the same as zero3-commit where the copies are mapped)
   fsdp2        torch fully_shard per block and root, gloo, reshard_after_forward=True
   fsdp2-keep   the same with reshard_after_forward=False
   torch-zero   torch DistributedDataParallel + ZeroRedundancyOptimizer (gloo)
@@ -37,14 +38,18 @@ from _report import fmt_others, save_figure, write_outputs
 
 WORKER = os.path.join(HERE, "_zero_gpt_worker.py")
 RANKS = 2
+# Buddy copies on one host are mapped /dev/shm files (no copy of their own) unless
+# HVDLITE_BUDDY_SHARED_MEMORY=0 sends them as across hosts (docs/elastic.md, "ZeRO").
+_SHARED = os.environ.get("HVDLITE_BUDDY_SHARED_MEMORY", "1") not in ("0", "false", "False")
+_COPIES = "16P/N + %d x 12P/N copies"
 # Row -> (launcher, model-state bytes per parameter per rank as f(N), the formula shown).
 ROWS = {
     "ddp": ("hvdlite", lambda n: 16.0, "16P"),
     "zero1": ("hvdlite", lambda n: 8 + 12 / n, "8P + 12P/N"),
     "zero2": ("hvdlite", lambda n: 4 + 12 / n, "4P + 12P/N"),
     "zero3": ("hvdlite", lambda n: 16 / n, "16P/N"),
-    "zero3-commit": ("hvdlite", lambda n: 64 / n, "16P/N + 4 x 12P/N copies"),
-    "zero3-commit-sync": ("hvdlite", lambda n: 52 / n, "16P/N + 3 x 12P/N copies"),
+    "zero3-commit": ("hvdlite", lambda n: (40 if _SHARED else 64) / n, _COPIES % (2 if _SHARED else 4)),
+    "zero3-commit-sync": ("hvdlite", lambda n: (40 if _SHARED else 52) / n, _COPIES % (2 if _SHARED else 3)),
     "fsdp2": ("gloo", lambda n: 16 / n, "16P/N"),
     "fsdp2-keep": ("gloo", lambda n: 16 / n, "16P/N"),
     "torch-zero": ("gloo", lambda n: 8 + 8 / n, "8P + 8P/N"),

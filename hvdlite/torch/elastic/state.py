@@ -107,7 +107,8 @@ class TorchState(ObjectState):
     0); everything else is an ordinary picklable object. Several models or optimizers may be
     passed as keywords. buddy_overlap (ZeroOptimizers only; docs/elastic.md, "ZeRO"): True lets
     commit() return once the buddy copies' exchange started, at the cost of a second buddy
-    buffer; False waits for it."""
+    buffer; False waits for it. Neither matters where the ranks share /dev/shm: there the buddy
+    maps the owner's copy and nothing is exchanged (HVDLITE_BUDDY_SHARED_MEMORY)."""
 
     _handlers: dict[str, Any]
     _history: dict[int, tuple[dict[str, Any], dict[str, Any]]]

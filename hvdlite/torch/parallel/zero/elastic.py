@@ -3,8 +3,9 @@
 What is kept where (docs/elastic.md, "ZeRO"):
   - commit (save()): this rank's master shards and the elementwise optimizer state shards of
     every bucket, packed into one flat fp32 copy in host memory, and one peer's copy of the same
-    (hvdlite/torch/elastic/buddy.py: one alltoall with one non-empty slot per rank, left running
-    while training goes on unless TorchState(..., buddy_overlap=False)). The
+    (hvdlite/torch/elastic/buddy.py: a send and a receive per rank, left running while training
+    goes on unless TorchState(..., buddy_overlap=False); where the ranks share /dev/shm the buddy
+    maps the owner's packed copy instead and nothing is sent). The
     optimizer's scalar state (Adam's step) and the shard sizes are kept per commit version (the
     last two). Stage 3's parameters live only in the masters, so the masters are the whole model
     state ZeRO manages; the model's other entries (buffers, frozen parameters) are kept whole by
