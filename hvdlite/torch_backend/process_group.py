@@ -392,9 +392,9 @@ class _CombinedWork(HvdliteWork):
         return True
 
 
-def create(dist_backend_opts, backend_options):
+def create(dist_backend_opts, backend_options, cls=HvdliteProcessGroup):
     """torch's creator: joins the runtime for the default group, and maps the group onto a
-    process set."""
+    process set (a `cls`, HvdliteProcessGroup or a subclass)."""
     members = list(dist_backend_opts.global_ranks_in_group)
     rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
     if not members:  # the default group
@@ -404,7 +404,7 @@ def create(dist_backend_opts, backend_options):
         process_set = global_process_set
     else:
         process_set = _member_set(members)
-    return HvdliteProcessGroup(rank, size, process_set, dist_backend_opts.group_id, dist_backend_opts.timeout)
+    return cls(rank, size, process_set, dist_backend_opts.group_id, dist_backend_opts.timeout)
 
 
 def _member_set(members):
