@@ -43,6 +43,10 @@ def _cpu_collectives(r, n, group=None):
     a2a = torch.zeros(n)
     dist.all_to_all_single(a2a, torch.full((n,), float(r)), group=group)
     out["all_to_all"] = a2a.tolist() == [float(i) for i in range(n)]
+    import torch.distributed._functional_collectives as funcol  # DTensor's and FSDP2's path
+
+    f = funcol.all_reduce(torch.ones(2), "sum", group or dist.group.WORLD)
+    out["functional"] = f.tolist() == [float(n)] * 2
     objects = [None] * n
     dist.all_gather_object(objects, {"rank": r}, group=group)
     out["objects"] = objects == [{"rank": i} for i in range(n)]
