@@ -109,11 +109,14 @@ class MixedProcessGroup(HvdliteProcessGroup):
         )
 
     def shutdown(self):
-        """Shuts the other backends down, then hvdlite's part (HvdliteProcessGroup.shutdown)."""
-        if not self._closed:
-            for group in self._delegates.values():
-                group.shutdown()
-        super().shutdown()
+        """Shuts the other backends down, then hvdlite's part (HvdliteProcessGroup.shutdown),
+        which runs even where another backend's shutdown raised."""
+        try:
+            if not self._closed:
+                for group in self._delegates.values():
+                    group.shutdown()
+        finally:
+            super().shutdown()
 
     def __repr__(self):
         label = getattr(self, "_label", "")
@@ -138,10 +141,28 @@ for _name in ROUTED:
     setattr(MixedProcessGroup, _name, _routed(_name))
 
 
+def _build_others(others, device_map, built, dist_backend_opts, backend_options):
+    """(device -> (backend type, torch group or None, backend or None), device -> why none can
+    be built here) for the devices the string gives to other backends."""
+    opts = dist_backend_opts
+    members = list(opts.global_ranks_in_group)  # as torch gives its own backends: [] for the world
+    spec = (opts.group_rank, opts.group_size, opts.timeout, members, opts.group_id, backend_options)
+    built_here, unavailable = {}, {}
+    for device, name in others.items():
+        kind = dist.Backend.backend_type_map.get(name, dist.ProcessGroup.BackendType.CUSTOM)
+        if delegates.available(name):
+            built_here[device] = (kind, *delegates.build(device, name, built, opts.store, spec))
+        else:
+            built_here[device] = (kind, None, None)
+            unavailable[device] = delegates.unavailable_message(device, name, device_map)
+    return built_here, unavailable
+
+
 def create(dist_backend_opts, backend_options):
     """torch's creator: a plain hvdlite group where the string names hvdlite alone, else a
     MixedProcessGroup with the other devices' backends (built here, on every member, in the
-    order of the string; see ``delegates``)."""
+    order of the string, before hvdlite's part, so a backend that fails to build leaves no
+    process set behind; see ``delegates``)."""
     context = delegates.creation_context()
     device_map = context[0] if context else {}
     others = {d: b for d, b in device_map.items() if b != delegates.HVDLITE}
@@ -149,21 +170,15 @@ def create(dist_backend_opts, backend_options):
         return process_group.create(dist_backend_opts, backend_options)
     for name in others.values():
         delegates.check_supported(name, device_map)
+    built_here, unavailable = _build_others(
+        others, device_map, context[1], dist_backend_opts, backend_options
+    )
     pg = process_group.create(dist_backend_opts, backend_options, cls=MixedProcessGroup)
-    opts = dist_backend_opts
-    members = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-    spec = (opts.group_rank, opts.group_size, opts.timeout, members, opts.group_id, backend_options)
-    groups, unavailable = {}, {}
-    for device, name in others.items():
-        kind = dist.Backend.backend_type_map.get(name, dist.ProcessGroup.BackendType.CUSTOM)
-        if not delegates.available(name):
-            unavailable[device] = delegates.unavailable_message(device, name, device_map)
-            pg._register_backend(torch.device(device), kind, None)
-            continue
-        groups[device], backend = delegates.build(device, name, context[1], opts.store, spec)
+    for device, (kind, _, backend) in built_here.items():
         pg._register_backend(torch.device(device), kind, backend)
     for device in device_map.keys() - others.keys():
         pg._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, None)
+    groups = {d: group for d, (_, group, _) in built_here.items() if group is not None}
     pg._attach(device_map, groups, unavailable)
     return pg
 
