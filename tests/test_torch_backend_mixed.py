@@ -40,8 +40,9 @@ def test_cpu_tensors_run_on_hvdlite_beside_another_cuda_backend(other):
         assert out["p2p"] and out["ddp"]
         assert out["hvdlite_calls"] == ["allgather", "allreduce", "alltoall", "broadcast", "reducescatter"]
         assert out["sub"] == (2.0, "MixedProcessGroup", ["allreduce"])
+        assert out["devices"] == ["cpu", "cuda"]  # so torch's object collectives pick cpu
         if other == "gloo":
-            assert out["cuda"] == "ProcessGroupGloo"
+            assert out["cuda"] == "ProcessGroupGloo" and out["cuda_lookup"]
         elif dist.is_nccl_available():
             assert out["cuda"] == "ProcessGroupNCCL"
         else:  # init worked; the first call on cuda names the string and the fix

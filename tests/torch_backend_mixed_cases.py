@@ -130,9 +130,13 @@ def hvdlite_for_cpu(other):
         out["p2p"] = _p2p(r)
         out["ddp"] = _ddp_step(r, n)
         out["hvdlite_calls"] = sorted(_hvdlite_calls(pg))
+        out["devices"] = sorted(d.type for d in pg._device_types)
         try:
             cuda = pg.delegate("cuda")
             out["cuda"] = type(cuda._get_backend(torch.device("cuda"))).__name__
+            out["cuda_lookup"] = pg._get_backend(torch.device("cuda")) is cuda._get_backend(
+                torch.device("cuda")
+            )
         except Exception as e:
             out["cuda"] = "%s: %s" % (type(e).__name__, e)
         sub = dist.new_group(list(range(n)))
