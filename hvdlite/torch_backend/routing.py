@@ -15,6 +15,8 @@ nothing there. Threading: as ``HvdliteProcessGroup`` (torch issues a group's cal
 thread at a time).
 """
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -164,6 +166,13 @@ def create(dist_backend_opts, backend_options):
     order of the string, before hvdlite's part, so a backend that fails to build leaves no
     process set behind; see ``delegates``)."""
     context = delegates.creation_context()
+    if context is None:
+        warnings.warn(
+            "hvdlite: torch %s created a group without _new_process_group_helper's backend_config "
+            "on the stack, so the group is hvdlite's for every device; a per-device string such "
+            "as 'cpu:hvdlite,cuda:nccl' is not honoured on this torch" % torch.__version__,
+            stacklevel=2,
+        )
     device_map = context[0] if context else {}
     others = {d: b for d, b in device_map.items() if b != delegates.HVDLITE}
     if not others:
