@@ -7,8 +7,9 @@ buffers, as ``hvd.*`` calls are, and returns a ``HvdliteWork``.
 Naming (the schedule): torch requires every member of a group to issue the group's collectives
 in the same order, so a name derived from that order agrees across members without any
 exchange: ``c10d.<set>.<kind>.<signature>.<n mod SLOTS>``, where n counts this group's calls of
-that kind and signature (a group sharing the world's set adds torch's group name after <set>). Repeating names let the core's response cache and steady state replay
-a training loop's decisions instead of negotiating them. A rank whose call would reuse a name
+that kind and signature (a group sharing the world's set adds torch's group name after <set>).
+Repeating names let the core's response cache and steady state replay a training loop's
+decisions instead of negotiating them. A rank whose call would reuse a name
 still in flight first waits for that earlier call (it precedes this one in the order every
 member follows, so every member has submitted it: the wait cannot deadlock). Members that
 diverge (another kind, dtype or size at the same position) submit different names; the core's
