@@ -157,3 +157,8 @@ def test_a_member_that_never_destroys_the_group_fails_the_others_naming_it():
     assert "[1,2]" in error and "ranks 2 never submitted" in error, error
     assert out[0][0] is None and out[2][0] is None
     assert [o[1] for o in out] == [3.0, 3.0, 3.0]
+
+
+def test_the_world_and_a_group_of_every_rank_run_calls_at_once():
+    for a, b in run_pooled(cases.groups_on_one_set, 2, timeout=60):
+        assert a == [2.0] * 3 and b == [4.0] * 3

@@ -454,6 +454,21 @@ def member_never_destroys():
     return error, x.item()
 
 
+def groups_on_one_set():
+    """The world and a new_group of every rank are one process set: calls of the same kind and
+    signature in flight on both at once stay apart (each group names its own)."""
+    _r, n = start()
+    try:
+        every = dist.new_group(list(range(n)))
+        a, b = torch.ones(3), torch.full((3,), 2.0)
+        works = [dist.all_reduce(a, async_op=True), dist.all_reduce(b, group=every, async_op=True)]
+        for work in works:
+            work.wait()
+        return a.tolist(), b.tolist()
+    finally:
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":  # under a launcher (tests/test_torch_backend.py runs it with torchrun)
     import json
     import sys

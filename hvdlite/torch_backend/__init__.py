@@ -8,7 +8,8 @@ global set); each torch call becomes one submission through ``hvdlite.common``, 
 Horovod-style API makes them. See docs/torch_backend.md.
 
 This module only registers the backend: the process group itself
-(``hvdlite.torch_backend.process_group``) is imported when torch first creates one.
+(``hvdlite.torch_backend.process_group``, and ``routing`` for a mixed string such as
+"cpu:hvdlite,cuda:nccl") is imported when torch first creates one.
 """
 
 __all__ = ["BACKEND_NAME", "register"]
@@ -18,8 +19,9 @@ BACKEND_NAME = "hvdlite"
 
 
 def _create(dist_backend_opts, backend_options):
-    """torch's creator (extended API): one process group for the group torch describes."""
-    from hvdlite.torch_backend.process_group import create
+    """torch's creator (extended API): one process group for the group torch describes (with
+    torch's backends for the devices a mixed backend string gives to others)."""
+    from hvdlite.torch_backend.routing import create
 
     return create(dist_backend_opts, backend_options)
 

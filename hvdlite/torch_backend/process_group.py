@@ -7,8 +7,9 @@ buffers, as ``hvd.*`` calls are, and returns a ``HvdliteWork``.
 Naming (the schedule): torch requires every member of a group to issue the group's collectives
 in the same order, so a name derived from that order agrees across members without any
 exchange: ``c10d.<set>.<kind>.<signature>.<n mod SLOTS>``, where n counts this group's calls of
-that kind and signature. Repeating names let the core's response cache and steady state replay
-a training loop's decisions instead of negotiating them. A rank whose call would reuse a name
+that kind and signature (a group sharing the world's set adds torch's group name after <set>).
+Repeating names let the core's response cache and steady state replay a training loop's
+decisions instead of negotiating them. A rank whose call would reuse a name
 still in flight first waits for that earlier call (it precedes this one in the order every
 member follows, so every member has submitted it: the wait cannot deadlock). Members that
 diverge (another kind, dtype or size at the same position) submit different names; the core's
@@ -102,7 +103,7 @@ class HvdliteProcessGroup(dist.ProcessGroup):
     ranks in group-rank order). Thread-safety: torch issues a group's calls from one thread at a
     time; the works it returns may complete on the completer thread."""
 
-    def __init__(self, rank, size, process_set, group_name, timeout):
+    def __init__(self, rank, size, process_set, group_name, timeout, shares_set=False):
         super().__init__(rank, size)
         # The group's timeout bounds every wait on its works. A blocking call submits and waits
         # in one call into the core, bounded by the core's own timeouts, unless the group asked
@@ -118,7 +119,10 @@ class HvdliteProcessGroup(dist.ProcessGroup):
         # whichever thread completes a work: under _in_flight_lock.
         self._in_flight = {}
         self._in_flight_lock = threading.Lock()
-        self._name_prefix = "c10d.%d." % self._set_id
+        # Several torch groups may map onto one set (the world and a new_group of every rank,
+        # shares_set): those name their calls apart by torch's group name (the same on every
+        # member), so their calls in flight at once never share a name.
+        self._name_prefix = "c10d.%d.%s" % (self._set_id, "%s." % group_name if shares_set else "")
         self._group_label = group_name
         self._closed = False  # set by shutdown(): later calls raise instead of reaching a freed id
 
@@ -392,19 +396,22 @@ class _CombinedWork(HvdliteWork):
         return True
 
 
-def create(dist_backend_opts, backend_options):
+def create(dist_backend_opts, backend_options, cls=HvdliteProcessGroup):
     """torch's creator: joins the runtime for the default group, and maps the group onto a
-    process set."""
+    process set (a `cls`, HvdliteProcessGroup or a subclass)."""
     members = list(dist_backend_opts.global_ranks_in_group)
     rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
-    if not members:  # the default group
+    is_default = not members
+    if is_default:
         joining.join(dist_backend_opts.store, rank, size, dist_backend_opts.timeout)
         members = list(range(size))
     if members == list(range(basics.size())):
         process_set = global_process_set
     else:
         process_set = _member_set(members)
-    return HvdliteProcessGroup(rank, size, process_set, dist_backend_opts.group_id, dist_backend_opts.timeout)
+    shares_set = process_set is global_process_set and not is_default
+    name, timeout = dist_backend_opts.group_id, dist_backend_opts.timeout
+    return cls(rank, size, process_set, name, timeout, shares_set=shares_set)
 
 
 def _member_set(members):
