@@ -270,7 +270,7 @@ class BuddyCopies:
         try:
             if all(made):
                 self._buddy_files = [SharedShard("%s-%d" % (theirs, s), numel, dtype, False) for s in (0, 1)]
-        except OSError:
+        except (OSError, exceptions.PreconditionError):
             self._buddy_files = []
         mapped = allgather_object(
             bool(self._buddy_files), name="buddy.mapped.%d" % self.uid, process_set=process_set

@@ -30,7 +30,7 @@ import secrets
 
 import torch
 
-from hvdlite.common import settings
+from hvdlite.common import exceptions, settings
 
 HEADER_BYTES = 4096  # the version, padded to a page: the elements start page-aligned
 SHM_DIR = "/dev/shm"
@@ -65,7 +65,8 @@ def name_prefix(uid):
 class SharedShard:
     """One shard copy in a /dev/shm file: `data` (1-D, numel elements of dtype) and its version.
     create=True makes the file (error if it exists) and backs every page; create=False maps an
-    existing one of exactly that size. Raises OSError when either fails."""
+    existing one of exactly that size. Raises OSError when either fails (PreconditionError where the
+    existing file has another size)."""
 
     def __init__(self, name, numel, dtype, create):
         self.path = os.path.join(SHM_DIR, name)
@@ -80,7 +81,9 @@ class SharedShard:
                     self.unlink()
                     raise
             elif os.fstat(fd).st_size != size:
-                raise OSError("%s has %d bytes, not %d" % (self.path, os.fstat(fd).st_size, size))
+                raise exceptions.PreconditionError(
+                    "buddy copy %s has %d bytes, not %d" % (self.path, os.fstat(fd).st_size, size)
+                )
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
