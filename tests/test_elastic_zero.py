@@ -13,7 +13,7 @@ import pytest
 from helpers import run_pooled
 from test_elastic import REPO, hvdliterun, worker_lines
 
-from hvdlite.common.exceptions import HvdliteInternalError, ShardsLostError
+from hvdlite.common.exceptions import HvdliteInternalError, PreconditionError, ShardsLostError
 from hvdlite.torch.elastic.buddy import choose_sources, holders
 
 pytestmark = pytest.mark.elastic
@@ -265,7 +265,7 @@ def test_a_shared_shard_is_one_set_of_pages_and_its_version_marks_a_complete_cop
     try:
         with pytest.raises(FileExistsError):
             SharedShard(name, 5, torch.float32, True)
-        with pytest.raises(OSError, match="bytes, not"):
+        with pytest.raises(PreconditionError, match="bytes, not"):
             SharedShard(name, 6, torch.float32, False)
         buddy = SharedShard(name, 5, torch.float32, False)
         assert buddy.version == 0  # fresh: no complete copy
