@@ -275,6 +275,15 @@ def test_bit_packing_and_sampled_top_k_single_process():
         assert torch.equal(packed, sc._pack_bits_torch(bits, nbytes))
         assert torch.equal(sc.unpack_bits(packed, n).bool(), bits)
         assert torch.equal(sc._unpack_bits_torch(packed, n).bool(), bits)
+        # sign bits (-0.0 negative) and the +-1.0 they decode to, as copysign reads the sign
+        values = torch.randn(n, generator=g)
+        values[::3] = 0.0
+        values[1::5] = -0.0
+        sign_packed = sc.sign_bits(values, nbytes)
+        assert torch.equal(sign_packed, sc.pack_bits(torch.signbit(values), nbytes))
+        signs = sc.signs_of_bits(sign_packed, n)
+        assert torch.equal(signs, torch.copysign(torch.ones(n), values))
+        assert torch.equal(sc._signs_of_bits_torch(sign_packed, n), signs)
     magnitude = torch.randn(200_000, generator=g).abs()
     for k in (1, 50, 2000):
         chosen = sc.select_topk(magnitude, k, g)
