@@ -12,6 +12,7 @@
 #include "hvdlite/c_api.h"
 #include "hvdlite_build_info.h"
 #include "python/op_calls.h"
+#include "python/sign_kernels.h"
 
 namespace py = pybind11;
 
@@ -190,6 +191,7 @@ py::dict BuildInfo() {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "hvdlite C++ core (see csrc/include/hvdlite/c_api.h)";
+  hvdlite_py::RegisterSignKernels(m);
   m.def("init", &Init);
   m.def("shutdown", &Shutdown);
   m.def("is_initialized", [] { return hvdlite_is_initialized() != 0; });

@@ -13,6 +13,7 @@ import torch
 
 from hvdlite.common import compressors as policy
 from hvdlite.common import dtypes, exceptions
+from hvdlite.common.native import core
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.compressors import StatefulCompressor, _Pending
 
@@ -357,35 +358,79 @@ class SignCompressor(StatefulCompressor):
 
     def _start(self, name, corrected, plan, process_set):
         flat = corrected.view(-1)
-        n = flat.numel()
         chunk, _ = policy.sign_layout(tuple(corrected.shape), self.chunk)
         # Each chunk's mean magnitude (the short last chunk's over its own elements).
         scales = torch.cat([v.abs().mean(1) for v in _chunk_views(flat, chunk)])
-        nbytes = 4 * (-(-n // 32))
-        bits = sign_bits(flat, nbytes)
-        signs = signs_of_bits(bits, n)  # what every rank decodes from this rank's bits
+        nbytes = 4 * (-(-flat.numel() // 32))
+        fused = _fused_ok(flat)
         # flat is the compressor's own new tensor: the residual x - copysign(scale, x) is
-        # computed in place (x - scale x sign, the product exact), one pass.
-        for x, sg, s in zip(
-            _chunk_views(flat, chunk), _chunk_views(signs, chunk), _chunk_columns(scales, n, chunk)
-        ):
-            x.addcmul_(s, sg, value=-1.0)
+        # computed in place, in the same pass that packs the bits where the core's fused
+        # loop serves (sign_kernels.cc), else from the decoded signs (the reference).
+        if fused:
+            bits = torch.empty(nbytes, dtype=torch.uint8)
+            core.sign_encode(flat.data_ptr(), flat.numel(), chunk, scales.data_ptr(), bits.data_ptr(), nbytes)
+            decoder = _fused_decoder(flat.numel(), chunk)
+        else:
+            bits, decoder = _reference_encode(flat, chunk, scales, nbytes)
         self._state.local_of(name)["residual"] = flat.view(corrected.shape)
         if plan.collective != "allgather":
-            return _dense_pending(
-                _scaled_into(None, signs, scales, chunk, False), name + ".sign", process_set
-            )
+            return _dense_pending(decoder(bits, scales, None, False), name + ".sign", process_set)
         wire = torch.cat([bits, scales.view(torch.uint8)])
         me = process_set.rank()
 
         def decode(rank, segment, out, scale, first):
             """Adds rank's scales x signs times `scale` (folded into the scales) into out."""
-            if rank == me:  # this rank's own contribution: the same bits, the same values
-                rank_signs, rank_scales = signs, scales
-            else:
-                rank_signs = signs_of_bits(segment[:nbytes], n)
-                rank_scales = segment[nbytes:].clone().view(torch.float32)
+            rank_scales = segment[nbytes:].clone().view(torch.float32)
             folded = rank_scales if scale == 1.0 else rank_scales * scale
-            return _scaled_into(out, rank_signs, folded, chunk, not first)
+            # This rank's own bits are its local ones (the reference reuses their signs).
+            return decoder(bits if rank == me else segment[:nbytes], folded, out, not first)
 
         return _gather_pending(wire, name + ".sign", process_set, decode)
+
+
+def _fused_ok(flat):
+    """Whether the core's fused loops serve `flat`: a contiguous float32 CPU tensor, and a
+    core built with them."""
+    return (
+        flat.device.type == "cpu"
+        and flat.dtype == torch.float32
+        and flat.is_contiguous()
+        and hasattr(core, "sign_encode")
+    )
+
+
+def _reference_encode(flat, chunk, scales, nbytes):
+    """(packed sign bits, decoder) in torch/NumPy passes; the residual left in `flat`. The
+    decoder(bits, scales, out, accumulate) writes or adds scales x signs into out (a new
+    tensor when None)."""
+    n = flat.numel()
+    bits = sign_bits(flat, nbytes)
+    signs = signs_of_bits(bits, n)
+    for x, sg, s in zip(
+        _chunk_views(flat, chunk), _chunk_views(signs, chunk), _chunk_columns(scales, n, chunk)
+    ):
+        x.addcmul_(s, sg, value=-1.0)
+
+    def decoder(rank_bits, rank_scales, out, accumulate):
+        rank_signs = signs if rank_bits is bits else signs_of_bits(rank_bits, n)
+        return _scaled_into(out, rank_signs, rank_scales, chunk, accumulate)
+
+    return bits, decoder
+
+
+def _fused_decoder(n, chunk):
+    """The reference decoder's contract, as one pass of the core's loop per call (into a
+    copy when `out` is not a contiguous float32 CPU tensor)."""
+
+    def decoder(rank_bits, rank_scales, out, accumulate):
+        if out is not None and not _fused_ok(out):  # decoded apart, then added exactly
+            decoded = decoder(rank_bits, rank_scales, None, False)
+            return out.view(-1).add_(decoded) if accumulate else out.view(-1).copy_(decoded)
+        target = torch.empty(n, dtype=torch.float32) if out is None else out
+        rank_bits, rank_scales = rank_bits.contiguous(), rank_scales.contiguous()
+        core.sign_decode(
+            rank_bits.data_ptr(), n, chunk, rank_scales.data_ptr(), target.data_ptr(), accumulate
+        )
+        return target
+
+    return decoder
