@@ -71,7 +71,9 @@ void SignEncode(uintptr_t x_addr, int64_t n, int64_t chunk, uintptr_t scales_add
     float* v = x + 8 * j;
     walk.Next(8 * j, s8);
     unsigned packed = 0;
-    for (int b = 0; b < 8; ++b) packed |= (std::signbit(v[b]) ? 1u : 0u) << b;
+    uint32_t word[8];
+    std::memcpy(word, v, sizeof(word));  // the sign bit is bit 31, as std::signbit reads it
+    for (int b = 0; b < 8; ++b) packed |= (word[b] >> 31) << b;
     const float* sign = kSigns.row[packed];
     for (int b = 0; b < 8; ++b) v[b] = v[b] + (-1.0f * s8[b]) * sign[b];
     bits[j] = static_cast<uint8_t>(packed);
