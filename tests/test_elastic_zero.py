@@ -34,7 +34,10 @@ def test_buddies_sit_on_another_host_and_each_rank_keeps_one():
 def _info(pos, version, holder, buddy_version=None, own=None):
     buddy_of = holder.index(pos)
     own = [version - 1, version] if own is None else own
-    return (pos, len(holder), own, buddy_of, version if buddy_version is None else buddy_version, holder, 10)
+    # as BuddyCopies.info() gives them: the versions its buddy copies hold (0, a half-written one: none)
+    buddy = version if buddy_version is None else buddy_version
+    buddy = [v for v in (buddy if isinstance(buddy, list) else [buddy]) if v]
+    return (pos, len(holder), own, buddy_of, buddy, holder, 10)
 
 
 def test_survivors_rebuild_from_own_and_buddy_copies():

@@ -9,6 +9,8 @@ through write() below, so each variable name is spelled once, in IDENTITY.
 This module imports nothing outside the standard library.
 """
 
+import hashlib
+import hmac
 from typing import Any, NamedTuple
 
 
@@ -121,3 +123,10 @@ def topology(hosts):
         cross_rank.append(per_local.get(lr, 0))
         per_local[lr] = cross_rank[-1] + 1
     return [(lr, per_host[h], cr, per_local[lr]) for h, lr, cr in zip(hosts, local_rank, cross_rank)]
+
+
+def shm_tag(secret):
+    """ "hvdlite-" and 16 hex digits of HMAC-SHA256(secret, "hvdlite-shm-segment"): how every
+    /dev/shm name of the job with `secret` (bytes) begins, so the launcher removes what a killed
+    rank left behind and never another job's (the core derives it too: csrc/transport/shm_setup.cc)."""
+    return "hvdlite-" + hmac.new(secret, b"hvdlite-shm-segment", hashlib.sha256).hexdigest()[:16]

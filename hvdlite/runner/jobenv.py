@@ -2,8 +2,6 @@
 contract with a rank), the rendezvous store, the job secret, and cleaning up after a job.
 """
 
-import hashlib
-import hmac
 import os
 import sys
 
@@ -45,7 +43,7 @@ def remove_shm_leftovers(secret):
     may have left in /dev/shm. Normally there are none: each rank unlinks its segment as
     soon as its peers have mapped it. Names start with a tag derived from the job secret
     (csrc/transport/shm_setup.cc), so other jobs' segments are never touched."""
-    tag = "hvdlite-%s-" % hmac.new(secret, b"hvdlite-shm-segment", hashlib.sha256).hexdigest()[:16]
+    tag = jobs.shm_tag(secret) + "-"
     try:
         names = os.listdir("/dev/shm")
     except OSError:

@@ -347,7 +347,7 @@ def choose_sources(infos, at_most=None):
             if i is not None and v in i[2]:
                 source.setdefault(i[0], new)
         for new, i in enumerate(infos):
-            if i is not None and v in _versions(i[4]) and i[3] is not None:
+            if i is not None and v in i[4] and i[3] is not None:
                 source.setdefault(i[3], new)
         missing = [j for j in range(old_size) if j not in source]
         if not missing:
@@ -366,11 +366,6 @@ def choose_sources(infos, at_most=None):
             CHECKPOINT_HINT,
         )
     )
-
-
-def _versions(buddy):
-    """The buddy copies' versions in an info(): a list (an int from callers of the old form)."""
-    return list(buddy) if isinstance(buddy, (list, tuple)) else [buddy]
 
 
 @dataclasses.dataclass

@@ -22,8 +22,6 @@ in between leaves behind (hvdlite/runner/jobenv.py remove_shm_leftovers).
 Threading: the training thread.
 """
 
-import hashlib
-import hmac
 import mmap
 import os
 import secrets
@@ -31,6 +29,7 @@ import secrets
 import torch
 
 from hvdlite.common import exceptions, settings
+from hvdlite.common import job as jobs
 
 HEADER_BYTES = 4096  # the version, padded to a page: the elements start page-aligned
 SHM_DIR = "/dev/shm"
@@ -52,14 +51,14 @@ def share_key():
 
 def name_prefix(uid):
     """A fresh name prefix for this rank's files of BuddyCopies number `uid`."""
-    tag = secrets.token_hex(8)
+    tag = "hvdlite-" + secrets.token_hex(8)
     try:
         secret = bytes.fromhex(settings.get("SECRET"))
-        if secret:  # the launcher's cleanup tag (csrc/transport/shm_setup.cc)
-            tag = hmac.new(secret, b"hvdlite-shm-segment", hashlib.sha256).hexdigest()[:16]
+        if secret:  # the launcher's cleanup tag
+            tag = jobs.shm_tag(secret)
     except ValueError:
         pass
-    return "hvdlite-%s-buddy%d-p%d-%s" % (tag, uid, os.getpid(), secrets.token_hex(4))
+    return "%s-buddy%d-p%d-%s" % (tag, uid, os.getpid(), secrets.token_hex(4))
 
 
 class SharedShard:
