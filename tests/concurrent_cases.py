@@ -25,6 +25,7 @@ Contract:
 
 import concurrent.futures
 import inspect
+import time
 
 
 class ConcurrentCases:
@@ -32,7 +33,7 @@ class ConcurrentCases:
         self._run = run
         self._accepts = set(inspect.signature(run).parameters)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=test_name)
-        self._futures = {}
+        self._futures = {}  # case key -> future of (run's value, seconds it ran)
         for item in request.session.items:
             if getattr(item, "module", None) is not request.module:
                 continue
@@ -40,7 +41,7 @@ class ConcurrentCases:
                 continue
             key = self._key(item.callspec.params)
             if key not in self._futures:
-                self._futures[key] = self._pool.submit(run, **dict(key))
+                self._futures[key] = self._pool.submit(self._timed, key)
 
     def _key(self, params):
         return tuple(sorted((k, v) for k, v in params.items() if k in self._accepts))
@@ -51,8 +52,16 @@ class ConcurrentCases:
     def result(self, **params):
         key = self._key(params)
         if key not in self._futures:  # e.g. the test was not in the session's items at the start
-            self._futures[key] = self._pool.submit(self._run, **dict(key))
-        return self._futures[key].result()
+            self._futures[key] = self._pool.submit(self._timed, key)
+        value, seconds = self._futures[key].result()
+        print("case %s ran %.1f s" % (dict(key), seconds))
+        return value
+
+    def _timed(self, key):
+        """run's value for the case and the seconds it ran (a raise propagates untimed)."""
+        started = time.monotonic()
+        value = self._run(**dict(key))
+        return value, time.monotonic() - started
 
     def __enter__(self):
         return self

@@ -284,7 +284,7 @@ def standin_tree(tmp_path):
 @pytest.mark.slow  # waits out a per-test timeout on purpose
 def test_runner_joins_ranks_and_resumes_after_a_hang(standin_tree, tmp_path):
     result = horovod_suite.run_suite(
-        "test_standin.py", np=2, timeout=15, src=str(standin_tree), workdir=str(tmp_path)
+        "test_standin.py", np=2, timeout=8, src=str(standin_tree), workdir=str(tmp_path)
     )
     got = {n.split("::")[-1]: o.outcome for n, o in result.tests.items()}
     assert got == {
