@@ -22,6 +22,7 @@ Coordinator::Coordinator(const Config& cfg, ProcessSetTable* sets, int world_siz
       now_(now ? std::move(now) : NowFn([] { return Clock::now(); })),
       sets_(sets),
       world_size_(world_size),
+      pending_(sets),
       cache_(static_cast<size_t>(std::max<int64_t>(0, cfg.CACHE_CAPACITY))),
       timeline_(timeline),
       fusion_threshold_(cfg.FUSION_THRESHOLD),
@@ -73,25 +74,7 @@ void Coordinator::Add(int lo, int hi, const RequestList& list) {
 void Coordinator::CheckDeadlock() {
   if (cfg_.DEADLOCK_CHECK_DISABLE) return;
   std::map<WaitKey, UndecidedTensor> undecided;
-  for (const auto& kv : waits_) {
-    for (const auto& caller : kv.second) {
-      for (const WaitKey& key : caller) {
-        auto it = key.p2p_src < 0 ? pending_.find({key.process_set, key.name}) : pending_.end();
-        if (it == pending_.end() || undecided.count(key)) continue;
-        const Pending& p = it->second;
-        UndecidedTensor& t = undecided[key];
-        std::vector<int> ranks = sets_->Ranks(key.process_set);
-        for (size_t i = 0; i < ranks.size() && i < p.have.size(); ++i) {
-          if (p.have[i]) {
-            t.type = p.first.type;
-            t.submitted.push_back(ranks[i]);
-          } else if (!joined_ranks_.count(ranks[i])) {
-            t.missing.push_back(ranks[i]);
-          }
-        }
-      }
-    }
-  }
+  pending_.AddWaitedFor(waits_, joined_ranks_, &undecided);
   AddReceives(waits_, [this](int32_t set) { return sets_->Ranks(set); }, &undecided);
   DeadlockReport report;
   if (!FindDeadlock(waits_, undecided, &report)) return;
@@ -152,7 +135,7 @@ void Coordinator::AddHits(int lo, int hi, int32_t id) {
   const std::vector<int>& ranks = *members;
   for (auto pos = first; pos != last; ++pos) {
     const size_t member = static_cast<size_t>(pos - ranks.begin());
-    if (!it->second.have[member]) it->second.hit_ids[member] = id;
+    it->second.Keep(member, id, nullptr);
     if (Submit(it, ranks, member, *pos)) {  // complete (or decided early, as joined ranks allow)
       for (auto rest = pos + 1; rest != last; ++rest) AddExpanded(*rest, id);
       return;
@@ -179,62 +162,32 @@ void Coordinator::AddOne(Request r, int32_t hit_id) {
     return;
   }
   auto pos = std::lower_bound(ranks.begin(), ranks.end(), r.rank);
-  auto it = pending_.try_emplace(Key{r.process_set, r.name}).first;
-  Pending& p = it->second;
-  if (p.have.empty()) {
-    p.first = r;
-    p.hit_ids.assign(ranks.size(), -1);
-    p.have.assign(ranks.size(), false);
-    p.first_seen = p.last_warned = now_();
-    if (timeline_) timeline_->Begin(r.name, NegotiatePhase(r.type));
-  }
+  bool opened = false;
+  auto it = pending_.Open(r, ranks.size(), now_(), &opened);
+  if (opened && timeline_) timeline_->Begin(r.name, NegotiatePhase(r.type));
   const size_t member = static_cast<size_t>(pos - ranks.begin());
-  if (!p.have[member]) {
-    p.hit_ids[member] = hit_id;
-    if (hit_id < 0) {
-      if (p.reqs.empty()) p.reqs.resize(ranks.size());  // (only for requests sent in full)
-      p.reqs[member] = std::move(r);
-    }
-  }
+  it->second.Keep(member, hit_id, &r);
   Submit(it, ranks, member, ranks[member]);
 }
 
-bool Coordinator::Submit(std::map<Key, Pending>::iterator it, const std::vector<int>& ranks, size_t member,
-                         int rank) {
+bool Coordinator::Submit(PendingTable::iterator it, const std::vector<int>& ranks, size_t member, int rank) {
   Pending& p = it->second;
   if (timeline_) timeline_->Mark(it->first.second, "READY", "\"rank\": " + std::to_string(rank));
-  if (p.have[member]) {
+  if (!p.Mark(member)) {
     // The runtime refuses a second submission of a name in flight, so this is
     // only reachable through a protocol bug; keep the first.
     HVD_LOG(kError, "rank " << rank << " submitted tensor '" << it->first.second << "' twice");
     return false;
   }
-  p.have[member] = true;
-  ++p.count;
-  if (p.hit_ids[member] >= 0) ++p.hits;
-  if (!Ready(p, ranks)) return false;
+  if (!p.Ready(ranks, joined_ranks_)) return false;
   Decide(it->first, p);
   pending_.erase(it);
   return true;
 }
 
-void Coordinator::Materialize(Pending* p, const std::vector<int>& ranks) const {
-  if (p->reqs.size() < p->have.size()) p->reqs.resize(p->have.size());
-  for (size_t i = 0; i < ranks.size() && i < p->have.size(); ++i) {
-    if (!p->have[i] || p->hit_ids[i] < 0) continue;
-    if (!cache_.Expand(p->hit_ids[i], ranks[i], &p->reqs[i])) p->reqs[i] = p->first;  // (ids outlive hits)
-    p->reqs[i].rank = ranks[i];
-    p->hit_ids[i] = -1;
-  }
-  p->hits = 0;
-}
-
-bool Coordinator::DecideFromCache(Pending& p, const std::vector<int>& ranks) {
-  if (p.hits != static_cast<int>(ranks.size()) || ranks.empty()) return false;
-  const int32_t id = p.hit_ids[0];
-  for (int32_t h : p.hit_ids) {
-    if (h != id) return false;
-  }
+bool Coordinator::DecideFromCache(const Pending& p, const std::vector<int>& ranks) {
+  const int32_t id = p.SharedHit(ranks.size());
+  if (id < 0) return false;
   const CachedDecision* cached = cache_.Replay(id, ranks.size());
   if (cached == nullptr) return false;
   Decided d;
@@ -244,16 +197,6 @@ bool Coordinator::DecideFromCache(Pending& p, const std::vector<int>& ranks) {
   d.bytes = cached->bytes;
   Push(std::move(d));
   return true;
-}
-
-bool Coordinator::Ready(const Pending& p, const std::vector<int>& ranks) const {
-  // O(1) unless some rank has joined: this runs once per request.
-  if (p.count == static_cast<int>(ranks.size())) return p.count > 0;
-  if (joined_ranks_.empty()) return false;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (!p.have[i] && !joined_ranks_.count(ranks[i])) return false;
-  }
-  return p.count > 0;
 }
 
 // join(): the rank has no more data. Tensors that now wait only for joined
@@ -275,7 +218,7 @@ void Coordinator::OnJoin(int rank) {
   }
   for (auto it = pending_.begin(); it != pending_.end();) {
     std::vector<int> ranks = sets_->Ranks(it->first.first);
-    if (Ready(it->second, ranks)) {
+    if (it->second.Ready(ranks, joined_ranks_)) {
       Decide(it->first, it->second);
       it = pending_.erase(it);
     } else {
@@ -288,17 +231,10 @@ void Coordinator::Decide(const Key& key, Pending& p) {
   if (timeline_) timeline_->End(key.second, NegotiatePhase(p.first.type));
   std::vector<int> ranks = sets_->Ranks(key.first);
   if (DecideFromCache(p, ranks)) return;
-  Materialize(&p, ranks);
+  p.Materialize(ranks, cache_);
   std::vector<Request> submitted;
   std::vector<int> submitters, joined;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (p.have[i]) {
-      submitted.push_back(p.reqs[i]);
-      submitters.push_back(ranks[i]);
-    } else {
-      joined.push_back(ranks[i]);
-    }
-  }
+  p.Split(ranks, &submitted, &submitters, &joined);  // (Ready: every absent member has joined)
   const Request& r0 = submitted[0];
   Decided d;
   d.recipients = ranks;
@@ -346,16 +282,12 @@ void Coordinator::Decide(const Key& key, Pending& p) {
 }
 
 void Coordinator::FailPendingOf(int32_t set, const std::vector<int>& ranks, const std::string& keep) {
-  for (auto it = pending_.lower_bound(Key{set, std::string()});
-       it != pending_.end() && it->first.first == set;) {
+  for (auto it = pending_.FirstOf(set); it != pending_.end() && it->first.first == set;) {
     if (it->first.second == keep) {
       ++it;  // the removal itself: its caller erases it
       continue;
     }
-    std::vector<int> submitted;
-    for (size_t i = 0; i < ranks.size() && i < it->second.have.size(); ++i) {
-      if (it->second.have[i]) submitted.push_back(ranks[i]);
-    }
+    const std::vector<int> submitted = it->second.Submitters(ranks);
     const Request& any = it->second.first;
     if (timeline_) timeline_->End(any.name, NegotiatePhase(any.type));
     DecideError(
@@ -474,24 +406,6 @@ void Coordinator::MaybeAnnounce(const std::vector<Decided>& fused, std::vector<L
   }
 }
 
-// What each of `ranks` waits in: its oldest undecided submission, or nothing.
-// Lists at most kMaxListed ranks (a warning must stay readable at any scale).
-std::string Coordinator::DescribeWaits(const std::vector<int>& ranks) const {
-  std::map<int, std::pair<Clock::time_point, const Request*>> oldest;  // rank -> submission
-  for (const auto& kv : pending_) {
-    std::vector<int> members = sets_->Ranks(kv.first.first);
-    for (size_t i = 0; i < members.size() && i < kv.second.have.size(); ++i) {
-      if (!kv.second.have[i]) continue;
-      auto it = oldest.find(members[i]);
-      if (it == oldest.end() || kv.second.first_seen < it->second.first)
-        oldest[members[i]] = {kv.second.first_seen, &kv.second.first};
-    }
-  }
-  std::map<int, const Request*> submitted;
-  for (const auto& kv : oldest) submitted[kv.first] = kv.second.second;
-  return DescribeSubmissions(ranks, submitted);
-}
-
 int Coordinator::CheckStalls() {
   if (cfg_.STALL_CHECK_DISABLE || pending_.empty()) return 1000;
   const auto now = now_();
@@ -501,21 +415,19 @@ int Coordinator::CheckStalls() {
   // the warning time fails with it: diverged ranks submit their collectives
   // moments apart, and each must learn of the stall, not of a peer that shut
   // down after its own error.
-  bool failing = false;
-  for (const auto& kv : pending_) failing |= now - kv.second.first_seen >= fail_after;
-  failing &= cfg_.STALL_SHUTDOWN_TIME_SECONDS > 0;
+  const bool failing = cfg_.STALL_SHUTDOWN_TIME_SECONDS > 0 && pending_.AnyWaited(now, fail_after);
   const auto fail_now = std::min(fail_after, warn_after);
   std::vector<Key> failed;  // erased after the loop: DescribeWaits sees every rank's submission
   for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     Pending& p = it->second;
     std::vector<int> ranks = sets_->Ranks(it->first.first), missing, ready;
-    for (size_t i = 0; i < ranks.size(); ++i) (p.have[i] ? ready : missing).push_back(ranks[i]);
+    p.Partition(ranks, &ready, &missing);
     const double waited = std::chrono::duration<double>(now - p.first_seen).count();
     if (failing && now - p.first_seen >= fail_now) {
       std::ostringstream os;
       os << "tensor '" << it->first.second << "' stalled for " << static_cast<int>(waited) << " s: ranks "
          << JoinRanks(missing) << " never submitted it (ranks " << JoinRanks(ready)
-         << " did): " << DescribeWaits(ranks)
+         << " did): " << pending_.DescribeWaits(ranks)
          << ". Make every rank run the same collectives, or raise HVDLITE_STALL_SHUTDOWN_TIME_SECONDS.";
       DecideError(p.first, ranks, Status::Timeout(os.str()));
       failed.push_back(it->first);
@@ -526,7 +438,8 @@ int Coordinator::CheckStalls() {
       HVD_LOG(kWarning, "Stalled tensor '" << it->first.second << "' (process set " << it->first.first
                                            << "): waiting " << static_cast<int>(waited) << " s for ranks "
                                            << JoinRanks(missing) << " to submit it; ranks "
-                                           << JoinRanks(ready) << " are ready: " << DescribeWaits(ranks)
+                                           << JoinRanks(ready)
+                                           << " are ready: " << pending_.DescribeWaits(ranks)
                                            << ". One or more ranks may have diverged (different collectives "
                                            << "or names) or be stuck.");
     }

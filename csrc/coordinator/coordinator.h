@@ -10,6 +10,10 @@
 // so any two ranks execute the collectives they share in the same order
 // whatever order their callers submitted them in.
 //
+// Undecided tensors (who submitted what, since when) live in a PendingTable
+// (coordinator/pending_table.h) that this class owns; the coordinator decides
+// and fails them, the table records and answers.
+//
 // It is pure planning: requests in, responses out, no I/O (the runtime moves
 // the bytes), and time comes from an injectable clock, so tests drive it
 // without sockets or wall time (tests/cpp/test_coordinator.cc).
@@ -29,6 +33,7 @@
 #include "common/config.h"
 #include "coordinator/deadlock.h"
 #include "coordinator/messages.h"
+#include "coordinator/pending_table.h"
 #include "coordinator/process_sets.h"
 #include "coordinator/response_cache.h"
 #include "coordinator/response_lists.h"
@@ -90,21 +95,8 @@ class Coordinator {
   int64_t cache_evictions() const { return cache_evictions_.load(std::memory_order_relaxed); }
 
  private:
-  using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
-  // A tensor some members have submitted. A member that sent a cache hit is
-  // kept as its id only (hit_ids, reqs[i] left empty) until a slow path needs
-  // its request (Materialize): when every member hits one id, the cached
-  // decision is replayed and no request is ever rebuilt (Decide).
-  struct Pending {
-    Request first;              // the first submission, in full (messages, timeline)
-    std::vector<Request> reqs;  // by member index: valid where have[i] && hit_ids[i] < 0 (empty: none yet)
-    std::vector<int32_t> hit_ids;
-    std::vector<bool> have;
-    int count = 0;
-    int hits = 0;
-    Clock::time_point first_seen;
-    Clock::time_point last_warned;
-  };
+  using Key = PendingTable::Key;
+  using Pending = PendingTensor;
   using Decided = DecidedResponse;
 
   // hit_id >= 0: `r` is the expansion of that cache hit.
@@ -116,11 +108,9 @@ class Coordinator {
   void AddExpanded(int rank, int32_t id);
   // Records `member`'s submission and decides the tensor once it is complete
   // (true: decided, `it` erased).
-  bool Submit(std::map<Key, Pending>::iterator it, const std::vector<int>& ranks, size_t member, int rank);
+  bool Submit(PendingTable::iterator it, const std::vector<int>& ranks, size_t member, int rank);
   // Every member hit the same cached id and none joined: push the cached decision.
-  bool DecideFromCache(Pending& p, const std::vector<int>& ranks);
-  // Restores the requests of members kept as cache ids.
-  void Materialize(Pending* p, const std::vector<int>& ranks) const;
+  bool DecideFromCache(const Pending& p, const std::vector<int>& ranks);
   void Push(Decided d);  // stamps it with now_() and queues it
   void Decide(const Key& key, Pending& p);
   void DecideError(const Request& r, const std::vector<int>& recipients, const Status& st);
@@ -130,19 +120,15 @@ class Coordinator {
   void FailPendingOf(int32_t set, const std::vector<int>& ranks, const std::string& keep);
   void OnShutdown(int rank);
   void OnJoin(int rank);
-  // Every member has submitted the tensor or has joined.
-  bool Ready(const Pending& p, const std::vector<int>& ranks) const;
   // Feeds the learner; ends the lists with a schedule when it found one.
   void MaybeAnnounce(const std::vector<Decided>& fused, std::vector<ListRun>* runs);
   void CheckDeadlock();
-  // For the stall warning: "rank 0 waits in a barrier, rank 1 in reducescatter of 'x'".
-  std::string DescribeWaits(const std::vector<int>& ranks) const;
 
   Config cfg_;
   NowFn now_;
   ProcessSetTable* sets_;
   int world_size_;
-  std::map<Key, Pending> pending_;
+  PendingTable pending_;  // the undecided tensors; decided ones move to decided_
   std::deque<Decided> decided_;
   ResponseCache cache_;
   Timeline* timeline_;

@@ -3,7 +3,7 @@
 // is a fake clock the test moves. No sockets, no threads, no wall time.
 // Covers negotiation, mismatches (an error response for every rank), the
 // response cache (compact requests, eviction notices), fusion planning, cycle
-// holds and stall detection. Prints "N passed, M failed".
+// holds, stall detection, join and shutdown. Prints "N passed, M failed".
 #include <chrono>
 #include <memory>
 
@@ -204,6 +204,54 @@ void TestStallDetection() {
   out = d.Drain();
   Check(out.size() == 2 && out[0].responses.size() == 2 && out[1].responses.size() == 2,
         "stalled tensors fail together");
+  // The message says what each rank waits in: its oldest undecided submission.
+  Check(out.size() == 2 && out[0].responses.size() == 2 &&
+            Contains(out[0].responses[0].error,
+                     "rank 0 waits in allreduce of 'first', rank 1 in allreduce of "
+                     "'second'"),
+        "the stall error names what each rank waits in");
+}
+
+// join(): a tensor every other member submitted runs once the last one joins, the joined one
+// learning its signature from `specs`; when every rank has joined, join returns the last one.
+// shutdown: the undecided tensors of its sets fail on every member. A second submission of a
+// name in flight (a protocol bug) is dropped and the first kept.
+void TestJoinShutdownAndDuplicates() {
+  Harness h(3);
+  h.SubmitAll(Allreduce("g", 0), {0, 1});
+  Request join;
+  join.type = OpType::kJoin;
+  join.name = "__join__";
+  h.SubmitAll(join, {2});
+  auto out = h.Drain();
+  Check(out.size() == 3 && out[2].responses.size() == 1 && out[2].responses[0].names[0] == "g" &&
+            out[2].responses[0].error_code == StatusCode::kOk && out[2].responses[0].specs.size() == 1,
+        "a tensor waiting only for a joined rank runs, its signature in specs");
+  h.SubmitAll(join, {1, 0});
+  out = h.Drain();
+  Check(out.size() == 3 && out[1].responses.size() == 1 && out[1].responses[0].type == OpType::kJoin &&
+            out[1].responses[0].last_joined_rank == 0,
+        "once every rank joined, join returns the last one");
+
+  Harness s(3);
+  s.Submit(Allreduce("x", 0));
+  Request down;
+  down.type = OpType::kShutdown;
+  down.name = "__shutdown__";
+  s.SubmitAll(down, {2});
+  out = s.Drain();
+  Check(out.size() == 3 && out[1].responses.size() == 1 &&
+            out[1].responses[0].error_code == StatusCode::kAborted &&
+            Contains(out[1].responses[0].error, "rank 2 has shut down before submitting it"),
+        "a rank's shutdown fails the undecided tensors of its sets on every member");
+
+  Harness d(2);
+  d.Submit(Allreduce("d", 0, 4));
+  d.Submit(Allreduce("d", 0, 8));
+  d.Submit(Allreduce("d", 1, 4));
+  out = d.Drain();
+  Check(out.size() == 2 && out[0].responses.size() == 1 && out[0].responses[0].error_code == StatusCode::kOk,
+        "a second submission of a name in flight is dropped, the first kept");
 }
 
 // Each message field means one thing: process set ops carry their own fields,
@@ -344,6 +392,7 @@ int main() {
   TestFusionPlanning();
   TestCycleHold();
   TestStallDetection();
+  TestJoinShutdownAndDuplicates();
   TestProcessSetFieldsAndWire();
   TestAddAmongMembers();
   TestRemoveAmongMembers();
