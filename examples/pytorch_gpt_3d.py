@@ -224,7 +224,7 @@ def train_elastic(args, trainer):
     state = hvd.parallel.MeshState(
         trainer.mesh, model=trainer.stage, optimizer=trainer.opt, step=0, losses=[]
     )
-    commits, first = [time.monotonic()], [not hvd.parallel.MeshState.joined_late()]
+    commits, first = [time.monotonic()], [] if hvd.parallel.MeshState.joined_late() else [True]
     state.register_reset_callbacks([lambda: first.clear()])  # --kill-*: the first generation only
 
     @hvd.elastic.run

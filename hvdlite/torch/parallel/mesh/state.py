@@ -260,6 +260,9 @@ class MeshState(TorchState):
 
     def _place_copies(self):
         """After a (re-)formation: with buddies, the new job's first commit (placed anew)."""
+        for handler in self._shards().values():  # the commit point until the copies are placed
+            handler.save()
+        object.__setattr__(self, "_packed", False)
         if not self._buddies_on():
             object.__setattr__(self, "_copies", None)
             return
