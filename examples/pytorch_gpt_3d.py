@@ -152,6 +152,7 @@ def parse_args():
     parser.add_argument("--elastic", action="store_true", help="hvd.elastic.run with MeshState")
     parser.add_argument("--kill-rank", type=int, default=-1, help="--elastic: this rank SIGKILLs itself")
     parser.add_argument("--kill-step", type=int, default=-1, help="... in this step (first generation)")
+    parser.add_argument("--no-buddies", action="store_true", help="--elastic: MeshState(buddies=False)")
     parser.add_argument("--print-losses", action="store_true", help="rank 0 prints every step's loss")
     return parser.parse_args()
 
@@ -221,8 +222,9 @@ def train_plain(args, trainer):
 def train_elastic(args, trainer):
     """hvd.elastic.run over MeshState: a commit after every step; returns (losses, the longest
     and the median gap between this process's commits, in s)."""
+    buddies = False if args.no_buddies else None  # None: buddy copies where dp is 1
     state = hvd.parallel.MeshState(
-        trainer.mesh, model=trainer.stage, optimizer=trainer.opt, step=0, losses=[]
+        trainer.mesh, model=trainer.stage, optimizer=trainer.opt, buddies=buddies, step=0, losses=[]
     )
     commits, first = [time.monotonic()], [] if hvd.parallel.MeshState.joined_late() else [True]
     state.register_reset_callbacks([lambda: first.clear()])  # --kill-*: the first generation only
