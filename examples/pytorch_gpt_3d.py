@@ -30,6 +30,14 @@ Rank 5 SIGKILLs itself in step 3 (--kill-*: to watch a recovery); the driver dro
 pipeline and tensor coordinate; the two ranks left over are released and exit 0) and finish on 4
 ranks, each now computing both original replicas' batches (gradients accumulated), so the loss
 curve is the uninterrupted one's.
+
+With dp=1 no survivor holds a lost rank's shard; MeshState then keeps buddy copies of every
+shard (on another host), and a worker the driver starts on a free slot takes the lost coordinate
+over (MeshState.join(), restored from the buddy copy), e.g. 4 ranks on 5 one-slot hosts:
+
+    hvdliterun -np 4 --min-np 4 --max-np 4 \
+        -H localhost:1,127.0.0.1:1,127.0.0.2:1,127.0.0.3:1,127.0.0.4:1 \
+        python examples/pytorch_gpt_3d.py --elastic --kill-rank 1 --kill-step 3
 """
 
 import argparse
@@ -144,6 +152,7 @@ def parse_args():
     parser.add_argument("--elastic", action="store_true", help="hvd.elastic.run with MeshState")
     parser.add_argument("--kill-rank", type=int, default=-1, help="--elastic: this rank SIGKILLs itself")
     parser.add_argument("--kill-step", type=int, default=-1, help="... in this step (first generation)")
+    parser.add_argument("--no-buddies", action="store_true", help="--elastic: MeshState(buddies=False)")
     parser.add_argument("--print-losses", action="store_true", help="rank 0 prints every step's loss")
     return parser.parse_args()
 
@@ -213,16 +222,18 @@ def train_plain(args, trainer):
 def train_elastic(args, trainer):
     """hvd.elastic.run over MeshState: a commit after every step; returns (losses, the longest
     and the median gap between this process's commits, in s)."""
+    buddies = False if args.no_buddies else None  # None: buddy copies where dp is 1
     state = hvd.parallel.MeshState(
-        trainer.mesh, model=trainer.stage, optimizer=trainer.opt, step=0, losses=[]
+        trainer.mesh, model=trainer.stage, optimizer=trainer.opt, buddies=buddies, step=0, losses=[]
     )
-    first_size, commits = hvd.size(), [time.monotonic()]
+    commits, first = [time.monotonic()], [] if hvd.parallel.MeshState.joined_late() else [True]
+    state.register_reset_callbacks([lambda: first.clear()])  # --kill-*: the first generation only
 
     @hvd.elastic.run
     def train(state):
         bar = tqdm(range(state.step, args.steps), disable=hvd.rank() != 0, mininterval=0.5)
         for step in bar:
-            kill = hvd.size() == first_size and hvd.rank() == args.kill_rank and step == args.kill_step
+            kill = bool(first) and hvd.rank() == args.kill_rank and step == args.kill_step
             state.losses.append(trainer.step(step, state.replicas(), state.dp_replicas, kill))
             report(args, step, state.losses[-1], bar)
             state.step = step + 1
@@ -239,10 +250,11 @@ def main():
     torch.set_num_threads(1)
     hvd.init()
     if args.elastic and hvd.parallel.MeshState.joined_late():
-        # a worker the driver added after the start holds no shard: the sync releases it (exit 0)
-        hvd.elastic.run(lambda state: None)(hvd.parallel.MeshState(None))
-        return
-    mesh = hvd.Mesh(pp=args.pp, dp=args.dp, tp=args.tp)
+        # a worker the driver started later takes over a coordinate no survivor holds (restored
+        # from its buddy copy by the MeshState's first sync), or is released (exit 0) inside
+        mesh = hvd.parallel.MeshState.join()
+    else:
+        mesh = hvd.Mesh(pp=args.pp, dp=args.dp, tp=args.tp)
     if hvd.rank() == 0:
         print(mesh.describe(), flush=True)
     trainer = Trainer(args, mesh)
@@ -256,6 +268,8 @@ def main():
         )
         if args.elastic:
             print("commits: longest gap %.3f s, median %.3f s" % (longest, median), flush=True)
+        if args.print_losses:
+            print("committed losses %s" % " ".join("%.7f" % v for v in losses), flush=True)
     hvd.shutdown()
 
 

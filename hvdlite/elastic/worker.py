@@ -21,6 +21,10 @@ Protocol with the elastic driver (hvdlite/runner/elastic_driver.py), through the
     hvdlite/torch/parallel/mesh/state.py), written by its rank 0 before the workers ask for a new
     generation with "reset/<g>"; the driver forms the next one without them and never starts a
     worker in their slots again; they find no place in it and exit 0.
+  - "order/<g>" = JSON list of worker ids of generation g in the rank order the next generation
+    must give them (a mesh whose replacement worker takes a lost coordinate needs it at that
+    coordinate's place in rank order), written by its rank 0 like "retire/<g>"; workers it does
+    not name keep the driver's order after those it names.
 Every init() of an elastic worker (the script's own hvd.init() included, through the init hook
 installed below) joins the newest generation.
 Each generation has its own rendezvous store and secret, so the core's init() of generation g
@@ -183,6 +187,12 @@ class ElasticContext:
         generation (see the protocol above). Rank 0 calls it, then every rank resets."""
         self.current()
         self.client().set("retire/%d" % self.generation, json.dumps(sorted(worker_ids)))
+
+    def order(self, worker_ids):
+        """Asks the driver to number the next generation's workers in the order of `worker_ids`
+        (see the protocol above). Rank 0 calls it, then every rank resets."""
+        self.current()
+        self.client().set("order/%d" % self.generation, json.dumps(list(worker_ids)))
 
     def reset(self, error=None):
         """Moves this process to the next generation (the run wrapper's reset). `error`: what

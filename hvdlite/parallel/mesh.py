@@ -174,6 +174,28 @@ class Mesh:
         self._given: dict[tuple[str, ...], ProcessSet] = {}  # axes -> the set process_set() handed out
         self._register(self.layout.all_groups(self._combos))
 
+    @classmethod
+    def from_layout(cls, layout, combinations=()):
+        """A Mesh over a planned `layout` (a MeshLayout over every rank of the job, with its
+        `members`): what a worker joining a re-formed mesh builds (hvdlite/torch/parallel/mesh/
+        state.py, MeshState.join). Collective as the constructor, and registers the same sets as
+        reform() to that layout with the same `combinations` (every axis tuple beyond the
+        singles, COMBINATIONS included)."""
+        if sorted(layout.members) != list(range(_world_size())):
+            raise exceptions.InvalidArgumentError(
+                "Mesh.from_layout: members %s must be every rank of the job (0..%d)"
+                % (layout.members, _world_size() - 1)
+            )
+        self = cls.__new__(cls)
+        self.layout = layout
+        self._rank = _world_rank()
+        self.coords = layout.coords_of(self._rank)
+        self._sets = {}
+        self._combos = [_axes_of(c) for c in combinations] or list(COMBINATIONS)
+        self._given = {}
+        self._register(layout.all_groups(self._combos))
+        return self
+
     @property
     def sizes(self):
         """{axis: size} for pp, dp, ep, cp, tp."""

@@ -258,8 +258,12 @@ class ElasticDriver:
         if len(out) < self.min_np:
             return None
         # Survivors first (in host order), new workers after them: the new rank 0, which every
-        # rank syncs its state from, is always a worker that has the state.
-        return [w for w in out if w.proc is not None] + [w for w in out if w.proc is None]
+        # rank syncs its state from, is always a worker that has the state; unless the current
+        # generation asked for another order (a mesh placing a replacement: elastic_retired.py),
+        # where every worker named is running already.
+        return self._retired.ordered(
+            [w for w in out if w.proc is not None] + [w for w in out if w.proc is None]
+        )
 
     def _form(self, chosen):
         """Publishes the generation of `chosen` workers, tells the dropped ones to leave and

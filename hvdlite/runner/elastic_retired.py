@@ -8,7 +8,11 @@ retired workers are left out (told to leave, like a dropped host's workers, they
 in it and exit 0) and their slots get no new worker for the rest of the job (a new worker there
 would hold no state for the mesh to place).
 
-Contract: open_slots() (in _assign()) and requested() (once the workers asked for a new
+A mesh whose replacement worker takes a lost coordinate may also ask, in "order/<g>", for the
+rank order of the next generation (the replacement at that coordinate's place; the driver
+otherwise numbers new workers after the survivors): ordered() applies it to the assignment.
+
+Contract: open_slots(), ordered() (in _assign()) and requested() (once the workers asked for a new
 generation) run on the driver's loop thread; one store request per call.
 Only workers of the current generation can be retired; a worker is logged once.
 """
@@ -34,7 +38,23 @@ class RetiredSlots:
         """Whether the current generation retired workers: its reset request needs no grace
         (the driver waits REQUEST_GRACE_S for an exit that explains a request; none is coming)."""
         d = self._driver
-        return bool(d.current) and d.client.try_get("retire/%d" % d.gen) is not None
+        if not d.current:
+            return False
+        return (
+            d.client.try_get("retire/%d" % d.gen) is not None
+            or d.client.try_get("order/%d" % d.gen) is not None
+        )
+
+    def ordered(self, chosen):
+        """`chosen` (workers of the next generation, in the driver's order) renumbered as the
+        current generation asked ("order/<g>"): the workers it names first, in its order, then the
+        others in theirs. A request naming a worker no longer chosen keeps the rest's order."""
+        d = self._driver
+        value = d.client.try_get("order/%d" % d.gen) if d.current else None
+        if not value:
+            return chosen
+        rank_of = {wid: i for i, wid in enumerate(json.loads(value))}
+        return sorted(chosen, key=lambda w: (rank_of.get(w.id, len(rank_of)), chosen.index(w)))
 
     def _update(self):
         d = self._driver

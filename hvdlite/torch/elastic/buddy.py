@@ -315,21 +315,23 @@ class BuddyCopies:
                 return buf
         return None
 
-    def recover(self, process_set=None):
+    def recover(self, process_set=None, needed=None):
         """After the job re-formed: agrees on the version to rebuild and on which survivor sends
-        each old shard. Collective over the new `process_set`; returns a RecoveryPlan."""
+        each old shard (`needed`: only these old positions must have a copy; default every one).
+        Collective over the new `process_set`; returns a RecoveryPlan."""
         process_set = process_set or global_process_set
         self.settle()  # the old world's exchange: completed before the failure, or lost
         infos = allgather_object(self.info(), name="buddy.recover", process_set=process_set)
-        version, source = choose_sources(infos)
+        version, source = choose_sources(infos, needed=needed)
         me = list(process_set.ranks).index(global_rank())
         return RecoveryPlan(self, infos, version, source, me)
 
 
-def choose_sources(infos, at_most=None):
+def choose_sources(infos, at_most=None, needed=None):
     """(version, {old position: new position of the survivor sending it}) from every new member's
     info() (None for a member without copies): the newest version (not above `at_most`) of which
-    every old shard has a copy. Raises ShardsLostError when there is none."""
+    every old shard (every one in `needed`, when given) has a copy. Raises ShardsLostError when
+    there is none."""
     known = [i for i in infos if i is not None]
     if not known:
         raise exceptions.ShardsLostError("no surviving rank holds a committed shard; " + CHECKPOINT_HINT)
@@ -349,7 +351,7 @@ def choose_sources(infos, at_most=None):
         for new, i in enumerate(infos):
             if i is not None and v in i[4] and i[3] is not None:
                 source.setdefault(i[3], new)
-        missing = [j for j in range(old_size) if j not in source]
+        missing = [j for j in (range(old_size) if needed is None else needed) if j not in source]
         if not missing:
             return v, source
         newest_missing = newest_missing or missing
