@@ -34,7 +34,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import sys
 import threading
 import time
@@ -67,12 +66,6 @@ MIN_SLOTS_TIMEOUT_MESSAGE = (
     "Timed out waiting for minimum number of slots to become available. Please check that you "
     "have enough resources to run at least {} Horovod processes."
 )
-
-
-def is_local_host(host):
-    if host == "localhost" or host.startswith("127.") or host in (socket.gethostname(), socket.getfqdn()):
-        return True
-    return hostlib.is_local(host)
 
 
 class _Worker:
@@ -112,7 +105,7 @@ class ElasticDriver:
         self.ssh_options = ssh_options or remote.SshOptions()
         self.network_interfaces = network_interfaces
         self.store_host = hostlib.LOOPBACK  # set by run(): where the stores listen
-        self._local: dict[str, bool] = {}  # host -> is_local_host(host), decided once
+        self._local: dict[str, bool] = {}  # host -> hostlib.is_local(host), decided once
         self._ignored: set[str] = set()  # remote hosts ignored because the stores are on loopback
         self.secret = os.urandom(32)
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -175,7 +168,7 @@ class ElasticDriver:
     # -- workers -----------------------------------------------------------------------------
     def is_local(self, host):
         if host not in self._local:
-            self._local[host] = is_local_host(host)
+            self._local[host] = hostlib.is_local(host)
         return self._local[host]
 
     def _worker_env(self, w, record):

@@ -101,9 +101,11 @@ def layout(hosts, np):
 
 def is_local(host):
     """True when `host` is this machine: its name, or an address one of our interfaces owns
-    (binding to it succeeds). Decided without sending a packet; an unresolvable name is remote
-    (ssh will name the problem)."""
-    if host in ("localhost", socket.gethostname()):
+    (binding to it succeeds; every 127.x address is loopback). Decided without sending a packet;
+    an unresolvable name is remote (ssh will name the problem)."""
+    if host == "localhost" or host.startswith("127.") or host == socket.gethostname():
+        return True
+    if host == socket.getfqdn():
         return True
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
