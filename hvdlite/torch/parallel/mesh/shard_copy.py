@@ -20,6 +20,8 @@ import pickle
 
 import torch
 
+from hvdlite.common.exceptions import PreconditionError
+
 ALIGN = 16  # every tensor's bytes start aligned, so that views of any dtype are valid
 _PREFIX = 16  # two int64 before the header
 
@@ -93,7 +95,10 @@ def parts(header, tensors, capacity):
             out.append(torch.zeros(pad, dtype=torch.uint8))
             used += pad
     if used > capacity:
-        raise ValueError("mesh shard copy needs %d bytes, capacity %d" % (used, capacity))
+        raise PreconditionError(
+            "mesh shard copy: the state packs into %d bytes, more than the %d every rank agreed on "
+            "before packing it (the model or optimizer changed in between)" % (used, capacity)
+        )
     if capacity > used:
         out.append(torch.zeros(capacity - used, dtype=torch.uint8))
     return out
