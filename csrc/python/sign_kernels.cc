@@ -135,11 +135,26 @@ void DecodeRange(const uint8_t* __restrict bits, float s, int64_t begin, int64_t
   int64_t i = begin;
   for (; i < end && (i & 7) != 0; ++i) one(i);
   const int64_t whole_end = i + ((end - i) & ~int64_t{7});
+#if defined(__SSE2__)
+  const __m128 scale = _mm_set1_ps(s);  // the same products and sums, 4 at a time
+  for (; i < whole_end; i += 8) {
+    const float* sign = kSigns.row[bits[i >> 3]];
+    __m128 low = _mm_mul_ps(scale, _mm_loadu_ps(sign));
+    __m128 high = _mm_mul_ps(scale, _mm_loadu_ps(sign + 4));
+    if (kAccumulate) {
+      low = _mm_add_ps(_mm_loadu_ps(out + i), low);
+      high = _mm_add_ps(_mm_loadu_ps(out + i + 4), high);
+    }
+    _mm_storeu_ps(out + i, low);
+    _mm_storeu_ps(out + i + 4, high);
+  }
+#else
   for (; i < whole_end; i += 8) {
     const float* sign = kSigns.row[bits[i >> 3]];
     float* o = out + i;
     for (int b = 0; b < 8; ++b) o[b] = kAccumulate ? o[b] + s * sign[b] : s * sign[b];
   }
+#endif
   for (; i < end; ++i) one(i);
 }
 
