@@ -209,6 +209,15 @@ def _state_round_trip(kind):
     state.sync()
     out["kept_after_sync"] = all(torch.equal(before[n], compression.residual(n)) for n in names)
     out["residual_sum"] = float(sum(compression.residual(n).sum() for n in names))
+    # state_dict() hands out snapshots: later steps never overwrite those tensors in place...
+    handed = compression.state_dict()["local"]
+    kept = {n: handed[n]["residual"].clone() for n in names}
+    _step(model, opt, x[shard], y[shard])
+    out["snapshot_kept"] = all(torch.equal(kept[n], handed[n]["residual"]) for n in names)
+    # ...while sign, between such calls, reuses its own residual's memory step after step.
+    at = {n: compression.residual(n).data_ptr() for n in names}
+    _step(model, opt, x[shard], y[shard])
+    out["reused"] = all(compression.residual(n).data_ptr() == at[n] for n in names)
     return out
 
 
@@ -219,6 +228,7 @@ def test_residuals_are_state(kind):
         assert out["names"], kind
         assert out["restored"] and out["continued"], out
         assert out["moved"] and out["elastic_restored"] and out["kept_after_sync"], out
+        assert out["snapshot_kept"] and out["reused"] == (kind == "sign"), out
     assert results[0]["residual_sum"] != results[1]["residual_sum"]  # per rank, not broadcast
 
 
@@ -263,7 +273,8 @@ def test_misuse_fails_with_a_clear_error():
 
 
 def test_bit_packing_and_sampled_top_k_single_process():
-    from hvdlite.torch import sparse_compressors as sc
+    from hvdlite.torch import sign_compressor as sc
+    from hvdlite.torch import sparse_compressors
 
     g = torch.Generator().manual_seed(3)
     for n in (1, 7, 8, 9, 1000, 4099):
@@ -286,37 +297,69 @@ def test_bit_packing_and_sampled_top_k_single_process():
         assert torch.equal(sc._signs_of_bits_torch(sign_packed, n), signs)
     magnitude = torch.randn(200_000, generator=g).abs()
     for k in (1, 50, 2000):
-        chosen = sc.select_topk(magnitude, k, g)
+        chosen = sparse_compressors.select_topk(magnitude, k, g)
         assert chosen.numel() == k and chosen.unique().numel() == k
         assert magnitude[chosen].min() >= torch.topk(magnitude, k).values.min()
 
 
 def test_fused_sign_loops_match_the_reference_bit_for_bit():
-    """The core's fused encode (bits + residual in one pass) and decode (scales x signs
-    written or added) against the torch/NumPy reference: same bytes, same float bits,
-    -0.0 and all-zero chunks included, a short last chunk and n not a multiple of 8."""
-    from hvdlite.torch import sparse_compressors as sc
+    """The core's fused encode (gradient + residual, the chunk scales, the bits and the new
+    residual in one pass) and decode (scales x signs written or added) against the
+    torch/NumPy reference: same bytes, same float bits, -0.0 and all-zero chunks included,
+    odd and short last chunks, n not a multiple of 8; the residual added in place, into a
+    new tensor, absent (first step), or already added (x given)."""
+    from hvdlite.torch import sign_compressor as sc
 
     g = torch.Generator().manual_seed(5)
-    for n, chunk in ((1, 1), (13, 4), (1000, 96), (4099, 512)):
-        x = torch.randn(n, generator=g) * 3
-        x[::7] = 0.0
-        x[1::5] = -0.0
-        x[: min(n, chunk)] = -0.0  # a chunk of zeros only: scale 0
-        scales = torch.cat([v.abs().mean(1) for v in sc._chunk_views(x, chunk)])
-        nbytes = 4 * (-(-n // 32))
-        ref_x, fused_x = x.clone(), x.clone()
-        ref_bits, ref_decoder = sc._reference_encode(ref_x, chunk, scales, nbytes)
-        fused_bits = torch.full((nbytes,), 0xFF, dtype=torch.uint8)  # padding must be zeroed
-        sc.core.sign_encode(fused_x.data_ptr(), n, chunk, scales.data_ptr(), fused_bits.data_ptr(), nbytes)
-        assert torch.equal(fused_bits, ref_bits)
-        assert torch.equal(fused_x.view(torch.int32), ref_x.view(torch.int32))
+    for n, chunk in ((1, 1), (13, 4), (1000, 96), (4099, 512), (777, 7), (700, 70)):
+        nbytes, chunks = 4 * (-(-n // 32)), -(-n // chunk)
+        for mode in ("in place", "new tensor", "first step", "added"):
+            grad = torch.randn(n, generator=g) * 3
+            grad[::7] = 0.0
+            grad[1::5] = -0.0
+            residual = torch.randn(n, generator=g) * 0.1
+            if mode == "first step":
+                residual = None
+            else:
+                residual[: min(n, chunk)] = 0.0
+            grad[: min(n, chunk)] = -0.0  # a chunk of zeros only (with its residual): scale 0
+            corrected = grad.clone() if residual is None else torch.add(residual, grad)
+            scales = sc.chunk_abs_means(corrected, chunk)
+            means = torch.cat([v.abs().mean(1) for v in sc._chunk_views(corrected, chunk)])
+            torch.testing.assert_close(scales, means, rtol=1e-6, atol=0)  # a mean, summed pairwise
+            ref_x = corrected.clone()
+            ref_bits, ref_decoder = sc._reference_encode(ref_x, chunk, scales, nbytes)
+            fused_bits = torch.full((nbytes,), 0xFF, dtype=torch.uint8)  # padding must be zeroed
+            fused_scales = torch.empty(chunks)
+            x = {"in place": residual, "added": corrected.clone()}.get(mode, torch.empty(n))
+            grad_at = 0 if mode == "added" else grad.data_ptr()
+            residual_at = 0 if residual is None or mode == "added" else residual.data_ptr()
+            ptrs = (fused_scales.data_ptr(), fused_bits.data_ptr())
+            sc.core.sign_encode(grad_at, residual_at, x.data_ptr(), n, chunk, *ptrs, nbytes)
+            assert torch.equal(fused_scales.view(torch.int32), scales.view(torch.int32)), (n, chunk, mode)
+            assert torch.equal(fused_bits, ref_bits), (n, chunk, mode)
+            assert torch.equal(x.view(torch.int32), ref_x.view(torch.int32)), (n, chunk, mode)
         decoder = sc._fused_decoder(n, chunk)
         base = torch.randn(n, generator=g)
         for accumulate in (False, True):
             ref = ref_decoder(ref_bits, scales * 0.5, base.clone() if accumulate else None, accumulate)
             got = decoder(fused_bits, scales * 0.5, base.clone() if accumulate else None, accumulate)
             assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+        # 3 ranks' segments in one call: the sum in rank order, as 3 reference decodes give it
+        segments = [(ref_bits, scales), (fused_bits.flip(0), scales * 3), (ref_bits, -scales)]
+        ref = None
+        for rank, (bits, rank_scales) in enumerate(segments):
+            ref = ref_decoder(bits, rank_scales, ref, rank > 0)
+        got = torch.empty(n)
+        sc.core.sign_decode(
+            [b.data_ptr() for b, _ in segments],
+            [s.data_ptr() for _, s in segments],
+            n,
+            chunk,
+            got.data_ptr(),
+            False,
+        )
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
         strided = torch.zeros(2 * n)[::2]  # not contiguous: decoded apart, then added
         assert torch.equal(
             decoder(fused_bits, scales, strided, False), ref_decoder(ref_bits, scales, None, False)

@@ -1,6 +1,7 @@
 // The fused loops of Compression.sign on the CPU (hvdlite/torch/sparse_compressors.py):
 // raw float32/uint8 buffers given as addresses; the caller (Python) checks dtype,
-// contiguity and sizes and owns every buffer for the call. No blocking, no threads.
+// contiguity and sizes and owns every buffer for the call. No blocking, no threads; the
+// GIL is released during each loop.
 #pragma once
 
 #include <pybind11/pybind11.h>

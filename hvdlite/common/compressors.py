@@ -205,16 +205,31 @@ class CompressorState:
     def __init__(self):
         self.local: dict[str, dict[str, Any]] = {}
         self.shared: dict[str, dict[str, Any]] = {}
+        # (name, key) of the local tensors stored by put() that no state_dict() has handed
+        # out since: only these may be overwritten in place (owns()).
+        self._owned: set[tuple[str, str]] = set()
 
     def local_of(self, name):
         return self.local.setdefault(name, {})
+
+    def put(self, name, key, tensor):
+        """Stores a local tensor the compressor made itself (owns() is then True for it)."""
+        self.local_of(name)[key] = tensor
+        self._owned.add((name, key))
+
+    def owns(self, name, key):
+        """Whether the local tensor under (name, key) may be reused in place: stored by
+        put() and not handed out by state_dict() (nor loaded) since."""
+        return (name, key) in self._owned
 
     def shared_of(self, name):
         return self.shared.setdefault(name, {})
 
     def state_dict(self):
-        """References to the current tensors (a compressor replaces, never mutates, a
-        stored tensor, so a returned dict stays a snapshot)."""
+        """References to the current tensors. A returned dict stays a snapshot: a compressor
+        replaces, never mutates, a tensor handed out here (owns() is False for all of them
+        from now on)."""
+        self._owned.clear()
         return {
             "local": {k: dict(v) for k, v in self.local.items()},
             "shared": {k: dict(v) for k, v in self.shared.items()},
@@ -227,5 +242,6 @@ class CompressorState:
                 "not a compressor state (expected a dict with keys 'local' and 'shared'), got %r: load a"
                 " state_dict() of a DistributedOptimizer with a stateful compressor" % (got,)
             )
+        self._owned.clear()  # the caller's tensors: never overwritten in place
         self.local = {k: dict(v) for k, v in state["local"].items()}
         self.shared = {k: dict(v) for k, v in state["shared"].items()}

@@ -1,7 +1,7 @@
 """Horovod's ``Compression`` namespace for torch: the stateless casts
 (``Compression.none``, ``.fp16``, ``.bf16``; policy in hvdlite.common.compression) and the
 factories of the stateful compressors (``.powersgd``, ``.topk``, ``.sign``:
-hvdlite/torch/compressors.py and hvdlite/torch/sparse_compressors.py), which
+hvdlite/torch/compressors.py, sparse_compressors.py and sign_compressor.py), which
 ``DistributedOptimizer(compression=...)`` takes. docs/compression.md says which to pick."""
 
 import torch
@@ -9,7 +9,8 @@ import torch
 from hvdlite.common import compressors as _policy
 from hvdlite.common.compression import FP16CompressorBase, make_compression
 from hvdlite.torch.compressors import PowerSGDCompressor, StatefulCompressor
-from hvdlite.torch.sparse_compressors import SignCompressor, TopKCompressor
+from hvdlite.torch.sign_compressor import SignCompressor
+from hvdlite.torch.sparse_compressors import TopKCompressor
 
 
 class FP16Compressor(FP16CompressorBase):

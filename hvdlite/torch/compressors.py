@@ -103,11 +103,10 @@ class StatefulCompressor:
         if plan.method == "none":
             return None
         scale = policy.output_scale(op, prescale, postscale, size)
-        corrected = self._corrected(name, tensor.detach())
-        pending = self._start(name, corrected, plan, process_set)
+        pending = self._start_from_grad(name, tensor.detach(), plan, process_set)
         # The result is written into the gradient itself where it is float32 and contiguous
-        # (as the uncompressed allreduce does): no copy into p.grad afterwards. _corrected
-        # made a new tensor, so nothing reads the gradient once start() returns.
+        # (as the uncompressed allreduce does): no copy into p.grad afterwards. Nothing
+        # reads the gradient once _start_from_grad returned.
         in_place = tensor.dtype == torch.float32 and tensor.is_contiguous() and not tensor.is_sparse
         into = tensor.detach().view(-1) if in_place else None
 
@@ -172,10 +171,10 @@ class StatefulCompressor:
         def advance():
             mpi_ops.synchronize(local)
             if cross_set is not None:
-                stage["inner"] = self._start(name, self._corrected(name, host_sum), plan, cross_set)
+                stage["inner"] = self._start_from_grad(name, host_sum, plan, cross_set)
 
         def finish():
-            # host_sum is free once _corrected copied it: the cross-host result lands in it.
+            # host_sum is free once _start_from_grad read it: the cross-host result lands in it.
             out = stage["inner"](scale, host_sum.view(-1)) if cross_set is not None else host_sum
             out = out.contiguous()
             out = mpi_ops.broadcast_(out.view(-1), root, name=name + ".hostbcast", process_set=local_set)
@@ -186,6 +185,12 @@ class StatefulCompressor:
     def _admit(self, name, plan):
         """The plan of this step (PowerSGD's warm-up sends uncompressed)."""
         return plan
+
+    def _start_from_grad(self, name, grad, plan, process_set):
+        """_start on gradient + this rank's residual (error feedback). A compressor that adds
+        the residual in its own pass overrides this; either way `grad` is read only before
+        this returns."""
+        return self._start(name, self._corrected(name, grad), plan, process_set)
 
     def _corrected(self, name, grad):
         """Error feedback: a new float32 tensor, gradient + this rank's residual."""
@@ -199,7 +204,8 @@ class StatefulCompressor:
         raise exceptions.NotSupportedError("%s must define _start()" % type(self).__name__)
 
     def residual(self, name):
-        """This rank's residual for gradient `name` (None before its first compressed step)."""
+        """This rank's residual for gradient `name` (None before its first compressed step):
+        the live tensor, which a later step may overwrite in place (clone it to keep it)."""
         return self._state.local_of(name).get("residual")
 
     def state_dict(self):
