@@ -59,14 +59,18 @@ print(json.dumps({
 }))
 """
 
-# Ranks allreduce in a loop until killed; each writes its pid to DIR/<rank> once running.
+# Ranks allreduce in a loop until killed; each writes its pid to DIR/<rank> once running
+# (written aside and renamed, so the test never reads a file that exists but is still empty).
 LOOP = r"""
 import os, sys, time
 import numpy as np
 import hvdlite as hvd
 
 hvd.init()
-open(os.path.join(sys.argv[1], str(hvd.rank())), "w").write(str(os.getpid()))
+path = os.path.join(sys.argv[1], str(hvd.rank()))
+with open(path + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(path + ".tmp", path)
 while True:
     hvd.allreduce(np.ones(1000), name="loop")
     time.sleep(0.01)
@@ -219,10 +223,15 @@ def _start_loop(cluster, tmp_path, slots):
         cwd=REPO, env=_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 60
-    while len(os.listdir(pids)) < sum(slots) and time.monotonic() < deadline and proc.poll() is None:
+    while len(_written(pids)) < sum(slots) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
-    assert len(os.listdir(pids)) == sum(slots), proc.communicate(timeout=30)
-    return proc, {int(r): int((pids / r).read_text()) for r in os.listdir(pids)}
+    assert len(_written(pids)) == sum(slots), proc.communicate(timeout=30)
+    return proc, {int(r): int((pids / r).read_text()) for r in _written(pids)}
+
+
+def _written(pids):
+    """The ranks whose pid file LOOP has finished writing."""
+    return [n for n in os.listdir(pids) if not n.endswith(".tmp")]
 
 
 def test_rank_killed_on_a_remote_host_stops_the_job(simhosts, tmp_path):
