@@ -9,6 +9,7 @@ number of such hosts.
 
 import collections
 import fcntl
+import functools
 import socket
 import struct
 
@@ -99,13 +100,19 @@ def layout(hosts, np):
     ]
 
 
+@functools.lru_cache(maxsize=1)
+def _fqdn():
+    """This host's fully qualified name, looked up once (it may ask DNS)."""
+    return socket.getfqdn()
+
+
 def is_local(host):
     """True when `host` is this machine: its name, or an address one of our interfaces owns
     (binding to it succeeds; every 127.x address is loopback). Decided without sending a packet;
     an unresolvable name is remote (ssh will name the problem)."""
     if host == "localhost" or host.startswith("127.") or host == socket.gethostname():
         return True
-    if host == socket.getfqdn():
+    if host == _fqdn():
         return True
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
